@@ -1,0 +1,107 @@
+//! Errors that travel back to the caller. Each kind maps to one exception in every SDK
+//! (see docs/protocol.md, "Errors").
+
+use std::fmt;
+
+use crate::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    ProtocolError,
+    FrameTooLarge,
+    NoSession,
+    UnknownType,
+    UnknownMethod,
+    TypeMismatch,
+    NotFound,
+    BadArguments,
+    KeyError,
+    IndexError,
+    ValueError,
+    OverflowError,
+    RuntimeError,
+    Timeout,
+    BrokenBarrier,
+    Empty,
+    Full,
+    InvalidState,
+    Cancelled,
+    FutureException,
+    Moved,
+    Busy,
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::ProtocolError => "ProtocolError",
+            ErrorKind::FrameTooLarge => "FrameTooLarge",
+            ErrorKind::NoSession => "NoSession",
+            ErrorKind::UnknownType => "UnknownType",
+            ErrorKind::UnknownMethod => "UnknownMethod",
+            ErrorKind::TypeMismatch => "TypeMismatch",
+            ErrorKind::NotFound => "NotFound",
+            ErrorKind::BadArguments => "BadArguments",
+            ErrorKind::KeyError => "KeyError",
+            ErrorKind::IndexError => "IndexError",
+            ErrorKind::ValueError => "ValueError",
+            ErrorKind::OverflowError => "OverflowError",
+            ErrorKind::RuntimeError => "RuntimeError",
+            ErrorKind::Timeout => "Timeout",
+            ErrorKind::BrokenBarrier => "BrokenBarrier",
+            ErrorKind::Empty => "Empty",
+            ErrorKind::Full => "Full",
+            ErrorKind::InvalidState => "InvalidState",
+            ErrorKind::Cancelled => "Cancelled",
+            ErrorKind::FutureException => "FutureException",
+            ErrorKind::Moved => "Moved",
+            ErrorKind::Busy => "Busy",
+            ErrorKind::Internal => "Internal",
+        }
+    }
+}
+
+/// An error reply: a kind, a human message, and optional data (the stored exception of a
+/// `Future`, the new key of a moved object, the offending key of a `KeyError`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub data: Value,
+}
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            data: Value::Nil,
+        }
+    }
+
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = data;
+        self
+    }
+
+    pub fn bad_args(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::BadArguments, message)
+    }
+
+    pub fn value(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::ValueError, message)
+    }
+
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::RuntimeError, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,186 @@
+//! The contract every object type keeps: `apply(call) -> reply | park`, waking parked
+//! callers through [`Ctx::deliver`]. No I/O, no clock: `now` arrives in the context.
+
+use std::time::{Duration, Instant};
+
+use crate::{Caller, ConnId, Delivery, Error, Reply, Token, Value};
+
+/// What a call did right away.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// Answer the caller now.
+    Reply(Value),
+    /// The object stored the caller's token as a waiter; it will be answered later through
+    /// [`Ctx::deliver`], or by [`Object::expire`] once `deadline` passes (`None`: never).
+    Park { deadline: Option<Instant> },
+}
+
+/// Everything a method may look at or produce besides its own state.
+pub struct Ctx<'a> {
+    pub caller: &'a Caller,
+    pub token: Token,
+    pub now: Instant,
+    deliveries: &'a mut Vec<Delivery>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(caller: &'a Caller, token: Token, now: Instant, deliveries: &'a mut Vec<Delivery>) -> Self {
+        Ctx {
+            caller,
+            token,
+            now,
+            deliveries,
+        }
+    }
+
+    /// Answer a parked call (a waiter woken by this call, or by a timeout).
+    pub fn deliver(&mut self, token: Token, reply: Reply) {
+        self.deliveries.push(Delivery { token, reply });
+    }
+
+    /// Turn a `timeout` argument (nil = forever, seconds otherwise) into a deadline.
+    pub fn deadline(&self, timeout: Option<f64>) -> Option<Instant> {
+        timeout.map(|t| self.now + Duration::from_secs_f64(t))
+    }
+}
+
+/// A shared object living in one partition.
+pub trait Object: Send {
+    /// The type name clients use: `"Counter"`, `"Queue"`, ...
+    fn type_name(&self) -> &'static str;
+
+    /// Run one method. Unknown methods return `ErrorKind::UnknownMethod`.
+    fn apply(&mut self, method: &str, args: &[Value], ctx: &mut Ctx) -> Result<Step, Error>;
+
+    /// Whether a method may change state. Replies of mutating calls are recorded so that a
+    /// retried call (same client and seq) gets the recorded reply instead of a second run.
+    fn is_mutating(&self, method: &str) -> bool;
+
+    /// A parked call's deadline passed. If `waiter` is still parked here, answer it (through
+    /// `ctx.deliver`) with the method's timeout result; if it was answered already, do nothing.
+    fn expire(&mut self, _waiter: Token, _ctx: &mut Ctx) {}
+
+    /// A connection ended: forget its parked calls (no reply is needed, nobody listens) and
+    /// release what it holds, waking whoever may now proceed.
+    fn disconnect(&mut self, _conn: ConnId, _ctx: &mut Ctx) {}
+
+    /// The object is being deleted: answer every parked call with `reply`.
+    fn drain_waiters(&mut self, _ctx: &mut Ctx, _reply: &Error) {}
+
+    /// Whether calls are parked on this object (a parked object cannot be moved by `keep`).
+    fn has_waiters(&self) -> bool {
+        false
+    }
+
+    /// Whether the object cares about connections ending (parks callers or has owners), so
+    /// the partition calls [`Object::disconnect`] on it when one of its callers goes away.
+    fn tracks_connections(&self) -> bool {
+        false
+    }
+}
+
+/// Argument readers with uniform error messages.
+pub mod args {
+    use super::*;
+
+    pub fn arity(method: &str, args: &[Value], min: usize, max: usize) -> Result<(), Error> {
+        if args.len() < min || args.len() > max {
+            let want = if min == max {
+                format!("{min}")
+            } else {
+                format!("{min} to {max}")
+            };
+            return Err(Error::bad_args(format!(
+                "{method}() takes {want} arguments ({} given)",
+                args.len()
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn get<'v>(args: &'v [Value], i: usize) -> &'v Value {
+        args.get(i).unwrap_or(&Value::Nil)
+    }
+
+    pub fn int(method: &str, args: &[Value], i: usize, name: &str) -> Result<i64, Error> {
+        match get(args, i) {
+            Value::Integer(n) => n.as_i64().ok_or_else(|| {
+                Error::new(
+                    crate::ErrorKind::OverflowError,
+                    format!("{method}(): '{name}' does not fit in a signed 64-bit integer"),
+                )
+            }),
+            other => Err(Error::bad_args(format!(
+                "{method}(): '{name}' must be an integer, not {}",
+                crate::value::type_of(other)
+            ))),
+        }
+    }
+
+    pub fn int_or(method: &str, args: &[Value], i: usize, name: &str, default: i64) -> Result<i64, Error> {
+        match get(args, i) {
+            Value::Nil => Ok(default),
+            _ => int(method, args, i, name),
+        }
+    }
+
+    pub fn bool_or(method: &str, args: &[Value], i: usize, name: &str, default: bool) -> Result<bool, Error> {
+        match get(args, i) {
+            Value::Nil => Ok(default),
+            Value::Boolean(b) => Ok(*b),
+            Value::Integer(n) => Ok(n.as_i64() != Some(0)),
+            other => Err(Error::bad_args(format!(
+                "{method}(): '{name}' must be a bool, not {}",
+                crate::value::type_of(other)
+            ))),
+        }
+    }
+
+    pub fn float(method: &str, args: &[Value], i: usize, name: &str) -> Result<f64, Error> {
+        match get(args, i) {
+            Value::Integer(n) => Ok(n.as_f64().unwrap_or(0.0)),
+            Value::F32(x) => Ok(*x as f64),
+            Value::F64(x) => Ok(*x),
+            other => Err(Error::bad_args(format!(
+                "{method}(): '{name}' must be a number, not {}",
+                crate::value::type_of(other)
+            ))),
+        }
+    }
+
+    /// A `timeout` argument: nil means wait forever; negative is a ValueError, as in `threading`.
+    pub fn timeout(method: &str, args: &[Value], i: usize) -> Result<Option<f64>, Error> {
+        match get(args, i) {
+            Value::Nil => Ok(None),
+            _ => {
+                let t = float(method, args, i, "timeout")?;
+                if t.is_nan() || t < 0.0 {
+                    return Err(Error::value("'timeout' must be a non-negative number"));
+                }
+                Ok(Some(t.min(1.0e9)))
+            }
+        }
+    }
+
+    pub fn str<'v>(method: &str, args: &'v [Value], i: usize, name: &str) -> Result<&'v str, Error> {
+        match get(args, i) {
+            Value::String(s) => s
+                .as_str()
+                .ok_or_else(|| Error::bad_args(format!("{method}(): '{name}' is not valid UTF-8"))),
+            other => Err(Error::bad_args(format!(
+                "{method}(): '{name}' must be a str, not {}",
+                crate::value::type_of(other)
+            ))),
+        }
+    }
+
+    pub fn bytes<'v>(method: &str, args: &'v [Value], i: usize, name: &str) -> Result<&'v [u8], Error> {
+        match get(args, i) {
+            Value::Binary(b) => Ok(b),
+            other => Err(Error::bad_args(format!(
+                "{method}(): '{name}' must be bytes, not {}",
+                crate::value::type_of(other)
+            ))),
+        }
+    }
+}

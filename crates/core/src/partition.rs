@@ -1,0 +1,416 @@
+//! One partition of the object space: its objects, parked-call timers, and the reply log
+//! that makes retried calls exactly-once. A pure state machine: every entry point takes the
+//! current time and returns the replies to send.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
+
+/// How many recorded replies each client keeps per partition. A client never retries a call
+/// older than its oldest call in flight, so a window is enough.
+const REPLY_LOG_LEN: usize = 4096;
+
+/// Prefix of the keys of unnamed objects; names given by users never start with it.
+pub const UNNAMED_PREFIX: char = '~';
+
+struct Entry {
+    obj: Box<dyn Object>,
+    /// The session an unnamed object lives and dies with; `None` for named or kept objects.
+    owner: Option<Arc<str>>,
+}
+
+/// An object taken out of its partition by `keep`, on its way to another key.
+pub struct Detached {
+    obj: Box<dyn Object>,
+    owner: Option<Arc<str>>,
+}
+
+#[derive(Default)]
+struct ReplyLog {
+    replies: HashMap<u64, Reply>,
+    order: VecDeque<u64>,
+}
+
+impl ReplyLog {
+    fn record(&mut self, seq: u64, reply: Reply) {
+        if self.replies.insert(seq, reply).is_none() {
+            self.order.push_back(seq);
+            if self.order.len() > REPLY_LOG_LEN {
+                if let Some(old) = self.order.pop_front() {
+                    self.replies.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// A call as the partition receives it.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Create the object with `args` unless it exists; reply `true` if created.
+    Create {
+        type_name: String,
+        key: String,
+        args: Vec<Value>,
+        owned: bool,
+    },
+    /// Run `method` on the object.
+    Call {
+        type_name: String,
+        key: String,
+        method: String,
+        args: Vec<Value>,
+    },
+    /// Remove the object; reply `true` if it existed.
+    Delete { key: String },
+}
+
+impl Op {
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Create { key, .. } | Op::Call { key, .. } | Op::Delete { key } => key,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Partition {
+    objects: HashMap<String, Entry>,
+    /// Keys that `keep` moved away, with their new key and the session that owned them.
+    moved: HashMap<String, (String, Option<Arc<str>>)>,
+    timers: BinaryHeap<Reverse<(Instant, u64, String, Token)>>,
+    timer_seq: u64,
+    /// Parked mutating calls whose eventual reply must be recorded.
+    parked_seqs: HashMap<Token, (Arc<str>, u64)>,
+    logs: HashMap<Arc<str>, ReplyLog>,
+    /// Keys of connection-tracking objects each connection has used (for disconnect clean-up).
+    conn_keys: HashMap<ConnId, HashSet<String>>,
+}
+
+fn system_caller() -> Caller {
+    Caller {
+        conn: 0,
+        client: Arc::from(""),
+        thread: 0,
+    }
+}
+
+impl Partition {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of objects held.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Named objects whose name starts with `prefix`, as `(name, type)`.
+    pub fn objects(&self, prefix: &str) -> Vec<(String, &'static str)> {
+        self.objects
+            .iter()
+            .filter(|(k, _)| !k.starts_with(UNNAMED_PREFIX) && k.starts_with(prefix))
+            .map(|(k, e)| (k.clone(), e.obj.type_name()))
+            .collect()
+    }
+
+    /// Apply one call. `seq` is the caller's sequence number (0: do not deduplicate).
+    /// Returns the caller's reply (unless the call parked) and any woken waiters' replies.
+    pub fn apply(&mut self, caller: &Caller, token: Token, seq: u64, op: Op, now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        if seq != 0 {
+            if let Some(reply) = self.logs.get(&caller.client).and_then(|l| l.replies.get(&seq)) {
+                out.push(Delivery {
+                    token,
+                    reply: reply.clone(),
+                });
+                return out;
+            }
+        }
+        let (reply, record) = match op {
+            Op::Create {
+                type_name,
+                key,
+                args,
+                owned,
+            } => (self.create(caller, &type_name, key, &args, owned), true),
+            Op::Delete { key } => (Ok(Some(Value::Boolean(self.delete(&key, now, &mut out)))), true),
+            Op::Call {
+                type_name,
+                key,
+                method,
+                args,
+            } => self.call(caller, token, &type_name, &key, &method, &args, now, &mut out),
+        };
+        match reply {
+            Ok(None) => {
+                if record && seq != 0 {
+                    self.parked_seqs.insert(token, (caller.client.clone(), seq));
+                }
+            }
+            Ok(Some(v)) => self.reply(caller, token, seq, record, Ok(v), &mut out),
+            Err(e) => self.reply(caller, token, seq, record, Err(e), &mut out),
+        }
+        self.record_woken(&out);
+        out
+    }
+
+    fn reply(&mut self, caller: &Caller, token: Token, seq: u64, record: bool, reply: Reply, out: &mut Vec<Delivery>) {
+        if record && seq != 0 {
+            self.logs
+                .entry(caller.client.clone())
+                .or_default()
+                .record(seq, reply.clone());
+        }
+        out.push(Delivery { token, reply });
+    }
+
+    fn record_woken(&mut self, out: &[Delivery]) {
+        if self.parked_seqs.is_empty() {
+            return;
+        }
+        for d in out {
+            if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
+                self.logs.entry(client).or_default().record(seq, d.reply.clone());
+            }
+        }
+    }
+
+    fn create(
+        &mut self,
+        caller: &Caller,
+        type_name: &str,
+        key: String,
+        args: &[Value],
+        owned: bool,
+    ) -> Result<Option<Value>, Error> {
+        if key.is_empty() {
+            return Err(Error::bad_args("an object name must not be empty"));
+        }
+        if let Some(e) = self.objects.get(&key) {
+            check_type(&key, e.obj.type_name(), type_name)?;
+            return Ok(Some(Value::Boolean(false)));
+        }
+        if let Some((new_key, _)) = self.moved.get(&key) {
+            return Err(moved(&key, new_key));
+        }
+        let obj = objects::create(type_name, args)?;
+        let owner = owned.then(|| caller.client.clone());
+        self.objects.insert(key, Entry { obj, owner });
+        Ok(Some(Value::Boolean(true)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call(
+        &mut self,
+        caller: &Caller,
+        token: Token,
+        type_name: &str,
+        key: &str,
+        method: &str,
+        args: &[Value],
+        now: Instant,
+        out: &mut Vec<Delivery>,
+    ) -> (Result<Option<Value>, Error>, bool) {
+        let Some(entry) = self.objects.get_mut(key) else {
+            let err = match self.moved.get(key) {
+                Some((new_key, _)) => moved(key, new_key),
+                None => Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "{type_name} '{key}' does not exist (it was deleted, or the session that created it ended)"
+                    ),
+                ),
+            };
+            return (Err(err), false);
+        };
+        if let Err(e) = check_type(key, entry.obj.type_name(), type_name) {
+            return (Err(e), false);
+        }
+        let record = entry.obj.is_mutating(method);
+        let mut ctx = Ctx::new(caller, token, now, out);
+        let step = entry.obj.apply(method, args, &mut ctx);
+        if entry.obj.tracks_connections() {
+            self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
+        }
+        match step {
+            Ok(Step::Reply(v)) => (Ok(Some(v)), record),
+            Ok(Step::Park { deadline }) => {
+                if let Some(d) = deadline {
+                    self.timer_seq += 1;
+                    self.timers.push(Reverse((d, self.timer_seq, key.to_string(), token)));
+                }
+                (Ok(None), record)
+            }
+            Err(e) => (Err(e), record),
+        }
+    }
+
+    fn delete(&mut self, key: &str, now: Instant, out: &mut Vec<Delivery>) -> bool {
+        self.moved.remove(key);
+        match self.objects.remove(key) {
+            Some(mut e) => {
+                let caller = system_caller();
+                let err = Error::new(
+                    ErrorKind::NotFound,
+                    format!("{} '{key}' was deleted", e.obj.type_name()),
+                );
+                let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, out);
+                e.obj.drain_waiters(&mut ctx, &err);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The earliest deadline of a parked call, for the driver's timer.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((d, ..))| *d)
+    }
+
+    /// Answer parked calls whose deadline has passed.
+    pub fn tick(&mut self, now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let caller = system_caller();
+        while let Some(Reverse((deadline, ..))) = self.timers.peek() {
+            if *deadline > now {
+                break;
+            }
+            let Reverse((_, _, key, token)) = self.timers.pop().expect("peeked");
+            if let Some(e) = self.objects.get_mut(&key) {
+                let mut ctx = Ctx::new(&caller, token, now, &mut out);
+                e.obj.expire(token, &mut ctx);
+            }
+        }
+        self.record_woken(&out);
+        out
+    }
+
+    /// A connection closed: drop its parked calls and release what it held.
+    pub fn disconnect(&mut self, conn: ConnId, now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let caller = system_caller();
+        for key in self.conn_keys.remove(&conn).unwrap_or_default() {
+            if let Some(e) = self.objects.get_mut(&key) {
+                let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
+                e.obj.disconnect(conn, &mut ctx);
+            }
+        }
+        self.parked_seqs.retain(|t, _| t.conn != conn);
+        out.retain(|d| d.token.conn != conn);
+        self.record_woken(&out);
+        out
+    }
+
+    /// A session ended: its unnamed objects go, and so does its reply log.
+    pub fn end_session(&mut self, client: &str, now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let doomed: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|(_, e)| e.owner.as_deref() == Some(client))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in doomed {
+            self.delete(&key, now, &mut out);
+        }
+        self.moved.retain(|_, (_, owner)| owner.as_deref() != Some(client));
+        self.logs.remove(client);
+        out
+    }
+
+    /// Take an object out for `keep`. Refused while calls are parked on it.
+    pub fn detach(&mut self, type_name: &str, key: &str) -> Result<Detached, Error> {
+        let e = self
+            .objects
+            .get(key)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
+        check_type(key, e.obj.type_name(), type_name)?;
+        if e.obj.has_waiters() {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("{type_name} '{key}' has parked callers; keep it when none are waiting"),
+            ));
+        }
+        let e = self.objects.remove(key).expect("checked");
+        Ok(Detached {
+            obj: e.obj,
+            owner: e.owner,
+        })
+    }
+
+    /// Put a detached object under `key`, owned by nobody. Gives it back if `key` is taken.
+    pub fn attach(&mut self, key: &str, d: Detached) -> Result<(), (Error, Detached)> {
+        if let Some(e) = self.objects.get(key) {
+            let err = Error::new(
+                ErrorKind::TypeMismatch,
+                format!("'{key}' is already a {}", e.obj.type_name()),
+            );
+            return Err((err, d));
+        }
+        self.moved.remove(key);
+        self.objects.insert(
+            key.to_string(),
+            Entry {
+                obj: d.obj,
+                owner: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Undo a detach whose attach failed.
+    pub fn restore(&mut self, key: &str, d: Detached) {
+        self.objects.insert(
+            key.to_string(),
+            Entry {
+                obj: d.obj,
+                owner: d.owner,
+            },
+        );
+    }
+
+    /// Leave a forwarding note at an old key after `keep` moved its object.
+    pub fn set_moved(&mut self, old_key: &str, new_key: &str, owner: Option<Arc<str>>) {
+        self.moved.insert(old_key.to_string(), (new_key.to_string(), owner));
+    }
+
+    /// `keep(obj)` without a new name: the object outlives its session.
+    pub fn disown(&mut self, type_name: &str, key: &str) -> Result<(), Error> {
+        let e = self
+            .objects
+            .get_mut(key)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
+        check_type(key, e.obj.type_name(), type_name)?;
+        e.owner = None;
+        Ok(())
+    }
+}
+
+impl Detached {
+    pub fn owner(&self) -> Option<Arc<str>> {
+        self.owner.clone()
+    }
+}
+
+fn check_type(key: &str, actual: &str, wanted: &str) -> Result<(), Error> {
+    if actual == wanted {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::TypeMismatch,
+            format!("'{key}' is a {actual}, not a {wanted}"),
+        ))
+    }
+}
+
+fn moved(key: &str, new_key: &str) -> Error {
+    Error::new(ErrorKind::Moved, format!("'{key}' was kept as '{new_key}'")).with_data(Value::from(new_key))
+}
