@@ -98,7 +98,7 @@ pub mod args {
         Ok(())
     }
 
-    pub fn get<'v>(args: &'v [Value], i: usize) -> &'v Value {
+    pub fn get(args: &[Value], i: usize) -> &Value {
         args.get(i).unwrap_or(&Value::Nil)
     }
 

@@ -2,8 +2,7 @@
 //! that makes retried calls exactly-once. A pure state machine: every entry point takes the
 //! current time and returns the replies to send.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -81,7 +80,10 @@ pub struct Partition {
     objects: HashMap<String, Entry>,
     /// Keys that `keep` moved away, with their new key and the session that owned them.
     moved: HashMap<String, (String, Option<Arc<str>>)>,
-    timers: BinaryHeap<Reverse<(Instant, u64, String, Token)>>,
+    /// Deadlines of parked calls, earliest first. A timer goes as soon as its call is
+    /// answered, so long timeouts on calls answered early do not pile up.
+    timers: BTreeMap<(Instant, u64), (String, Token)>,
+    timer_of: HashMap<Token, (Instant, u64)>,
     timer_seq: u64,
     /// Parked mutating calls whose eventual reply must be recorded.
     parked_seqs: HashMap<Token, (Arc<str>, u64)>,
@@ -158,7 +160,7 @@ impl Partition {
             Ok(Some(v)) => self.reply(caller, token, seq, record, Ok(v), &mut out),
             Err(e) => self.reply(caller, token, seq, record, Err(e), &mut out),
         }
-        self.record_woken(&out);
+        self.settle(&out);
         out
     }
 
@@ -172,11 +174,13 @@ impl Partition {
         out.push(Delivery { token, reply });
     }
 
-    fn record_woken(&mut self, out: &[Delivery]) {
-        if self.parked_seqs.is_empty() {
-            return;
-        }
+    /// Book-keeping for answered calls: record the replies of parked mutating calls (for
+    /// exactly-once retries) and drop their timers.
+    fn settle(&mut self, out: &[Delivery]) {
         for d in out {
+            if let Some(at) = self.timer_of.remove(&d.token) {
+                self.timers.remove(&at);
+            }
             if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
                 self.logs.entry(client).or_default().record(seq, d.reply.clone());
             }
@@ -245,7 +249,11 @@ impl Partition {
             Ok(Step::Park { deadline }) => {
                 if let Some(d) = deadline {
                     self.timer_seq += 1;
-                    self.timers.push(Reverse((d, self.timer_seq, key.to_string(), token)));
+                    let at = (d, self.timer_seq);
+                    if let Some(old) = self.timer_of.insert(token, at) {
+                        self.timers.remove(&old);
+                    }
+                    self.timers.insert(at, (key.to_string(), token));
                 }
                 (Ok(None), record)
             }
@@ -272,24 +280,25 @@ impl Partition {
 
     /// The earliest deadline of a parked call, for the driver's timer.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((d, ..))| *d)
+        self.timers.first_key_value().map(|((d, _), _)| *d)
     }
 
     /// Answer parked calls whose deadline has passed.
     pub fn tick(&mut self, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
         let caller = system_caller();
-        while let Some(Reverse((deadline, ..))) = self.timers.peek() {
-            if *deadline > now {
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 > now {
                 break;
             }
-            let Reverse((_, _, key, token)) = self.timers.pop().expect("peeked");
+            let (key, token) = entry.remove();
+            self.timer_of.remove(&token);
             if let Some(e) = self.objects.get_mut(&key) {
                 let mut ctx = Ctx::new(&caller, token, now, &mut out);
                 e.obj.expire(token, &mut ctx);
             }
         }
-        self.record_woken(&out);
+        self.settle(&out);
         out
     }
 
@@ -304,8 +313,16 @@ impl Partition {
             }
         }
         self.parked_seqs.retain(|t, _| t.conn != conn);
+        let timers = &mut self.timers;
+        self.timer_of.retain(|t, at| {
+            let keep = t.conn != conn;
+            if !keep {
+                timers.remove(at);
+            }
+            keep
+        });
         out.retain(|d| d.token.conn != conn);
-        self.record_woken(&out);
+        self.settle(&out);
         out
     }
 
@@ -322,6 +339,8 @@ impl Partition {
             self.delete(&key, now, &mut out);
         }
         self.moved.retain(|_, (_, owner)| owner.as_deref() != Some(client));
+        // Parked calls of other sessions answered NotFound keep exactly-once.
+        self.settle(&out);
         self.logs.remove(client);
         out
     }
@@ -413,4 +432,101 @@ fn check_type(key: &str, actual: &str, wanted: &str) -> Result<(), Error> {
 
 fn moved(key: &str, new_key: &str) -> Error {
     Error::new(ErrorKind::Moved, format!("'{key}' was kept as '{new_key}'")).with_data(Value::from(new_key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::testing::*;
+
+    #[test]
+    fn a_retried_call_gets_the_recorded_reply() {
+        let mut p = Harness::new();
+        p.create_ok("Counter", "c", vec![]);
+        let (t, out) = p.call(&who(1), 7, "Counter", "c", "increment", vec![]);
+        assert_eq!(value_of(&out, t), Value::from(1));
+        // Same client and seq, even on another connection: not applied twice.
+        let again = Caller { conn: 9, ..who(1) };
+        let (t, out) = p.call(&again, 7, "Counter", "c", "increment", vec![]);
+        assert_eq!(value_of(&out, t), Value::from(1));
+        assert_eq!(p.ok("Counter", "c", "get", vec![]), Value::from(1));
+        // seq 0 opts out; another client's seq 7 is its own.
+        p.call(&who(1), 0, "Counter", "c", "increment", vec![]);
+        let (t, out) = p.call(&who(2), 7, "Counter", "c", "increment", vec![]);
+        assert_eq!(value_of(&out, t), Value::from(3));
+    }
+
+    #[test]
+    fn a_parked_then_woken_call_is_recorded() {
+        let mut p = Harness::new();
+        p.create_ok("Queue", "q", vec![]);
+        let (t, out) = p.call(&who(2), 5, "Queue", "q", "get", vec![]);
+        assert!(out.is_empty());
+        let (_, out) = p.call(&who(1), 1, "Queue", "q", "put", vec!["job".into()]);
+        assert_eq!(value_of(&out, t), Value::from("job"));
+        p.ok("Queue", "q", "put", vec!["other".into()]);
+        // The retry must not take a second item.
+        let (t, out) = p.call(&who(2), 5, "Queue", "q", "get", vec![]);
+        assert_eq!(value_of(&out, t), Value::from("job"));
+        assert_eq!(p.ok("Queue", "q", "qsize", vec![]), Value::from(1));
+    }
+
+    #[test]
+    fn timed_out_and_withdrawn_calls() {
+        let mut p = Harness::new();
+        p.create_ok("Queue", "q", vec![]);
+        let (t, _) = p.call(&who(2), 5, "Queue", "q", "get", vec![true.into(), 1.into()]);
+        assert_eq!(p.p.next_deadline(), Some(p.now + std::time::Duration::from_secs(1)));
+        assert_eq!(error_of(&p.advance(1.0), t).kind, ErrorKind::Empty);
+        assert_eq!(p.p.next_deadline(), None);
+        p.ok("Queue", "q", "put", vec!["x".into()]);
+        let (t, out) = p.call(&who(2), 5, "Queue", "q", "get", vec![true.into(), 1.into()]);
+        assert_eq!(error_of(&out, t).kind, ErrorKind::Empty, "the recorded timeout");
+        // A call withdrawn by a disconnect was never answered: its retry runs.
+        let (_, out) = p.call(&who(3), 6, "Queue", "q", "get", vec![]);
+        assert_eq!(out.len(), 1);
+        let (_, out) = p.call(&who(3), 7, "Queue", "q", "get", vec![true.into(), 100.into()]);
+        assert!(out.is_empty());
+        assert!(p.p.next_deadline().is_some());
+        assert!(p.disconnect(3).is_empty());
+        assert_eq!(p.p.next_deadline(), None, "the withdrawn call's timer goes with it");
+        p.ok("Queue", "q", "put", vec!["y".into()]);
+        let (t, out) = p.call(&who(3), 7, "Queue", "q", "get", vec![]);
+        assert_eq!(value_of(&out, t), Value::from("y"));
+    }
+
+    #[test]
+    fn timers_of_answered_calls_go_away() {
+        let mut p = Harness::new();
+        p.create_ok("Lock", "l", vec![]);
+        p.ok("Lock", "l", "acquire", vec![]);
+        for _ in 0..100 {
+            p.park(2, "Lock", "l", "acquire", vec![true.into(), 3600.into()]);
+            p.ok("Lock", "l", "release", vec![]);
+            p.ok_as(&who(2), "Lock", "l", "release", vec![]);
+            p.ok("Lock", "l", "acquire", vec![]);
+        }
+        assert_eq!(p.p.timers.len(), 0);
+        assert_eq!(p.p.next_deadline(), None);
+    }
+
+    #[test]
+    fn ending_a_session_deletes_its_unnamed_objects() {
+        let mut p = Harness::new();
+        let owner = who(1);
+        let op = Op::Create {
+            type_name: "Event".into(),
+            key: "~c1.1".into(),
+            args: vec![],
+            owned: true,
+        };
+        let t0 = p.token(1);
+        p.p.apply(&owner, t0, 1, op, p.now);
+        let (t, out) = p.call(&who(2), 3, "Event", "~c1.1", "wait", vec![]);
+        assert!(out.is_empty());
+        let out = p.p.end_session("c1", p.now);
+        assert_eq!(error_of(&out, t).kind, ErrorKind::NotFound);
+        assert_eq!(p.err("Event", "~c1.1", "is_set", vec![]).kind, ErrorKind::NotFound);
+        assert!(p.p.is_empty());
+    }
 }

@@ -1,0 +1,42 @@
+# Spindle: `make demo` sets everything up and runs the demo; `make test` runs every test.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+CARGO ?= cargo
+
+.PHONY: setup demo test test-rust test-python lint bench clean
+
+setup: $(VENV)/.installed
+	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found; install Rust (https://rustup.rs)" >&2; exit 1; }
+	$(CARGO) build --release --locked -p spindle-cli
+	install -m 755 target/release/spindle $(VENV)/bin/spindle
+
+$(VENV)/.installed: requirements.lock python/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e python
+	touch $@
+
+demo: setup
+	$(PY) examples/demo.py
+
+test: setup test-rust test-python
+
+test-rust:
+	$(CARGO) test --release --locked --workspace
+
+test-python:
+	$(PY) -m pytest tests
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
+
+# Benchmarks run beside the real peers; redis-server comes from Debian's packages.
+bench: setup
+	command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	$(PY) bench/objects.py
+
+clean:
+	rm -rf $(VENV) target

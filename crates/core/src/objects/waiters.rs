@@ -1,0 +1,116 @@
+//! A FIFO queue of parked calls, shared by every blocking type.
+//!
+//! Waiters are woken in arrival order; any one of them can be withdrawn in O(log n) (a
+//! timeout, a disconnect), so thousands of parked callers cost nothing per wake-up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use crate::{ConnId, Ctx, Step, Token};
+
+/// One parked call and what the object needs to answer it later.
+#[derive(Debug)]
+pub struct Waiter<T> {
+    pub token: Token,
+    pub conn: ConnId,
+    pub deadline: Option<Instant>,
+    pub data: T,
+}
+
+#[derive(Debug)]
+pub struct WaitQueue<T> {
+    next: u64,
+    order: BTreeMap<u64, Waiter<T>>,
+    index: HashMap<Token, u64>,
+}
+
+impl<T> Default for WaitQueue<T> {
+    fn default() -> Self {
+        WaitQueue {
+            next: 0,
+            order: BTreeMap::new(),
+            index: HashMap::new(),
+        }
+    }
+}
+
+impl<T> WaitQueue<T> {
+    /// Park the current caller; returns the step to hand back to the partition.
+    pub fn park(&mut self, ctx: &Ctx, deadline: Option<Instant>, data: T) -> Step {
+        self.push(Waiter {
+            token: ctx.token,
+            conn: ctx.caller.conn,
+            deadline,
+            data,
+        });
+        Step::Park { deadline }
+    }
+
+    pub fn push(&mut self, w: Waiter<T>) {
+        self.next += 1;
+        self.index.insert(w.token, self.next);
+        self.order.insert(self.next, w);
+    }
+
+    pub fn pop(&mut self) -> Option<Waiter<T>> {
+        let (seq, w) = self.order.pop_first()?;
+        self.unindex(w.token, seq);
+        Some(w)
+    }
+
+    pub fn get(&self, token: Token) -> Option<&Waiter<T>> {
+        self.index.get(&token).and_then(|seq| self.order.get(seq))
+    }
+
+    pub fn remove(&mut self, token: Token) -> Option<Waiter<T>> {
+        let seq = self.index.remove(&token)?;
+        self.order.remove(&seq)
+    }
+
+    /// Withdraw `token` if it is still parked and its own deadline has passed. Checking the
+    /// deadline guards against a stale timer meeting a newer call that reused the token.
+    pub fn take_expired(&mut self, token: Token, now: Instant) -> Option<Waiter<T>> {
+        match self.get(token)?.deadline {
+            Some(d) if d <= now => self.remove(token),
+            _ => None,
+        }
+    }
+
+    /// Withdraw every waiter of a connection, in arrival order.
+    pub fn remove_conn(&mut self, conn: ConnId) -> Vec<Waiter<T>> {
+        if !self.order.values().any(|w| w.conn == conn) {
+            return Vec::new();
+        }
+        let seqs: Vec<u64> = self
+            .order
+            .iter()
+            .filter(|(_, w)| w.conn == conn)
+            .map(|(s, _)| *s)
+            .collect();
+        seqs.into_iter()
+            .filter_map(|s| {
+                let w = self.order.remove(&s)?;
+                self.unindex(w.token, s);
+                Some(w)
+            })
+            .collect()
+    }
+
+    /// Every waiter, oldest first, leaving the queue empty.
+    pub fn drain(&mut self) -> Vec<Waiter<T>> {
+        self.index.clear();
+        std::mem::take(&mut self.order).into_values().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Forget the index entry only if it still points at this waiter (a reused token may
+    /// point at a newer one).
+    fn unindex(&mut self, token: Token, seq: u64) {
+        if self.index.get(&token) == Some(&seq) {
+            self.index.remove(&token);
+        }
+    }
+}
