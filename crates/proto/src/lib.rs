@@ -1,1 +1,11 @@
+//! The Spindle wire protocol (docs/protocol.md): length-prefixed MessagePack frames,
+//! typed requests, and encoded replies. No I/O runtime here: the server drives these
+//! functions over tokio sockets, the CLI over blocking std sockets.
 
+pub mod frame;
+pub mod reply;
+pub mod request;
+
+pub use frame::{read_frame, split_frame, write_frame, FrameError, Split, DEFAULT_MAX_FRAME, HEADER_LEN};
+pub use reply::{encode_error_reply, encode_reply, reply_frame};
+pub use request::{decode_request, parse_request, Request, RequestError, PROTOCOL_VERSION};

@@ -1,0 +1,608 @@
+//! Requests: `[req_id, op, ...operands]` decoded into a typed [`Request`].
+
+use rmpv::Value;
+use spindle_core::value::type_of;
+
+/// The protocol version this crate speaks (the `protocol` field of `hello`).
+pub const PROTOCOL_VERSION: u64 = 1;
+
+const OPS: &str = "hello, create, call, delete, keep, objects, status, ping";
+
+/// One request, with its operands checked and moved out of the MessagePack value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    Hello {
+        id: u64,
+        client: String,
+    },
+    Create {
+        id: u64,
+        seq: u64,
+        thread: u64,
+        type_name: String,
+        key: String,
+        args: Vec<Value>,
+        owned: bool,
+    },
+    Call {
+        id: u64,
+        seq: u64,
+        thread: u64,
+        type_name: String,
+        key: String,
+        method: String,
+        args: Vec<Value>,
+    },
+    Delete {
+        id: u64,
+        seq: u64,
+        key: String,
+    },
+    Keep {
+        id: u64,
+        seq: u64,
+        type_name: String,
+        key: String,
+        /// `None`: only detach the object from its session.
+        name: Option<String>,
+    },
+    Objects {
+        id: u64,
+        prefix: String,
+    },
+    Status {
+        id: u64,
+    },
+    Ping {
+        id: u64,
+    },
+}
+
+impl Request {
+    pub fn id(&self) -> u64 {
+        match self {
+            Request::Hello { id, .. }
+            | Request::Create { id, .. }
+            | Request::Call { id, .. }
+            | Request::Delete { id, .. }
+            | Request::Keep { id, .. }
+            | Request::Objects { id, .. }
+            | Request::Status { id }
+            | Request::Ping { id } => *id,
+        }
+    }
+
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "hello",
+            Request::Create { .. } => "create",
+            Request::Call { .. } => "call",
+            Request::Delete { .. } => "delete",
+            Request::Keep { .. } => "keep",
+            Request::Objects { .. } => "objects",
+            Request::Status { .. } => "status",
+            Request::Ping { .. } => "ping",
+        }
+    }
+}
+
+/// A malformed request: answered with a `ProtocolError` under `id` (0 when no id could be read).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    pub id: u64,
+    pub message: String,
+}
+
+/// Decode a frame body and parse it as a request.
+pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
+    let mut rest = body;
+    let value = rmpv::decode::read_value(&mut rest).map_err(|e| RequestError {
+        id: 0,
+        message: format!("frame body is not valid MessagePack: {e}"),
+    })?;
+    if !rest.is_empty() {
+        return Err(RequestError {
+            id: peek_id(&value),
+            message: format!(
+                "frame body holds {} bytes after the request; a frame carries exactly one MessagePack value",
+                rest.len()
+            ),
+        });
+    }
+    parse_request(value)
+}
+
+fn peek_id(value: &Value) -> u64 {
+    match value {
+        Value::Array(items) => items.first().and_then(Value::as_u64).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Parse a decoded MessagePack value as a request.
+pub fn parse_request(value: Value) -> Result<Request, RequestError> {
+    let items = match value {
+        Value::Array(items) => items,
+        other => {
+            return Err(RequestError {
+                id: 0,
+                message: format!("a request must be an array [id, op, ...], not {}", type_of(&other)),
+            })
+        }
+    };
+    let id = match items.first() {
+        Some(Value::Integer(n)) if n.as_u64().is_some() => n.as_u64().unwrap_or(0),
+        Some(other) => {
+            return Err(RequestError {
+                id: 0,
+                message: format!("the request id must be an unsigned integer, not {}", describe(other)),
+            })
+        }
+        None => {
+            return Err(RequestError {
+                id: 0,
+                message: "a request must be an array [id, op, ...], not an empty array".into(),
+            })
+        }
+    };
+    let mut items = items.into_iter().skip(1);
+    let op = match items.next() {
+        Some(Value::String(s)) => match s.into_str() {
+            Some(op) => op,
+            None => return Err(bad(id, "the op name is not valid UTF-8")),
+        },
+        Some(other) => return Err(bad(id, format!("the op must be a string, not {}", describe(&other)))),
+        None => return Err(bad(id, "a request must be an array [id, op, ...]; the op is missing")),
+    };
+    let operands: Vec<Value> = items.collect();
+    let mut p = Operands {
+        id,
+        op: op.as_str(),
+        items: operands.into_iter(),
+    };
+    let request = match op.as_str() {
+        "hello" => {
+            p.arity("[id, \"hello\", {\"client\": str, \"protocol\": 1}]", 1)?;
+            let client = p.hello()?;
+            Request::Hello { id, client }
+        }
+        "create" => {
+            p.arity("[id, \"create\", seq, thread, type, key, args, owned]", 6)?;
+            Request::Create {
+                id,
+                seq: p.uint("seq")?,
+                thread: p.uint("thread")?,
+                type_name: p.string("type")?,
+                key: p.string("key")?,
+                args: p.array("args")?,
+                owned: p.boolean("owned")?,
+            }
+        }
+        "call" => {
+            p.arity("[id, \"call\", seq, thread, type, key, method, args]", 6)?;
+            Request::Call {
+                id,
+                seq: p.uint("seq")?,
+                thread: p.uint("thread")?,
+                type_name: p.string("type")?,
+                key: p.string("key")?,
+                method: p.string("method")?,
+                args: p.array("args")?,
+            }
+        }
+        "delete" => {
+            p.arity("[id, \"delete\", seq, key]", 2)?;
+            Request::Delete {
+                id,
+                seq: p.uint("seq")?,
+                key: p.string("key")?,
+            }
+        }
+        "keep" => {
+            p.arity("[id, \"keep\", seq, type, key, name]", 4)?;
+            Request::Keep {
+                id,
+                seq: p.uint("seq")?,
+                type_name: p.string("type")?,
+                key: p.string("key")?,
+                name: p.optional_string("name")?,
+            }
+        }
+        "objects" => {
+            // The prefix may be left out or nil: list everything.
+            p.arity_range("[id, \"objects\", prefix]", 0, 1)?;
+            Request::Objects {
+                id,
+                prefix: p.optional_string("prefix")?.unwrap_or_default(),
+            }
+        }
+        "status" => {
+            p.arity("[id, \"status\"]", 0)?;
+            Request::Status { id }
+        }
+        "ping" => {
+            p.arity("[id, \"ping\"]", 0)?;
+            Request::Ping { id }
+        }
+        other => return Err(bad(id, format!("unknown op '{other}' (known: {OPS})"))),
+    };
+    Ok(request)
+}
+
+fn bad(id: u64, message: impl Into<String>) -> RequestError {
+    RequestError {
+        id,
+        message: message.into(),
+    }
+}
+
+/// A value's type for messages, with the value itself when it is short and telling.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Integer(n) => format!("the integer {n}"),
+        Value::String(s) => match s.as_str() {
+            Some(s) if s.len() <= 40 => format!("the str '{s}'"),
+            _ => "a str".into(),
+        },
+        other => type_of(other).to_string(),
+    }
+}
+
+/// The operands after `[id, op`, consumed in order.
+struct Operands<'a> {
+    id: u64,
+    op: &'a str,
+    items: std::vec::IntoIter<Value>,
+}
+
+impl Operands<'_> {
+    fn arity(&self, shape: &str, n: usize) -> Result<(), RequestError> {
+        self.arity_range(shape, n, n)
+    }
+
+    fn arity_range(&self, shape: &str, min: usize, max: usize) -> Result<(), RequestError> {
+        let got = self.items.len();
+        if got < min || got > max {
+            return Err(bad(
+                self.id,
+                format!("'{}' takes {} items {shape}, got {}", self.op, max + 2, got + 2),
+            ));
+        }
+        Ok(())
+    }
+
+    fn next(&mut self) -> Value {
+        self.items.next().unwrap_or(Value::Nil)
+    }
+
+    fn error(&self, field: &str, want: &str, got: &Value) -> RequestError {
+        bad(
+            self.id,
+            format!("'{}': {field} must be {want}, not {}", self.op, describe(got)),
+        )
+    }
+
+    fn uint(&mut self, field: &str) -> Result<u64, RequestError> {
+        match self.next() {
+            Value::Integer(n) if n.as_u64().is_some() => Ok(n.as_u64().unwrap_or(0)),
+            other => Err(self.error(field, "a non-negative integer", &other)),
+        }
+    }
+
+    fn string(&mut self, field: &str) -> Result<String, RequestError> {
+        match self.next() {
+            Value::String(s) => s
+                .into_str()
+                .ok_or_else(|| bad(self.id, format!("'{}': {field} is not valid UTF-8", self.op))),
+            other => Err(self.error(field, "a str", &other)),
+        }
+    }
+
+    fn optional_string(&mut self, field: &str) -> Result<Option<String>, RequestError> {
+        match self.next() {
+            Value::Nil => Ok(None),
+            Value::String(s) => s
+                .into_str()
+                .map(Some)
+                .ok_or_else(|| bad(self.id, format!("'{}': {field} is not valid UTF-8", self.op))),
+            other => Err(self.error(field, "a str or nil", &other)),
+        }
+    }
+
+    fn array(&mut self, field: &str) -> Result<Vec<Value>, RequestError> {
+        match self.next() {
+            Value::Array(items) => Ok(items),
+            other => Err(self.error(field, "an array", &other)),
+        }
+    }
+
+    fn boolean(&mut self, field: &str) -> Result<bool, RequestError> {
+        match self.next() {
+            Value::Boolean(b) => Ok(b),
+            other => Err(self.error(field, "a bool", &other)),
+        }
+    }
+
+    /// The `hello` map: `{"client": str, "protocol": 1}`.
+    fn hello(&mut self) -> Result<String, RequestError> {
+        let entries = match self.next() {
+            Value::Map(entries) => entries,
+            other => return Err(self.error("the operand", "a map {\"client\": str, \"protocol\": 1}", &other)),
+        };
+        let mut client = None;
+        let mut protocol = None;
+        for (k, v) in entries {
+            match k.as_str() {
+                Some("client") => client = Some(v),
+                Some("protocol") => protocol = Some(v),
+                // Unknown fields are ignored so newer clients can send more.
+                _ => {}
+            }
+        }
+        match protocol {
+            Some(Value::Integer(n)) if n.as_u64() == Some(PROTOCOL_VERSION) => {}
+            Some(Value::Integer(n)) => {
+                return Err(bad(
+                    self.id,
+                    format!("unsupported protocol version {n} (this server speaks {PROTOCOL_VERSION})"),
+                ))
+            }
+            Some(other) => return Err(self.error("protocol", "an integer", &other)),
+            None => return Err(bad(self.id, "'hello': the map has no \"protocol\" field")),
+        }
+        match client {
+            Some(Value::String(s)) => match s.into_str() {
+                Some(c) if !c.is_empty() => Ok(c),
+                Some(_) => Err(bad(self.id, "'hello': client must be a non-empty str")),
+                None => Err(bad(self.id, "'hello': client is not valid UTF-8")),
+            },
+            Some(other) => Err(self.error("client", "a str", &other)),
+            None => Err(bad(self.id, "'hello': the map has no \"client\" field")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(items: Vec<Value>) -> Value {
+        Value::Array(items)
+    }
+
+    fn s(x: &str) -> Value {
+        Value::from(x)
+    }
+
+    fn hello_map(client: Value, protocol: Value) -> Value {
+        Value::Map(vec![(s("client"), client), (s("protocol"), protocol)])
+    }
+
+    fn error_of(value: Value) -> RequestError {
+        parse_request(value).expect_err("should be refused")
+    }
+
+    #[test]
+    fn parses_every_op() {
+        let hello = v(vec![1.into(), s("hello"), hello_map(s("c1"), 1.into())]);
+        assert_eq!(
+            parse_request(hello).unwrap(),
+            Request::Hello {
+                id: 1,
+                client: "c1".into()
+            }
+        );
+        let create = v(vec![
+            2.into(),
+            s("create"),
+            5.into(),
+            0.into(),
+            s("Counter"),
+            s("k"),
+            v(vec![3.into()]),
+            true.into(),
+        ]);
+        assert_eq!(
+            parse_request(create).unwrap(),
+            Request::Create {
+                id: 2,
+                seq: 5,
+                thread: 0,
+                type_name: "Counter".into(),
+                key: "k".into(),
+                args: vec![3.into()],
+                owned: true
+            }
+        );
+        let call = v(vec![
+            3.into(),
+            s("call"),
+            6.into(),
+            9.into(),
+            s("Counter"),
+            s("k"),
+            s("add"),
+            v(vec![1.into()]),
+        ]);
+        assert_eq!(
+            parse_request(call).unwrap(),
+            Request::Call {
+                id: 3,
+                seq: 6,
+                thread: 9,
+                type_name: "Counter".into(),
+                key: "k".into(),
+                method: "add".into(),
+                args: vec![1.into()]
+            }
+        );
+        let delete = v(vec![4.into(), s("delete"), 7.into(), s("k")]);
+        assert_eq!(
+            parse_request(delete).unwrap(),
+            Request::Delete {
+                id: 4,
+                seq: 7,
+                key: "k".into()
+            }
+        );
+        let keep = v(vec![5.into(), s("keep"), 8.into(), s("Counter"), s("~c.1"), Value::Nil]);
+        assert_eq!(
+            parse_request(keep).unwrap(),
+            Request::Keep {
+                id: 5,
+                seq: 8,
+                type_name: "Counter".into(),
+                key: "~c.1".into(),
+                name: None
+            }
+        );
+        let objects = v(vec![6.into(), s("objects"), s("ab")]);
+        assert_eq!(
+            parse_request(objects).unwrap(),
+            Request::Objects {
+                id: 6,
+                prefix: "ab".into()
+            }
+        );
+        assert_eq!(
+            parse_request(v(vec![7.into(), s("objects")])).unwrap(),
+            Request::Objects {
+                id: 7,
+                prefix: String::new()
+            }
+        );
+        assert_eq!(
+            parse_request(v(vec![8.into(), s("status")])).unwrap(),
+            Request::Status { id: 8 }
+        );
+        assert_eq!(
+            parse_request(v(vec![9.into(), s("ping")])).unwrap(),
+            Request::Ping { id: 9 }
+        );
+    }
+
+    #[test]
+    fn a_request_that_is_not_an_array_has_id_zero() {
+        let e = error_of(Value::Map(vec![]));
+        assert_eq!(e.id, 0);
+        assert_eq!(e.message, "a request must be an array [id, op, ...], not map");
+        let e = error_of(v(vec![]));
+        assert_eq!(e.id, 0);
+        let e = error_of(v(vec![s("x"), s("ping")]));
+        assert_eq!(e.id, 0);
+        assert_eq!(e.message, "the request id must be an unsigned integer, not the str 'x'");
+        let e = error_of(v(vec![(-1).into(), s("ping")]));
+        assert_eq!(e.id, 0);
+    }
+
+    #[test]
+    fn errors_after_the_id_carry_it() {
+        let e = error_of(v(vec![12.into()]));
+        assert_eq!(e.id, 12);
+        assert!(e.message.contains("op is missing"), "{}", e.message);
+        let e = error_of(v(vec![12.into(), 3.into()]));
+        assert_eq!(e.message, "the op must be a string, not the integer 3");
+        let e = error_of(v(vec![12.into(), s("frobnicate")]));
+        assert_eq!(
+            e.message,
+            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping)"
+        );
+    }
+
+    #[test]
+    fn wrong_item_counts_name_the_expected_shape() {
+        let e = error_of(v(vec![3.into(), s("call"), 1.into(), 0.into(), s("Counter")]));
+        assert_eq!(e.id, 3);
+        assert_eq!(
+            e.message,
+            "'call' takes 8 items [id, \"call\", seq, thread, type, key, method, args], got 5"
+        );
+        let e = error_of(v(vec![3.into(), s("ping"), 1.into()]));
+        assert_eq!(e.message, "'ping' takes 2 items [id, \"ping\"], got 3");
+    }
+
+    #[test]
+    fn wrong_operand_types_name_the_field() {
+        let call = |seq: Value, args: Value| {
+            v(vec![
+                4.into(),
+                s("call"),
+                seq,
+                0.into(),
+                s("Counter"),
+                s("k"),
+                s("get"),
+                args,
+            ])
+        };
+        let e = error_of(call((-2).into(), v(vec![])));
+        assert_eq!(
+            e.message,
+            "'call': seq must be a non-negative integer, not the integer -2"
+        );
+        let e = error_of(call(1.into(), Value::Map(vec![])));
+        assert_eq!(e.message, "'call': args must be an array, not map");
+        let create = v(vec![
+            5.into(),
+            s("create"),
+            1.into(),
+            0.into(),
+            s("Counter"),
+            s("k"),
+            v(vec![]),
+            Value::Nil,
+        ]);
+        assert_eq!(error_of(create).message, "'create': owned must be a bool, not None");
+        let keep = v(vec![5.into(), s("keep"), 1.into(), s("Counter"), s("k"), 3.into()]);
+        assert_eq!(
+            error_of(keep).message,
+            "'keep': name must be a str or nil, not the integer 3"
+        );
+    }
+
+    #[test]
+    fn hello_checks_client_and_protocol() {
+        let e = error_of(v(vec![1.into(), s("hello"), hello_map(s("c"), 2.into())]));
+        assert_eq!(e.message, "unsupported protocol version 2 (this server speaks 1)");
+        let e = error_of(v(vec![1.into(), s("hello"), hello_map(s(""), 1.into())]));
+        assert_eq!(e.message, "'hello': client must be a non-empty str");
+        let e = error_of(v(vec![
+            1.into(),
+            s("hello"),
+            Value::Map(vec![(s("protocol"), 1.into())]),
+        ]));
+        assert_eq!(e.message, "'hello': the map has no \"client\" field");
+        let e = error_of(v(vec![1.into(), s("hello"), s("c")]));
+        assert!(
+            e.message.starts_with("'hello': the operand must be a map"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn decode_refuses_garbage_and_trailing_bytes() {
+        // An array announcing two items that holds one.
+        let e = decode_request(&[0x92, 0x01]).unwrap_err();
+        assert_eq!(e.id, 0);
+        assert!(
+            e.message.starts_with("frame body is not valid MessagePack"),
+            "{}",
+            e.message
+        );
+        // 0xc1 is a reserved marker; rmpv reads it as nil, which is no request either.
+        let e = decode_request(&[0xc1]).unwrap_err();
+        assert_eq!(e.id, 0);
+        let e = decode_request(&[]).unwrap_err();
+        assert_eq!(e.id, 0);
+        // [7, "ping"] followed by a stray nil.
+        let e = decode_request(&[0x92, 0x07, 0xa4, b'p', b'i', b'n', b'g', 0xc0]).unwrap_err();
+        assert_eq!(e.id, 7);
+        assert!(e.message.contains("1 bytes after the request"), "{}", e.message);
+        assert_eq!(
+            decode_request(&[0x92, 0x07, 0xa4, b'p', b'i', b'n', b'g']).unwrap(),
+            Request::Ping { id: 7 }
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! One client connection: a reader loop that decodes and runs requests in place, and a
+//! writer task that sends queued replies, many per `write` when requests are pipelined.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spindle_core::partition::Op;
+use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
+use spindle_proto::{decode_request, encode_reply, split_frame, Request, Split, PROTOCOL_VERSION};
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tracing::{debug, warn};
+
+use crate::registry::{log_error_reply, Drain, Outbox};
+use crate::{sessions, status, Shared};
+
+/// Read buffer of an idle connection; it grows for large frames and shrinks back after.
+const INITIAL_READ_BUFFER: usize = 4 * 1024;
+/// Free space to offer each read, so pipelined requests arrive in few reads.
+const MIN_READ_SPACE: usize = 8 * 1024;
+/// Buffers above this size are released once empty, to keep idle memory small.
+const KEEP_BUFFER: usize = 256 * 1024;
+/// Stop reading requests while this many reply bytes wait for a client that does not read.
+const OUTBOX_HIGH_WATER: usize = 16 * 1024 * 1024;
+/// After refusing an oversized frame, how long to swallow its body before closing, so the
+/// kernel does not answer the unread bytes with a reset that could destroy our reply.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Why the reader stopped.
+enum End {
+    /// The client closed between frames.
+    Closed,
+    /// The client closed in the middle of a frame.
+    Truncated { buffered: usize },
+    /// A frame over the limit was refused; the connection closes after the reply.
+    FrameTooLarge,
+    /// The socket failed.
+    Failed(std::io::Error),
+}
+
+struct Connection {
+    id: ConnId,
+    shared: Arc<Shared>,
+    /// The session, once `hello` arrived.
+    client: Option<Arc<str>>,
+    /// Shards this connection called into, which must hear of its end.
+    touched: Vec<bool>,
+    outbox: Arc<Outbox>,
+    /// The socket's write side, for direct writes of replies (shared with the writer task;
+    /// the socket's write side shuts down when both let go).
+    socket: Option<Arc<OwnedWriteHalf>>,
+    /// Replies to this connection's own requests in the current batch, flushed to the
+    /// outbox once per read.
+    replies: Vec<u8>,
+}
+
+/// Serve one accepted connection until it closes.
+pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(%peer, "could not set TCP_NODELAY: {e}");
+    }
+    let (mut reader, writer) = stream.into_split();
+    let outbox = Arc::new(Outbox::new());
+    let id = shared.registry.register(outbox.clone());
+    shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+    debug!(conn = id, %peer, "connection opened");
+    let writer = Arc::new(writer);
+    let writer_task = tokio::spawn(write_loop(writer.clone(), outbox.clone(), id));
+
+    let mut conn = Connection {
+        id,
+        touched: vec![false; shared.shards.count()],
+        shared,
+        client: None,
+        outbox,
+        socket: Some(writer),
+        replies: Vec::new(),
+    };
+    let end = conn.read_loop(&mut reader).await;
+    match &end {
+        End::Closed => debug!(conn = id, "connection closed by the client"),
+        End::Truncated { buffered } => {
+            debug!(
+                conn = id,
+                buffered, "connection closed in the middle of a frame; the partial frame is dropped"
+            )
+        }
+        End::FrameTooLarge => debug!(conn = id, "closing after an oversized frame"),
+        End::Failed(e) => debug!(conn = id, "connection failed: {e}"),
+    }
+    conn.finish();
+    if let End::FrameTooLarge = end {
+        // Let the writer send the FrameTooLarge reply and its FIN before the socket closes.
+        let _ = writer_task.await;
+        let _ = tokio::time::timeout(LINGER, discard_input(&mut reader)).await;
+    }
+}
+
+impl Connection {
+    async fn read_loop(&mut self, reader: &mut OwnedReadHalf) -> End {
+        let max_frame = self.shared.config.max_frame;
+        let mut buf: Vec<u8> = Vec::with_capacity(INITIAL_READ_BUFFER);
+        let mut start = 0;
+        loop {
+            // Run every whole frame already buffered, then send their replies at once.
+            let frame_size = loop {
+                match split_frame(&buf[start..], max_frame) {
+                    Split::Frame { body, consumed } => {
+                        self.handle_frame(body);
+                        start += consumed;
+                    }
+                    Split::Incomplete { total } => break total,
+                    Split::TooLarge { len } => {
+                        let message = format!(
+                            "frame of {len} bytes is over the limit of {max_frame} bytes; closing the connection"
+                        );
+                        self.reply(0, Err(Error::new(ErrorKind::FrameTooLarge, message)));
+                        self.flush();
+                        return End::FrameTooLarge;
+                    }
+                }
+            };
+            if self.flush() > OUTBOX_HIGH_WATER {
+                self.wait_for_writer().await;
+            }
+
+            if start == buf.len() {
+                buf.clear();
+                if buf.capacity() > KEEP_BUFFER {
+                    buf = Vec::with_capacity(INITIAL_READ_BUFFER);
+                }
+            } else if start > 0 {
+                buf.drain(..start);
+            }
+            start = 0;
+            let wanted = frame_size.unwrap_or(0).max(buf.len() + MIN_READ_SPACE);
+            buf.reserve(wanted - buf.len());
+
+            match reader.read_buf(&mut buf).await {
+                Ok(0) if buf.is_empty() => return End::Closed,
+                Ok(0) => return End::Truncated { buffered: buf.len() },
+                Ok(_) => {}
+                Err(e) => return End::Failed(e),
+            }
+        }
+    }
+
+    /// Wait until the client reads enough of its replies (or the socket dies).
+    async fn wait_for_writer(&self) {
+        debug!(
+            conn = self.id,
+            "client is not reading its replies; pausing its requests"
+        );
+        while self.outbox.pending() > OUTBOX_HIGH_WATER {
+            self.outbox.wait_drained().await;
+        }
+    }
+
+    /// Send this batch's replies: straight to the socket when it is free and takes them all,
+    /// otherwise through the writer task. Returns the bytes left waiting for the writer.
+    fn flush(&mut self) -> usize {
+        if self.replies.is_empty() {
+            return 0;
+        }
+        let Some(socket) = self.socket.as_ref().filter(|_| self.outbox.claim()) else {
+            return self.outbox.push_frames(&mut self.replies);
+        };
+        let mut written = 0;
+        while written < self.replies.len() {
+            match socket.try_write(&self.replies[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    debug!(conn = self.id, "write failed, dropping further replies: {e}");
+                    self.outbox.kill();
+                    self.replies.clear();
+                    return 0;
+                }
+            }
+        }
+        let pending = self.outbox.release(&self.replies[written..]);
+        self.replies.clear();
+        if self.replies.capacity() > KEEP_BUFFER {
+            self.replies = Vec::new();
+        }
+        pending
+    }
+
+    fn handle_frame(&mut self, body: &[u8]) {
+        match decode_request(body) {
+            Ok(request) => self.dispatch(request),
+            Err(e) => self.reply(e.id, Err(Error::new(ErrorKind::ProtocolError, e.message))),
+        }
+    }
+
+    fn dispatch(&mut self, request: Request) {
+        if self.client.is_none() && !matches!(request, Request::Hello { .. }) {
+            let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
+            return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
+        }
+        match request {
+            Request::Hello { id, client } => self.hello(id, client),
+            Request::Create {
+                id,
+                seq,
+                thread,
+                type_name,
+                key,
+                args,
+                owned,
+            } => {
+                let op = Op::Create {
+                    type_name,
+                    key,
+                    args,
+                    owned,
+                };
+                self.apply(id, seq, thread, op)
+            }
+            Request::Call {
+                id,
+                seq,
+                thread,
+                type_name,
+                key,
+                method,
+                args,
+            } => {
+                let op = Op::Call {
+                    type_name,
+                    key,
+                    method,
+                    args,
+                };
+                self.apply(id, seq, thread, op)
+            }
+            Request::Delete { id, seq, key } => self.apply(id, seq, 0, Op::Delete { key }),
+            Request::Keep {
+                id,
+                type_name,
+                key,
+                name,
+                ..
+            } => {
+                // A retried keep is answered the same way by `Shards::keep`, so its seq
+                // needs no reply log.
+                let reply = self.shared.shards.keep(&type_name, &key, name.as_deref());
+                self.reply(id, reply)
+            }
+            Request::Objects { id, prefix } => {
+                let reply = self.objects(&prefix);
+                self.reply(id, Ok(reply))
+            }
+            Request::Status { id } => {
+                let reply = status::status(&self.shared);
+                self.reply(id, Ok(reply))
+            }
+            Request::Ping { id } => self.reply(id, Ok(Value::from("pong"))),
+        }
+    }
+
+    fn hello(&mut self, id: u64, client: String) {
+        if let Some(current) = &self.client {
+            if **current != *client {
+                let message = format!("this connection already said hello as client '{current}'");
+                return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
+            }
+            return self.reply(id, Ok(hello_reply(true)));
+        }
+        let (client, resumed) = self.shared.sessions.open(&client);
+        debug!(conn = self.id, client = &*client, resumed, "hello");
+        self.client = Some(client);
+        self.reply(id, Ok(hello_reply(resumed)));
+    }
+
+    /// Run an object operation on its shard, in this task.
+    fn apply(&mut self, id: u64, seq: u64, thread: u64, op: Op) {
+        let Some(client) = self.client.clone() else {
+            return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
+        };
+        let index = self.shared.shards.index_of(op.key());
+        self.touched[index] = true;
+        let caller = Caller {
+            conn: self.id,
+            client,
+            thread,
+        };
+        let token = Token { conn: self.id, req: id };
+        let applied = self.shared.shards.with(index, |s| {
+            s.calls += 1;
+            s.partition.apply(&caller, token, seq, op, Instant::now())
+        });
+        match applied {
+            Ok(deliveries) => self.route(deliveries),
+            Err(e) => self.reply(id, Err(e)),
+        }
+    }
+
+    /// Replies for this connection join the batch; others go to their connections now.
+    fn route(&mut self, deliveries: Vec<Delivery>) {
+        if deliveries.iter().all(|d| d.token.conn == self.id) {
+            for d in deliveries {
+                self.reply(d.token.req, d.reply);
+            }
+            return;
+        }
+        let (mine, others): (Vec<_>, Vec<_>) = deliveries.into_iter().partition(|d| d.token.conn == self.id);
+        self.shared.registry.deliver(others);
+        for d in mine {
+            self.reply(d.token.req, d.reply);
+        }
+    }
+
+    fn reply(&mut self, id: u64, reply: Reply) {
+        if let Err(e) = &reply {
+            log_error_reply(self.id, id, e);
+        }
+        encode_reply(id, &reply, &mut self.replies);
+    }
+
+    fn objects(&self, prefix: &str) -> Value {
+        let shards = &self.shared.shards;
+        let mut named: Vec<(String, &'static str)> = Vec::new();
+        for index in 0..shards.count() {
+            match shards.with(index, |s| s.partition.objects(prefix)) {
+                Ok(found) => named.extend(found),
+                Err(e) => warn!(shard = index, "objects: shard skipped: {e}"),
+            }
+        }
+        named.sort_unstable();
+        Value::Array(
+            named
+                .into_iter()
+                .map(|(name, type_name)| Value::Array(vec![Value::from(name), Value::from(type_name)]))
+                .collect(),
+        )
+    }
+
+    /// The connection is gone: withdraw its parked calls, release what it held, and let its
+    /// session start counting down.
+    fn finish(&mut self) {
+        let shared = self.shared.clone();
+        shared.registry.unregister(self.id);
+        shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
+        let now = Instant::now();
+        for (index, _) in self.touched.iter().enumerate().filter(|(_, t)| **t) {
+            match shared.shards.with(index, |s| s.partition.disconnect(self.id, now)) {
+                Ok(deliveries) => shared.registry.deliver(deliveries),
+                Err(e) => warn!(conn = self.id, shard = index, "disconnect clean-up skipped: {e}"),
+            }
+        }
+        self.flush();
+        // Only the writer task may still write; when it lets go, the write side shuts down.
+        self.socket = None;
+        self.outbox.close();
+        if let Some(client) = self.client.take() {
+            sessions::connection_closed(&shared, client);
+        }
+    }
+}
+
+fn hello_reply(resumed: bool) -> Value {
+    Value::Map(vec![
+        (Value::from("server"), Value::from("spindle")),
+        (Value::from("version"), Value::from(crate::VERSION)),
+        (Value::from("protocol"), Value::from(PROTOCOL_VERSION)),
+        (Value::from("resumed"), Value::Boolean(resumed)),
+    ])
+}
+
+/// Send queued replies until the connection closes; many replies leave in one write.
+async fn write_loop(socket: Arc<OwnedWriteHalf>, outbox: Arc<Outbox>, conn: ConnId) {
+    let mut batch = Vec::new();
+    loop {
+        match outbox.take(&mut batch) {
+            Drain::Write => {
+                if let Err(e) = write_all(&socket, &batch).await {
+                    debug!(conn, "write failed, dropping further replies: {e}");
+                    outbox.kill();
+                    return;
+                }
+                outbox.written();
+                batch.clear();
+                if batch.capacity() > KEEP_BUFFER {
+                    batch = Vec::new();
+                }
+                outbox.notify_drained();
+            }
+            Drain::Wait => outbox.wait_ready().await,
+            // Dropping the last handle of the write half shuts it down (FIN after the data).
+            Drain::Finish => return,
+        }
+    }
+}
+
+async fn write_all(socket: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        socket.writable().await?;
+        match socket.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn discard_input(reader: &mut OwnedReadHalf) {
+    let mut sink = vec![0u8; 16 * 1024];
+    while let Ok(n) = reader.read(&mut sink).await {
+        if n == 0 {
+            break;
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Sessions: a client id shared by every connection of one client process. A session ends
+//! `session_ttl` after its last connection closes, unless a connection comes back first.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use crate::Shared;
+
+struct Session {
+    /// The client id, shared by the session's connections.
+    id: Arc<str>,
+    /// Open connections that said hello with this client id.
+    connections: usize,
+    /// Bumped whenever the connection count changes, so an end scheduled when the last
+    /// connection closed can tell that the session was resumed meanwhile.
+    epoch: u64,
+}
+
+pub(crate) struct Sessions {
+    sessions: Mutex<HashMap<Arc<str>, Session>>,
+}
+
+impl Sessions {
+    pub(crate) fn new() -> Self {
+        Sessions {
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Session>> {
+        // Counters only; consistent even if a holder panicked.
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sessions known, including those waiting out their TTL.
+    pub(crate) fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A connection said hello. Returns the shared client id and whether the session was
+    /// already known (`resumed`).
+    pub(crate) fn open(&self, client: &str) -> (Arc<str>, bool) {
+        let mut sessions = self.lock();
+        if let Some(session) = sessions.get_mut(client) {
+            session.connections += 1;
+            session.epoch += 1;
+            return (session.id.clone(), true);
+        }
+        let id: Arc<str> = Arc::from(client);
+        sessions.insert(
+            id.clone(),
+            Session {
+                id: id.clone(),
+                connections: 1,
+                epoch: 0,
+            },
+        );
+        (id, false)
+    }
+}
+
+/// A connection of `client` closed. If it was the last one, end the session after the TTL
+/// unless a connection with the same client id comes back in the meantime.
+pub(crate) fn connection_closed(shared: &Arc<Shared>, client: Arc<str>) {
+    let epoch = {
+        let mut sessions = shared.sessions.lock();
+        let Some(session) = sessions.get_mut(&client) else {
+            return;
+        };
+        session.connections = session.connections.saturating_sub(1);
+        session.epoch += 1;
+        if session.connections > 0 {
+            return;
+        }
+        session.epoch
+    };
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(shared.config.session_ttl).await;
+        end_if_idle(&shared, &client, epoch);
+    });
+}
+
+fn end_if_idle(shared: &Shared, client: &Arc<str>, epoch: u64) {
+    // The sessions lock is held while the shards drop the session, so a `hello` arriving
+    // now waits and then starts a fresh session instead of resuming a half-ended one.
+    // Lock order is always sessions, then one shard at a time.
+    let mut replies = Vec::new();
+    {
+        let mut sessions = shared.sessions.lock();
+        match sessions.get(client) {
+            Some(s) if s.connections == 0 && s.epoch == epoch => {}
+            _ => return,
+        }
+        sessions.remove(client);
+        let now = Instant::now();
+        for index in 0..shared.shards.count() {
+            match shared.shards.with(index, |s| s.partition.end_session(client, now)) {
+                Ok(out) => replies.extend(out),
+                Err(e) => tracing::error!(shard = index, "could not end session '{client}' there: {e}"),
+            }
+        }
+    }
+    tracing::debug!(client = &**client, "session ended");
+    shared.registry.deliver(replies);
+}

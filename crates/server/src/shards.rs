@@ -1,0 +1,296 @@
+//! The object space split by key hash into shards, each a [`Partition`] behind its own mutex.
+//! A connection task locks the shard of the key it calls for the length of one `apply`, so
+//! calls never hop threads and calls on different shards run in parallel.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use spindle_core::partition::Op;
+use spindle_core::{Caller, Detached, Error, ErrorKind, Partition, Token, Value};
+use tokio::sync::Notify;
+
+use crate::Shared;
+
+/// What a shard's mutex guards.
+pub(crate) struct ShardState {
+    pub(crate) partition: Partition,
+    /// The deadline the shard's timer task sleeps until (`None`: no timer armed).
+    armed: Option<Instant>,
+    /// Object operations applied here (for `status`).
+    pub(crate) calls: u64,
+}
+
+struct Shard {
+    state: Mutex<ShardState>,
+    /// Wakes the timer task when a deadline earlier than the armed one appears.
+    timer: Notify,
+}
+
+pub(crate) struct Shards {
+    shards: Box<[Shard]>,
+}
+
+impl Shards {
+    pub(crate) fn new(count: usize) -> Self {
+        let shards = (0..count.max(1))
+            .map(|_| Shard {
+                state: Mutex::new(ShardState {
+                    partition: Partition::new(),
+                    armed: None,
+                    calls: 0,
+                }),
+                timer: Notify::new(),
+            })
+            .collect();
+        Shards { shards }
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The shard that holds `key` (FNV-1a: fast on short keys, and spread is all we need).
+    pub(crate) fn index_of(&self, key: &str) -> usize {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in key.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        (hash % self.shards.len() as u64) as usize
+    }
+
+    /// Run `f` with shard `index` locked. A panic inside `f` (a bug in an object type)
+    /// poisons that shard: it answers `Internal` from then on while the others keep serving.
+    pub(crate) fn with<R>(&self, index: usize, f: impl FnOnce(&mut ShardState) -> R) -> Result<R, Error> {
+        let shard = &self.shards[index];
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let mut state = shard.state.lock().ok()?;
+            let result = f(&mut state);
+            // A call may have parked with a deadline earlier than the timer's.
+            let next = state.partition.next_deadline();
+            if next.is_some() && (state.armed.is_none() || next < state.armed) {
+                state.armed = next;
+                shard.timer.notify_one();
+            }
+            Some(result)
+        }));
+        match outcome {
+            Ok(Some(result)) => Ok(result),
+            Ok(None) => Err(poisoned(index)),
+            Err(_) => {
+                tracing::error!(
+                    shard = index,
+                    "a call panicked inside the shard; the shard is out of service"
+                );
+                Err(poisoned(index))
+            }
+        }
+    }
+
+    /// `keep`: give an object a life of its own, optionally under a new key. The object
+    /// moves between shards one lock at a time (never two locks held at once).
+    pub(crate) fn keep(&self, type_name: &str, key: &str, name: Option<&str>) -> Result<Value, Error> {
+        let Some(name) = name.filter(|n| *n != key) else {
+            self.with(self.index_of(key), |s| s.partition.disown(type_name, key))??;
+            return Ok(Value::from(key));
+        };
+        let (source, target) = (self.index_of(key), self.index_of(name));
+        if source == target {
+            return self.with(source, |s| {
+                s.calls += 1;
+                let detached = match detach(&mut s.partition, type_name, key, name)? {
+                    Detach::Taken(d) => d,
+                    Detach::AlreadyKept => return Ok(Value::from(name)),
+                };
+                let owner = detached.owner();
+                match s.partition.attach(name, detached) {
+                    Ok(()) => {
+                        s.partition.set_moved(key, name, owner);
+                        Ok(Value::from(name))
+                    }
+                    Err((e, detached)) => {
+                        s.partition.restore(key, detached);
+                        Err(e)
+                    }
+                }
+            })?;
+        }
+        let detached = match self.with(source, |s| detach(&mut s.partition, type_name, key, name))?? {
+            Detach::Taken(d) => d,
+            Detach::AlreadyKept => return Ok(Value::from(name)),
+        };
+        let owner = detached.owner();
+        match self.with(target, |s| {
+            s.calls += 1;
+            s.partition.attach(name, detached)
+        })? {
+            Ok(()) => {
+                self.with(source, |s| s.partition.set_moved(key, name, owner))?;
+                Ok(Value::from(name))
+            }
+            Err((e, detached)) => {
+                self.with(source, |s| s.partition.restore(key, detached))?;
+                Err(e)
+            }
+        }
+    }
+}
+
+enum Detach {
+    Taken(Detached),
+    /// A retried `keep`: the object already moved to the requested name.
+    AlreadyKept,
+}
+
+fn detach(partition: &mut Partition, type_name: &str, key: &str, name: &str) -> Result<Detach, Error> {
+    match partition.detach(type_name, key) {
+        Ok(d) => Ok(Detach::Taken(d)),
+        Err(e) if e.kind == ErrorKind::NotFound => {
+            // The partition has no "where did this key move" query; a call on a missing key
+            // answers `Moved` with the new key if there is a forwarding note (and runs nothing,
+            // as the key holds no object).
+            let caller = Caller {
+                conn: 0,
+                client: Arc::from(""),
+                thread: 0,
+            };
+            let probe = Op::Call {
+                type_name: type_name.to_string(),
+                key: key.to_string(),
+                method: String::new(),
+                args: Vec::new(),
+            };
+            let token = Token { conn: 0, req: 0 };
+            let replies = partition.apply(&caller, token, 0, probe, Instant::now());
+            let moved_here = replies
+                .iter()
+                .any(|d| matches!(&d.reply, Err(m) if m.kind == ErrorKind::Moved && m.data.as_str() == Some(name)));
+            if moved_here {
+                Ok(Detach::AlreadyKept)
+            } else {
+                Err(e)
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn poisoned(index: usize) -> Error {
+    Error::new(
+        ErrorKind::Internal,
+        format!("shard {index} is out of service after an internal error (a server bug; see the server log)"),
+    )
+}
+
+/// Answer parked calls whose deadline passed, sleeping until the next deadline of shard
+/// `index` or until a call arms an earlier one.
+pub(crate) async fn run_timer(shared: Arc<Shared>, index: usize) {
+    let shard = &shared.shards.shards[index];
+    loop {
+        let ticked = shared.shards.with(index, |s| {
+            let replies = s.partition.tick(Instant::now());
+            s.armed = s.partition.next_deadline();
+            (replies, s.armed)
+        });
+        let next = match ticked {
+            Ok((replies, next)) => {
+                shared.registry.deliver(replies);
+                next
+            }
+            Err(_) => return,
+        };
+        match next {
+            Some(deadline) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline.into()) => {}
+                    _ = shard.timer.notified() => {}
+                }
+            }
+            None => shard.timer.notified().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caller() -> Caller {
+        Caller {
+            conn: 1,
+            client: Arc::from("c"),
+            thread: 0,
+        }
+    }
+
+    fn create(shards: &Shards, key: &str, owned: bool) {
+        let op = Op::Create {
+            type_name: "Counter".into(),
+            key: key.into(),
+            args: vec![],
+            owned,
+        };
+        let index = shards.index_of(key);
+        let token = Token { conn: 1, req: 1 };
+        let replies = shards
+            .with(index, |s| s.partition.apply(&caller(), token, 0, op, Instant::now()))
+            .unwrap();
+        assert_eq!(replies[0].reply, Ok(Value::Boolean(true)));
+    }
+
+    fn names(shards: &Shards) -> Vec<String> {
+        (0..shards.count())
+            .flat_map(|i| shards.with(i, |s| s.partition.objects("")).unwrap())
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    #[test]
+    fn keys_spread_over_shards() {
+        let shards = Shards::new(4);
+        let used: std::collections::HashSet<usize> = (0..64).map(|i| shards.index_of(&format!("k{i}"))).collect();
+        assert_eq!(used.len(), 4);
+        assert_eq!(shards.index_of("same"), shards.index_of("same"));
+    }
+
+    #[test]
+    fn keep_moves_across_shards_and_retries_are_idempotent() {
+        let shards = Shards::new(8);
+        let key = "~c.1";
+        let name = (0..)
+            .map(|i| format!("kept{i}"))
+            .find(|n| shards.index_of(n) != shards.index_of(key))
+            .unwrap();
+        create(&shards, key, true);
+        assert_eq!(shards.keep("Counter", key, Some(&name)), Ok(Value::from(name.as_str())));
+        assert_eq!(names(&shards), vec![name.clone()]);
+        // Sent again (a retry): same answer, nothing moves.
+        assert_eq!(shards.keep("Counter", key, Some(&name)), Ok(Value::from(name.as_str())));
+        let e = shards.keep("Counter", key, Some("elsewhere")).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn keep_onto_a_taken_name_restores_the_object() {
+        let shards = Shards::new(3);
+        create(&shards, "~c.1", true);
+        create(&shards, "taken", false);
+        let e = shards.keep("Counter", "~c.1", Some("taken")).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::TypeMismatch);
+        let total: usize = (0..3).map(|i| shards.with(i, |s| s.partition.len()).unwrap()).sum();
+        assert_eq!(total, 2);
+    }
+
+    #[test]
+    fn a_panic_takes_only_its_shard_out_of_service() {
+        let shards = Shards::new(2);
+        let result = shards.with(0, |_| -> () { panic!("object bug") });
+        assert_eq!(result.unwrap_err().kind, ErrorKind::Internal);
+        assert_eq!(
+            shards.with(0, |s| s.partition.len()).unwrap_err().kind,
+            ErrorKind::Internal
+        );
+        assert_eq!(shards.with(1, |s| s.partition.len()), Ok(0));
+    }
+}

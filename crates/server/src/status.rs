@@ -1,0 +1,75 @@
+//! Counters for `status`, and the answer itself.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spindle_core::Value;
+
+use crate::Shared;
+
+pub(crate) struct Stats {
+    started: Instant,
+    /// Open connections.
+    pub(crate) connections: AtomicUsize,
+    /// Calls in the last sampled second, as `f64` bits.
+    calls_per_s: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn new() -> Self {
+        Stats {
+            started: Instant::now(),
+            connections: AtomicUsize::new(0),
+            calls_per_s: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+}
+
+/// Total calls over all shards. Each shard counts under the lock its calls take anyway,
+/// so the hot path pays no shared atomic.
+fn total_calls(shared: &Shared) -> u64 {
+    (0..shared.shards.count())
+        .filter_map(|i| shared.shards.with(i, |s| s.calls).ok())
+        .sum()
+}
+
+/// Sample the call rate once a second.
+pub(crate) async fn run_sampler(shared: Arc<Shared>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await;
+    let mut last = (Instant::now(), total_calls(&shared));
+    loop {
+        interval.tick().await;
+        let now = (Instant::now(), total_calls(&shared));
+        let seconds = now.0.duration_since(last.0).as_secs_f64().max(1e-3);
+        let rate = now.1.saturating_sub(last.1) as f64 / seconds;
+        shared.stats.calls_per_s.store(rate.to_bits(), Ordering::Relaxed);
+        last = now;
+    }
+}
+
+/// The `status` reply (see docs/protocol.md, "Status").
+pub(crate) fn status(shared: &Shared) -> Value {
+    let objects: usize = (0..shared.shards.count())
+        .filter_map(|i| shared.shards.with(i, |s| s.partition.len()).ok())
+        .sum();
+    let calls_per_s = f64::from_bits(shared.stats.calls_per_s.load(Ordering::Relaxed));
+    let entries: Vec<(&str, Value)> = vec![
+        ("address", Value::from(shared.address.as_str())),
+        ("version", Value::from(crate::VERSION)),
+        ("pid", Value::from(std::process::id())),
+        ("uptime", Value::F64(shared.stats.started.elapsed().as_secs_f64())),
+        ("objects", Value::from(objects)),
+        (
+            "connections",
+            Value::from(shared.stats.connections.load(Ordering::Relaxed)),
+        ),
+        ("sessions", Value::from(shared.sessions.count())),
+        ("partitions", Value::from(shared.shards.count())),
+        ("calls", Value::from(total_calls(shared))),
+        ("calls_per_s", Value::F64(calls_per_s)),
+    ];
+    Value::Map(entries.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
+}
