@@ -1,8 +1,8 @@
 //! MessagePack values as keys and as ordered items.
 //!
-//! Python compares `1 == 1.0` and orders tuples lexicographically; dictionary keys and
-//! priority-queue items follow the same rules here, with a total order across types
-//! (nil < bool < number < str < bytes < array < map < ext) where Python would raise.
+//! Python compares `True == 1 == 1.0` and orders tuples lexicographically; dictionary keys
+//! and priority-queue items follow the same rules here, with a total order across types
+//! (nil < number (bools included) < str < bytes < array < map < ext) where Python would raise.
 
 use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
@@ -27,8 +27,8 @@ pub fn type_of(v: &Value) -> &'static str {
 fn rank(v: &Value) -> u8 {
     match v {
         Value::Nil => 0,
-        Value::Boolean(_) => 1,
-        Value::Integer(_) | Value::F32(_) | Value::F64(_) => 2,
+        // bool is a number, as in Python: True == 1.
+        Value::Boolean(_) | Value::Integer(_) | Value::F32(_) | Value::F64(_) => 2,
         Value::String(_) => 3,
         Value::Binary(_) => 4,
         Value::Array(_) => 5,
@@ -44,6 +44,7 @@ enum Num {
 
 fn num(v: &Value) -> Num {
     match v {
+        Value::Boolean(b) => Num::Int(i128::from(*b)),
         Value::Integer(n) => Num::Int(
             n.as_i64()
                 .map(i128::from)
@@ -84,7 +85,6 @@ pub fn cmp_values(a: &Value, b: &Value) -> Ordering {
     }
     match (a, b) {
         (Value::Nil, Value::Nil) => Ordering::Equal,
-        (Value::Boolean(x), Value::Boolean(y)) => x.cmp(y),
         (Value::String(x), Value::String(y)) => x.as_bytes().cmp(y.as_bytes()),
         (Value::Binary(x), Value::Binary(y)) => x.cmp(y),
         (Value::Array(x), Value::Array(y)) => cmp_seq(x.iter(), y.iter()),
@@ -111,7 +111,7 @@ fn cmp_seq<'a>(mut x: impl Iterator<Item = &'a Value>, mut y: impl Iterator<Item
     }
 }
 
-/// Value equality with Python's numeric rules (`1 == 1.0`, `True` is not `1`).
+/// Value equality with Python's numeric rules (`True == 1 == 1.0`).
 pub fn eq_values(a: &Value, b: &Value) -> bool {
     cmp_values(a, b) == Ordering::Equal
 }
@@ -173,9 +173,8 @@ fn hash_value<H: Hasher>(v: &Value, state: &mut H) {
     rank(v).hash(state);
     match v {
         Value::Nil => {}
-        Value::Boolean(b) => b.hash(state),
-        // Equal numbers hash alike: integral floats hash as the integer they equal.
-        Value::Integer(_) | Value::F32(_) | Value::F64(_) => match num(v) {
+        // Equal numbers hash alike: bools and integral floats hash as the integer they equal.
+        Value::Boolean(_) | Value::Integer(_) | Value::F32(_) | Value::F64(_) => match num(v) {
             Num::Int(i) => i.hash(state),
             Num::Float(f) if f.fract() == 0.0 && f.abs() < 1.7e38 => (f as i128).hash(state),
             Num::Float(f) => f.to_bits().hash(state),
@@ -203,6 +202,13 @@ mod tests {
         assert_eq!(cmp_values(&Value::from(1), &Value::F64(1.5)), Ordering::Less);
         assert!(eq_values(&Value::from(2), &Value::F64(2.0)));
         assert_eq!(Key::new(Value::from(2)).unwrap(), Key::new(Value::F64(2.0)).unwrap());
+    }
+
+    #[test]
+    fn bools_are_numbers_as_in_python() {
+        assert!(eq_values(&Value::Boolean(true), &Value::from(1)));
+        assert_eq!(Key::new(Value::Boolean(false)).unwrap(), Key::new(Value::F64(0.0)).unwrap());
+        assert_eq!(cmp_values(&Value::Boolean(true), &Value::from(2)), Ordering::Less);
     }
 
     #[test]

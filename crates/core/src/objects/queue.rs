@@ -153,6 +153,8 @@ impl Queue {
     fn take(&mut self, ctx: &mut Ctx) -> Option<Value> {
         let item = self.items.pop(self.order)?;
         if let Some(w) = self.putters.pop() {
+            // A parked put completes now: its item counts for task_done/join like any other.
+            self.unfinished = self.unfinished.saturating_add(1);
             self.items.push(w.data);
             ctx.deliver(w.token, Ok(Value::Nil));
         }
@@ -384,6 +386,12 @@ mod tests {
         assert_eq!(drain(&mut p, "Queue"), vec![Value::from(3), Value::from(6)]);
         assert_eq!(p.ok("Queue", "q", "maxsize", vec![]), Value::from(2));
         assert_eq!(p.ok("Queue", "q", "empty", vec![]), Value::Boolean(true));
+        // Items 1, 2, 3 and 6 were put (two after parking): four task_done calls, no more.
+        for _ in 0..4 {
+            p.ok("Queue", "q", "task_done", vec![]);
+        }
+        assert_eq!(p.ok("Queue", "q", "join", vec![0.into()]), Value::Boolean(true));
+        assert_eq!(p.err("Queue", "q", "task_done", vec![]).kind, ErrorKind::ValueError);
     }
 
     #[test]

@@ -1,0 +1,86 @@
+"""Spindle: shared objects in a server, drop-in for ``threading``, ``queue`` and
+``concurrent.futures``.
+
+```python
+import spindle
+spindle.connect()                 # $SPINDLE_ADDRESS, 127.0.0.1:7070, or an embedded server
+hits = spindle.Counter()          # unnamed: lives as long as this program's session
+words = spindle.Dict(name="words")  # named: found by name from any program
+```
+
+Porting a threaded program is a change of imports: every constructor takes the positional
+arguments of its standard-library twin, ``name=`` is keyword-only, and errors are the
+exceptions the program already catches (``queue.Empty``, ``threading.BrokenBarrierError``,
+``KeyError``...). Using any object connects implicitly.
+
+``Lock.acquire`` (and ``RLock``/``Semaphore``) returns True and warns
+:class:`AbandonedLockWarning` when the previous holder died while holding the lock.
+"""
+
+from .client import Client, connect, disconnect
+from .data import Array, Blob, Counter, Dict, List, SortedDict, Value
+from .errors import (
+    AbandonedLockWarning,
+    ObjectNotFound,
+    ProtocolError,
+    ServerUnavailable,
+    SpindleError,
+    TypeMismatch,
+    UnknownMethod,
+    UnknownType,
+)
+from .futures import Future
+from .proxy import Proxy, attach, call, delete, keep, objects, status
+from .queues import LifoQueue, PriorityQueue, Queue
+from .sync import (
+    Barrier,
+    BoundedSemaphore,
+    Condition,
+    CountDownLatch,
+    Event,
+    Lock,
+    RLock,
+    Semaphore,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbandonedLockWarning",
+    "Array",
+    "Barrier",
+    "Blob",
+    "BoundedSemaphore",
+    "Client",
+    "Condition",
+    "CountDownLatch",
+    "Counter",
+    "Dict",
+    "Event",
+    "Future",
+    "LifoQueue",
+    "List",
+    "Lock",
+    "ObjectNotFound",
+    "PriorityQueue",
+    "ProtocolError",
+    "Proxy",
+    "Queue",
+    "RLock",
+    "Semaphore",
+    "ServerUnavailable",
+    "SortedDict",
+    "SpindleError",
+    "TypeMismatch",
+    "UnknownMethod",
+    "UnknownType",
+    "Value",
+    "attach",
+    "call",
+    "connect",
+    "delete",
+    "disconnect",
+    "keep",
+    "objects",
+    "status",
+]

@@ -1,0 +1,313 @@
+"""The connection to a Spindle server: sessions, frames, retries (docs/protocol.md).
+
+One synchronous socket per thread (so a call parked in the server blocks only its own
+thread), all sharing the process's session id. Every call carries ``(session, seq)`` with
+``seq`` from one process-wide counter, so a call resent after a reconnect is applied once.
+After ``fork`` the child gets a fresh session and drops the inherited sockets unused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, List, Optional, Set, Tuple
+
+from .codec import packb, unpackb
+from .errors import ServerUnavailable, error_from_reply
+from .embedded import EmbeddedServer
+
+DEFAULT_ADDRESS = "127.0.0.1:7070"
+PROTOCOL = 1
+RETRIES = 5
+FIRST_BACKOFF = 0.05
+CONNECT_TIMEOUT = 5.0
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
+
+_get_ident = threading.get_ident
+
+
+def parse_address(address: str) -> Tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) as ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bad spindle address {address!r}: expected HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Connection:
+    """One TCP connection, used by one thread at a time: send a frame, read its reply."""
+
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, host: str, port: int, session: str, hello_id: int) -> None:
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self.buf = b""
+        try:
+            hello = {"client": session, "protocol": PROTOCOL}
+            reply = self.roundtrip(frame([hello_id, "hello", hello]), hello_id)
+        except BaseException:
+            sock.close()
+            raise
+        if reply[1] != 0:
+            sock.close()
+            raise error_from_reply(reply[2])
+
+    def roundtrip(self, data: bytes, req_id: int) -> List[Any]:
+        """Send one request frame and return its reply ``[id, status, result]``."""
+        self.sock.sendall(data)
+        while True:
+            reply = self._read()
+            if reply[0] == req_id or (reply[0] == 0 and reply[1] == 1):
+                return reply
+            # A reply to some other request id cannot happen with one call in flight;
+            # skip it rather than hand it to the wrong caller.
+
+    def _read(self) -> List[Any]:
+        buf = self.buf
+        recv = self.sock.recv
+        while len(buf) < 4:
+            chunk = recv(65536)
+            if not chunk:
+                raise ConnectionResetError("the spindle server closed the connection")
+            buf += chunk
+        end = 4 + int.from_bytes(buf[:4], "big")
+        if len(buf) >= end:
+            self.buf = buf[end:]
+            return unpackb(buf[4:end])
+        # A large reply: read the rest straight into one buffer.
+        body = bytearray(end - 4)
+        view = memoryview(body)
+        have = len(buf) - 4
+        view[:have] = buf[4:]
+        while have < len(body):
+            n = self.sock.recv_into(view[have:])
+            if not n:
+                raise ConnectionResetError("the spindle server closed the connection")
+            have += n
+        self.buf = b""
+        return unpackb(bytes(body))
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def frame(request: List[Any]) -> bytes:
+    """A request as one length-prefixed frame."""
+    body = packb(request)
+    return len(body).to_bytes(4, "big") + body
+
+
+def _new_identity() -> Tuple[str, "itertools.count[int]", "itertools.count[int]"]:
+    """This process's session id, call sequence numbers and unnamed-object numbers."""
+    return (uuid.uuid4().hex, itertools.count(1), itertools.count(1))
+
+
+# One session per process, kept across disconnect()/connect() and renewed after fork.
+_identity = _new_identity()
+
+
+class Client:
+    """A process's link to one server: its session id, seq counter and per-thread sockets."""
+
+    def __init__(self, address: str, server: Optional[EmbeddedServer] = None) -> None:
+        self.address = address
+        self.host, self.port = parse_address(address)
+        self.server = server
+        self._new_session()
+
+    def _new_session(self) -> None:
+        self.session, self._seq, self._unnamed = _identity
+        self._local = threading.local()
+        self._conns: Set[Connection] = set()
+        self._conns_lock = threading.Lock()
+
+    def after_fork_in_child(self) -> None:
+        """Fresh session; close our copies of the inherited sockets without sending on them."""
+        for conn in list(self._conns):
+            conn.close()  # the parent's copy stays open: no FIN is sent
+        self._new_session()  # after _new_identity()
+
+    def unnamed_key(self) -> str:
+        """A fresh key for an unnamed object: ``~<session>.<n>``."""
+        return f"~{self.session}.{next(self._unnamed)}"
+
+    # -- requests --------------------------------------------------------------------------
+
+    def call(self, type_name: str, key: str, method: str, args: List[Any]) -> Any:
+        """Call ``method`` on the object ``(type_name, key)``."""
+        seq = next(self._seq)
+        return self.request([seq, "call", seq, _get_ident(), type_name, key, method, args], seq)
+
+    def create(self, type_name: str, key: str, args: List[Any], owned: bool) -> bool:
+        seq = next(self._seq)
+        return self.request([seq, "create", seq, _get_ident(), type_name, key, args, owned], seq)
+
+    def delete(self, key: str) -> bool:
+        seq = next(self._seq)
+        return self.request([seq, "delete", seq, key], seq)
+
+    def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
+        seq = next(self._seq)
+        return self.request([seq, "keep", seq, type_name, key, name], seq)
+
+    def objects(self, prefix: str = "") -> List[Any]:
+        rid = next(self._seq)
+        return self.request([rid, "objects", prefix], rid)
+
+    def status(self) -> Any:
+        rid = next(self._seq)
+        return self.request([rid, "status"], rid)
+
+    def ping(self) -> Any:
+        rid = next(self._seq)
+        return self.request([rid, "ping"], rid)
+
+    def request(self, request: List[Any], req_id: int) -> Any:
+        """Send ``request`` on this thread's connection; resend it after a lost connection."""
+        data = frame(request)
+        local = self._local
+        delay = FIRST_BACKOFF
+        attempt = 0
+        while True:
+            conn = None
+            try:
+                conn = local.conn
+            except AttributeError:
+                pass
+            try:
+                if conn is None:
+                    conn = self._open()
+                reply = conn.roundtrip(data, req_id)
+                break
+            except OSError as exc:  # connection lost (or refused): reconnect and resend
+                if conn is not None:
+                    self._drop(conn)
+                if attempt >= RETRIES:
+                    raise ServerUnavailable(
+                        f"spindle server at {self.address} is unavailable: {exc}"
+                    ) from exc
+                attempt += 1
+                time.sleep(delay)
+                delay *= 2
+            except BaseException:  # interrupted mid-call: the socket's state is unknown
+                if conn is not None:
+                    self._drop(conn)
+                raise
+        if reply[1] == 0:
+            return reply[2]
+        error = reply[2]
+        if isinstance(error, list) and error and error[0] == "FrameTooLarge":
+            self._drop(conn)  # the server closes it
+        raise error_from_reply(error)
+
+    def _open(self) -> Connection:
+        conn = Connection(self.host, self.port, self.session, next(self._seq))
+        self._local.conn = conn
+        with self._conns_lock:
+            self._conns.add(conn)
+        return conn
+
+    def _drop(self, conn: Connection) -> None:
+        if getattr(self._local, "conn", None) is conn:
+            del self._local.conn
+        with self._conns_lock:
+            self._conns.discard(conn)
+        conn.close()
+
+    def close(self) -> None:
+        """Close every connection of this client (the session ends after its TTL)."""
+        with self._conns_lock:
+            conns, self._conns = list(self._conns), set()
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+
+# -- the process's client ------------------------------------------------------------------
+
+_client: Optional[Client] = None
+_servers: List[EmbeddedServer] = []
+_connect_lock = threading.RLock()
+
+
+def _listening(host: str, port: int) -> bool:
+    if port == 0:
+        return False
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
+def connect(address: Optional[str] = None) -> Client:
+    """Connect this process to a Spindle server and return the client.
+
+    The address is ``address``, else ``$SPINDLE_ADDRESS``, else ``127.0.0.1:7070``. If nothing
+    listens there (and it is a local address), an embedded server is started on it for the
+    life of this program (port 0 picks a free port), and ``$SPINDLE_ADDRESS`` is set so that
+    child processes find it. Calling it again returns the same client.
+    """
+    global _client
+    with _connect_lock:
+        if _client is not None and (address is None or address == _client.address):
+            return _client
+        if _client is not None:
+            disconnect()
+        address = address or os.environ.get("SPINDLE_ADDRESS") or DEFAULT_ADDRESS
+        host, port = parse_address(address)
+        server = None
+        if not _listening(host, port):
+            if host not in _LOCAL_HOSTS:
+                raise ServerUnavailable(f"spindle server at {address} is unavailable")
+            try:
+                server = EmbeddedServer(host, port)
+                _servers.append(server)
+                address = server.address
+            except ServerUnavailable:
+                if not _listening(host, port):  # lost a race with another starter?
+                    raise
+        client = Client(address, server)
+        client.ping()
+        os.environ["SPINDLE_ADDRESS"] = address
+        _client = client
+        return client
+
+
+def disconnect() -> None:
+    """Close this process's connections. An embedded server keeps running until exit."""
+    global _client
+    with _connect_lock:
+        client, _client = _client, None
+    if client is not None:
+        client.close()
+
+
+def current() -> Client:
+    """The process's client, connecting first if needed."""
+    client = _client
+    return client if client is not None else connect()
+
+
+def _after_fork_in_child() -> None:
+    global _connect_lock, _identity
+    _connect_lock = threading.RLock()
+    _identity = _new_identity()
+    if _client is not None:
+        _client.after_fork_in_child()
+    for server in _servers:
+        server.forget_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

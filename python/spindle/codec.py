@@ -1,0 +1,122 @@
+"""Values on the wire: MessagePack with two extension types, and NumPy arrays.
+
+- Plain values (None, bool, int, float, str, bytes, list, tuple, dict) are MessagePack.
+  Tuples travel as arrays and come back as lists, except where a value must be hashable
+  (dictionary keys, and the keys the SDK returns from ``keys()``/``items()``...): there
+  arrays come back as tuples.
+- A value with no MessagePack form is pickled into ext type 1.
+- A Spindle proxy travels as ext type 2 whose body is ``[type, key]`` and comes back as a
+  proxy attached to the same object.
+- NumPy arrays for ``Array`` objects travel as the map
+  ``{"dtype": str, "shape": [int...], "data": bin}`` (C order, little-endian).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any, Dict, List, Tuple
+
+import msgpack
+
+EXT_PICKLE = 1
+EXT_REF = 2
+
+ARRAY_DTYPES = ("float64", "float32", "int64")
+
+
+class Unpicklable:
+    """A pickled value (ext type 1) that could not be unpickled in this process."""
+
+    __slots__ = ("data", "error")
+
+    def __init__(self, data: bytes, error: BaseException) -> None:
+        self.data = data
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<spindle.codec.Unpicklable {len(self.data)} bytes: {self.error!r}>"
+
+
+def _default(obj: Any) -> Any:
+    from .proxy import Proxy
+
+    if isinstance(obj, Proxy):
+        return msgpack.ExtType(EXT_REF, msgpack.packb([obj._type, obj._key]))
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(obj, np.generic):
+        return obj.item()
+    return msgpack.ExtType(EXT_PICKLE, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_REF:
+        from .proxy import attach
+
+        type_name, key = msgpack.unpackb(data, raw=False)
+        return attach(type_name, key)
+    if code == EXT_PICKLE:
+        try:
+            return pickle.loads(data)
+        except Exception as exc:  # a class this process cannot import, say
+            return Unpicklable(data, exc)
+    return msgpack.ExtType(code, data)
+
+
+def hashable(value: Any) -> Any:
+    """``value`` with its arrays turned into tuples, recursively (so it can be a key)."""
+    if type(value) is list:
+        return tuple([hashable(v) for v in value])
+    return value
+
+
+def _pairs_hook(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
+    try:
+        return dict(pairs)
+    except TypeError:  # an array key: make it a tuple
+        return {hashable(k): v for k, v in pairs}
+
+
+def packb(value: Any) -> bytes:
+    """Encode ``value`` as MessagePack."""
+    return msgpack.packb(value, default=_default, use_bin_type=True)
+
+
+def unpackb(body: bytes) -> Any:
+    """Decode one MessagePack value."""
+    return msgpack.unpackb(
+        body,
+        raw=False,
+        strict_map_key=False,
+        ext_hook=_ext_hook,
+        object_pairs_hook=_pairs_hook,
+    )
+
+
+def pickled(obj: Any) -> Any:
+    """``obj`` pickled as an ext-1 value, or None when it cannot be pickled."""
+    try:
+        return msgpack.ExtType(EXT_PICKLE, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return None
+
+
+def encode_ndarray(array: Any) -> Dict[str, Any]:
+    """The wire map of a NumPy array (dtype kept if float64/float32/int64, else float64)."""
+    import numpy as np
+
+    arr = np.asarray(array)
+    name = arr.dtype.name if arr.dtype.name in ARRAY_DTYPES else (
+        "int64" if arr.dtype.kind in "iub" else "float64"
+    )
+    arr = np.ascontiguousarray(arr, dtype=np.dtype(name).newbyteorder("<"))
+    return {"dtype": name, "shape": list(arr.shape), "data": arr.tobytes(order="C")}
+
+
+def decode_ndarray(value: Dict[str, Any]) -> Any:
+    """A writable NumPy array from its wire map."""
+    import numpy as np
+
+    dtype = np.dtype(value["dtype"]).newbyteorder("<")
+    arr = np.frombuffer(value["data"], dtype=dtype).reshape(tuple(value["shape"]))
+    return arr.astype(arr.dtype.newbyteorder("="), copy=True)

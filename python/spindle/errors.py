@@ -1,0 +1,127 @@
+"""Spindle exceptions and the mapping from the server's error kinds to Python exceptions.
+
+The table is the one in docs/protocol.md ("Errors"): most kinds become the exception the
+ported standard-library program already catches (``KeyError``, ``queue.Empty``,
+``threading.BrokenBarrierError``...); the rest are :class:`SpindleError` subclasses.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from typing import Any, Callable, Dict, NoReturn
+
+
+class SpindleError(Exception):
+    """Base class of Spindle's own errors."""
+
+
+class ProtocolError(SpindleError):
+    """The server refused a request as malformed (also ``FrameTooLarge``, ``NoSession``)."""
+
+
+class ObjectNotFound(SpindleError, LookupError):
+    """No object at that key (deleted, or an unnamed object whose session ended)."""
+
+
+class TypeMismatch(SpindleError, TypeError):
+    """The key holds an object of another type."""
+
+
+class UnknownMethod(SpindleError, AttributeError):
+    """The object's type has no such method."""
+
+
+class UnknownType(SpindleError, TypeError):
+    """The server knows no such object type."""
+
+
+class ServerUnavailable(SpindleError, ConnectionError):
+    """The Spindle server cannot be reached (after a few reconnection attempts)."""
+
+
+class AbandonedLockWarning(RuntimeWarning):
+    """A lock was acquired after its previous holder died while holding it.
+
+    The state the lock protected may be half-updated. ``acquire`` still returns ``True``
+    (the caller does hold the lock); turn the warning into an error with
+    ``warnings.simplefilter("error", spindle.AbandonedLockWarning)`` to stop instead.
+    """
+
+
+if concurrent.futures.TimeoutError is TimeoutError:  # Python >= 3.11
+    SpindleTimeout: type = TimeoutError
+else:  # pragma: no cover - Python 3.9 / 3.10
+
+    class SpindleTimeout(TimeoutError, concurrent.futures.TimeoutError):  # type: ignore
+        """A timed wait expired (both ``TimeoutError`` and ``concurrent.futures``')."""
+
+
+class Moved(Exception):
+    """Internal: the object was kept under a new key (``data``); proxies follow it."""
+
+    def __init__(self, new_key: str) -> None:
+        super().__init__(new_key)
+        self.new_key = new_key
+
+
+class RemoteFutureException(Exception):
+    """Internal: ``Future.result`` found an exception; ``data`` is the exception value."""
+
+    def __init__(self, message: str, data: Any) -> None:
+        super().__init__(message)
+        self.data = data
+
+
+def _hashable(value: Any) -> Any:
+    from .codec import hashable
+
+    return hashable(value)
+
+
+_SIMPLE: Dict[str, Callable[[str], BaseException]] = {
+    "ProtocolError": ProtocolError,
+    "FrameTooLarge": ProtocolError,
+    "NoSession": ProtocolError,
+    "UnknownType": UnknownType,
+    "UnknownMethod": UnknownMethod,
+    "TypeMismatch": TypeMismatch,
+    "NotFound": ObjectNotFound,
+    "BadArguments": TypeError,
+    "IndexError": IndexError,
+    "ValueError": ValueError,
+    "OverflowError": OverflowError,
+    "RuntimeError": RuntimeError,
+    "Timeout": SpindleTimeout,
+    "BrokenBarrier": threading.BrokenBarrierError,
+    "Empty": queue.Empty,
+    "Full": queue.Full,
+    "InvalidState": concurrent.futures.InvalidStateError,
+    "Cancelled": concurrent.futures.CancelledError,
+    "Busy": SpindleError,
+    "Internal": SpindleError,
+}
+
+
+def error_from_reply(error: Any) -> BaseException:
+    """The exception for an error reply's ``[kind, message, data]``."""
+    try:
+        kind, message, data = error
+    except (TypeError, ValueError):
+        return ProtocolError(f"malformed error reply from the server: {error!r}")
+    if kind == "KeyError":
+        return KeyError(_hashable(data))
+    if kind == "Moved":
+        return Moved(data)
+    if kind == "FutureException":
+        return RemoteFutureException(message, data)
+    make = _SIMPLE.get(kind)
+    if make is None:
+        return SpindleError(f"{kind}: {message}")
+    return make(message)
+
+
+def raise_error(error: Any) -> NoReturn:
+    """Raise the exception for an error reply."""
+    raise error_from_reply(error)

@@ -1,0 +1,140 @@
+"""Proxies: local handles on objects that live in the server, named by ``(type, key)``.
+
+A proxy holds only its reference. Pickling it ships the reference (never the state), so a
+proxy passed to a ``multiprocessing`` child, or inside a value stored in another object,
+reaches the same server object.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
+
+from . import client as _client_mod
+from .errors import Moved
+
+P = TypeVar("P", bound="Proxy")
+
+_TYPES: Dict[str, Type["Proxy"]] = {}
+
+
+def validate_name(name: Any) -> str:
+    """Check a user-given object name: a non-empty ``str`` not starting with ``~``."""
+    if not isinstance(name, str):
+        raise TypeError(f"a spindle object name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("a spindle object name must not be empty")
+    if name.startswith("~"):
+        raise ValueError(
+            f"invalid spindle object name {name!r}: names starting with '~' are reserved "
+            "for unnamed objects"
+        )
+    return name
+
+
+class Proxy:
+    """Base class of every Spindle object proxy."""
+
+    _type: ClassVar[str] = ""
+    _key: str
+
+    def __init_subclass__(cls, type_name: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if type_name is not None:
+            cls._type = type_name
+            _TYPES[type_name] = cls
+
+    def _init(self, args: List[Any], name: Optional[str]) -> bool:
+        """Create (or find, when named) the server object; True if it was created."""
+        client = _client_mod.current()
+        if name is None:
+            self._key = client.unnamed_key()
+            return client.create(self._type, self._key, args, True)
+        self._key = validate_name(name)
+        return client.create(self._type, self._key, args, False)
+
+    @classmethod
+    def _attach(cls: Type[P], key: str) -> P:
+        """A proxy for the existing object at ``key`` (nothing is sent to the server)."""
+        obj = cls.__new__(cls)
+        obj._key = key
+        obj._attached()
+        return obj
+
+    def _attached(self) -> None:
+        """Hook: set up local state of a proxy made by :meth:`_attach`."""
+
+    def _call(self, method: str, args: List[Any]) -> Any:
+        client = _client_mod._client
+        if client is None:
+            client = _client_mod.connect()
+        try:
+            return client.call(self._type, self._key, method, args)
+        except Moved as moved:  # kept under a new key: follow it
+            self._key = moved.new_key
+            return self._call(method, args)
+
+    @property
+    def key(self) -> str:
+        """The object's key in the server (``~...`` for an unnamed object)."""
+        return self._key
+
+    @property
+    def name(self) -> Optional[str]:
+        """The object's name, or None for an unnamed object."""
+        return None if self._key.startswith("~") else self._key
+
+    def __reduce__(self) -> Union[str, Tuple[Any, ...]]:
+        return (attach, (self._type, self._key))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Proxy):
+            return (self._type, self._key) == (other._type, other._key)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._type, self._key))
+
+    def __repr__(self) -> str:
+        return f"<spindle.{type(self).__name__} {self._key!r}>"
+
+
+def attach(type_name: str, key: str) -> Proxy:
+    """A proxy for the object ``(type_name, key)``, without creating it."""
+    cls = _TYPES.get(type_name)
+    if cls is None:
+        cls = type(type_name, (Proxy,), {"_type": type_name})
+    return cls._attach(key)
+
+
+def call(obj: Proxy, method: str, *args: Any) -> Any:
+    """Call a server method by name (for methods the proxy class does not wrap)."""
+    return obj._call(method, list(args))
+
+
+def delete(obj: Union[Proxy, str]) -> bool:
+    """Delete an object (a proxy, or a name); True if it existed."""
+    key = obj._key if isinstance(obj, Proxy) else validate_name(obj)
+    return bool(_client_mod.current().delete(key))
+
+
+def keep(obj: Proxy, name: Optional[str] = None) -> Proxy:
+    """Make ``obj`` outlive its session; with ``name``, move it to that name. Returns ``obj``."""
+    if name is not None:
+        validate_name(name)
+    client = _client_mod.current()
+    while True:
+        try:
+            obj._key = client.keep(obj._type, obj._key, name)
+            return obj
+        except Moved as moved:
+            obj._key = moved.new_key
+
+
+def objects(prefix: str = "") -> List[Tuple[str, str]]:
+    """``(name, type)`` of the objects whose key starts with ``prefix``, sorted by name."""
+    return [(n, t) for n, t in _client_mod.current().objects(prefix)]
+
+
+def status() -> Dict[str, Any]:
+    """The server's status map (address, version, pid, objects, connections, calls...)."""
+    return dict(_client_mod.current().status())

@@ -1,0 +1,341 @@
+"""Synchronization objects, drop-in for ``threading``'s: Lock, RLock, Semaphore,
+BoundedSemaphore, Event, Condition, Barrier, plus CountDownLatch.
+
+Waits park the caller in the server (one connection per waiting thread, no polling).
+A lock whose holder's connection died is released by the server; the next ``acquire`` then
+returns ``True`` and emits :class:`spindle.AbandonedLockWarning`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable, List, Optional, TypeVar, Union
+
+from .errors import AbandonedLockWarning
+from .proxy import Proxy, attach, validate_name
+
+T = TypeVar("T")
+
+
+def _wait_args(blocking: bool, timeout: Optional[float]) -> List[Any]:
+    """``threading``-style ``(blocking, timeout)`` as the server's ``[blocking, timeout]``."""
+    if timeout is not None and timeout == -1:
+        timeout = None
+    if not blocking:
+        if timeout is not None:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        return [False, None]
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout value must be a non-negative number")
+    return [True, timeout]
+
+
+def _acquired(result: Any, obj: Proxy) -> bool:
+    if result == "abandoned":
+        warnings.warn(
+            f"{obj!r} was acquired after its previous holder died while holding it; "
+            "the state it protects may be inconsistent",
+            AbandonedLockWarning,
+            stacklevel=3,
+        )
+        return True
+    return bool(result)
+
+
+class Lock(Proxy, type_name="Lock"):
+    """A mutual-exclusion lock; any caller may release it, as with ``threading.Lock``.
+
+    ``acquire`` returns ``True`` and warns :class:`spindle.AbandonedLockWarning` when the
+    previous holder's process died while holding the lock.
+    """
+
+    def __init__(self, *, name: Optional[str] = None) -> None:
+        self._init([], name)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return _acquired(self._call("acquire", _wait_args(blocking, timeout)), self)
+
+    def release(self) -> None:
+        self._call("release", [])
+
+    def locked(self) -> bool:
+        return self._call("locked", [])
+
+    def __enter__(self) -> bool:
+        return _acquired(self._call("acquire", [True, None]), self)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._call("release", [])
+
+
+class RLock(Lock, type_name="RLock"):
+    """A reentrant lock owned by (this process's session, the calling thread)."""
+
+    def is_owned(self) -> bool:
+        """True if the calling thread holds the lock."""
+        return self._call("is_owned", [])
+
+    _is_owned = is_owned
+
+
+class Semaphore(Proxy, type_name="Semaphore"):
+    """A counting semaphore; permits held by a dead process are given back."""
+
+    def __init__(self, value: int = 1, *, name: Optional[str] = None) -> None:
+        if value < 0:
+            raise ValueError("semaphore initial value must be >= 0")
+        self._init([value], name)
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        return _acquired(self._call("acquire", _wait_args(blocking, timeout)), self)
+
+    def release(self, n: int = 1) -> None:
+        self._call("release", [n])
+
+    @property
+    def value(self) -> int:
+        """The number of free permits."""
+        return self._call("value", [])
+
+    def __enter__(self) -> bool:
+        return _acquired(self._call("acquire", [True, None]), self)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._call("release", [1])
+
+
+class BoundedSemaphore(Semaphore, type_name="BoundedSemaphore"):
+    """A semaphore that refuses (``ValueError``) to be released above its initial value."""
+
+
+class Event(Proxy, type_name="Event"):
+    """A flag that threads wait for, like ``threading.Event``."""
+
+    def __init__(self, *, name: Optional[str] = None) -> None:
+        self._init([], name)
+
+    def set(self) -> None:
+        self._call("set", [])
+
+    def clear(self) -> None:
+        self._call("clear", [])
+
+    def is_set(self) -> bool:
+        return self._call("is_set", [])
+
+    isSet = is_set
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._call("wait", [timeout])
+
+
+AnyLock = Union[Lock, RLock]
+
+
+class Condition(Proxy, type_name="Condition"):
+    """A condition variable, like ``threading.Condition`` (default lock: an ``RLock``).
+
+    The lock is acquired and released by the client; the server keeps the queue of waiters
+    as tickets: ``register`` while holding the lock, release it, ``wait`` for the ticket,
+    re-acquire. A named Condition found by name uses the lock it was created with.
+    """
+
+    def __init__(self, lock: Optional[AnyLock] = None, *, name: Optional[str] = None) -> None:
+        if lock is not None and not isinstance(lock, Lock):
+            raise TypeError("a spindle Condition needs a spindle Lock or RLock (or None)")
+        if name is None:
+            lock = lock if lock is not None else RLock()
+            self._init([lock._type, lock._key], None)
+        else:
+            validate_name(name)
+            if lock is None:
+                lock = RLock(name=f"{name}:lock")
+            if not self._init([lock._type, lock._key], name):
+                stored = self._call("lock", [])
+                if [lock._type, lock._key] != list(stored):
+                    lock = attach(stored[0], stored[1])  # type: ignore[assignment]
+        self._lock_proxy: Optional[AnyLock] = lock
+
+    def _attached(self) -> None:
+        self._lock_proxy = None
+
+    @property
+    def _lock(self) -> AnyLock:
+        if self._lock_proxy is None:
+            type_name, key = self._call("lock", [])
+            self._lock_proxy = attach(type_name, key)  # type: ignore[assignment]
+        return self._lock_proxy  # type: ignore[return-value]
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+    def _is_owned(self) -> bool:
+        lock = self._lock
+        if isinstance(lock, RLock):
+            return lock.is_owned()
+        return lock.locked()
+
+    def _release_all(self) -> int:
+        lock = self._lock
+        if not isinstance(lock, RLock):
+            lock.release()
+            return 1
+        depth = 0
+        while True:
+            lock.release()
+            depth += 1
+            if not lock.is_owned():
+                return depth
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Release the lock, wait to be notified (or time out), re-acquire; True if notified."""
+        if not self._is_owned():
+            raise RuntimeError("cannot wait on un-acquired lock")
+        if timeout is not None and timeout < 0:
+            timeout = 0
+        ticket = self._call("register", [])
+        depth = self._release_all()
+        try:
+            return bool(self._call("wait", [ticket, timeout]))
+        except BaseException:
+            try:
+                self._call("cancel", [ticket])
+            except Exception:
+                pass
+            raise
+        finally:
+            lock = self._lock
+            for _ in range(depth):
+                lock.acquire()
+
+    def wait_for(self, predicate: Callable[[], T], timeout: Optional[float] = None) -> T:
+        """Wait until ``predicate()`` is true (or the timeout expires); return its last value."""
+        endtime = None
+        waittime = timeout
+        result = predicate()
+        while not result:
+            if waittime is not None:
+                if endtime is None:
+                    endtime = time.monotonic() + waittime
+                else:
+                    waittime = endtime - time.monotonic()
+                    if waittime <= 0:
+                        break
+            self.wait(waittime)
+            result = predicate()
+        return result
+
+    def notify(self, n: int = 1) -> None:
+        """Wake up to ``n`` waiters (the caller must hold the lock)."""
+        if not self._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        self._call("notify", [n])
+
+    def notify_all(self) -> None:
+        """Wake every waiter (the caller must hold the lock)."""
+        if not self._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        self._call("notify_all", [])
+
+    notifyAll = notify_all
+
+
+def _attach_barrier(key: str, action: Optional[Callable[[], Any]]) -> "Barrier":
+    barrier = Barrier._attach(key)
+    barrier._action = action
+    return barrier
+
+
+class Barrier(Proxy, type_name="Barrier"):
+    """A cyclic barrier for ``parties`` callers, like ``threading.Barrier``.
+
+    ``action`` runs in the last caller to arrive, before the others are released; if it
+    raises, the barrier breaks and the exception propagates to that caller.
+    """
+
+    def __init__(
+        self,
+        parties: int,
+        action: Optional[Callable[[], Any]] = None,
+        timeout: Optional[float] = None,
+        *,
+        name: Optional[str] = None,
+    ) -> None:
+        if parties < 1:
+            raise ValueError("parties must be >= 1")
+        self._action = action
+        self._init([parties, action is not None, timeout], name)
+
+    def _attached(self) -> None:
+        self._action = None
+
+    def __reduce__(self) -> Any:
+        return (_attach_barrier, (self._key, self._action))
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Wait for all parties; return this caller's arrival index (0 to parties - 1)."""
+        index = self._call("wait", [timeout])
+        if isinstance(index, list):  # [index, generation]: we arrived last, run the action
+            index, generation = index
+            try:
+                if self._action is not None:
+                    self._action()
+            except BaseException:
+                self._call("action_done", [generation, False])
+                raise
+            self._call("action_done", [generation, True])
+        return index
+
+    def reset(self) -> None:
+        """Return the barrier to its initial state; waiting parties get BrokenBarrierError."""
+        self._call("reset", [])
+
+    def abort(self) -> None:
+        """Break the barrier until :meth:`reset`."""
+        self._call("abort", [])
+
+    def _info(self) -> Any:
+        return self._call("info", [])
+
+    @property
+    def parties(self) -> int:
+        return self._info()["parties"]
+
+    @property
+    def n_waiting(self) -> int:
+        return self._info()["n_waiting"]
+
+    @property
+    def broken(self) -> bool:
+        return self._info()["broken"]
+
+
+class CountDownLatch(Proxy, type_name="CountDownLatch"):
+    """A one-shot gate: ``wait`` returns once ``count_down`` was called ``count`` times."""
+
+    def __init__(self, count: int, *, name: Optional[str] = None) -> None:
+        if count < 0:
+            raise ValueError("count must be >= 0")
+        self._init([count], name)
+
+    def count_down(self) -> int:
+        """Decrement the count (never below 0); return what remains."""
+        return self._call("count_down", [])
+
+    @property
+    def count(self) -> int:
+        return self._call("count", [])
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the count to reach 0; False on timeout."""
+        return self._call("wait", [timeout])

@@ -1,0 +1,123 @@
+"""Test fixtures: a real Spindle server process for the session (never mocks).
+
+The server runs on a free port (``--port 0``) with ``--session-ttl 1`` so that session
+expiry is observable; ``SPINDLE_ADDRESS`` is exported so child processes (fork or spawn) and
+subprocesses find it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import spindle  # noqa: E402
+
+LISTENING = "spindle listening on "
+
+
+def server_binary() -> str:
+    """The spindle binary under test: $SPINDLE_BIN, the venv's, or the release build."""
+    candidates = [
+        os.environ.get("SPINDLE_BIN"),
+        str(Path(sys.prefix) / "bin" / "spindle"),
+        str(REPO / "target" / "release" / "spindle"),
+    ]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("no spindle binary: run `cargo build --release -p spindle-cli` (or set SPINDLE_BIN)")
+
+
+class ServerProcess:
+    """A ``spindle server`` child process on a free port."""
+
+    def __init__(self, *args: str) -> None:
+        self.binary = server_binary()
+        self.process = subprocess.Popen(
+            [self.binary, "server", "--port", "0", "--embedded", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.address = self._wait_listening()
+        # Keep draining stdout so the server never blocks on a full pipe.
+        threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()
+
+    def _wait_listening(self) -> str:
+        found: List[str] = []
+
+        def read() -> None:
+            for line in self.process.stdout:  # type: ignore[union-attr]
+                if line.startswith(LISTENING):
+                    found.append(line[len(LISTENING):].strip())
+                    return
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(30)
+        if not found:
+            self.stop()
+            pytest.fail(f"{self.binary} did not print {LISTENING!r}")
+        return found[0]
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()  # type: ignore[union-attr]
+                self.process.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.kill()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server() -> Iterator[ServerProcess]:
+    """The session's server; the test process is connected to it."""
+    proc = ServerProcess("--session-ttl", "1")
+    os.environ["SPINDLE_ADDRESS"] = proc.address
+    os.environ["SPINDLE_BIN"] = proc.binary
+    spindle.connect(proc.address)
+    yield proc
+    spindle.disconnect()
+    proc.stop()
+
+
+@pytest.fixture
+def uniq() -> str:
+    """A unique name prefix for named objects of one test."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def child_env(server: ServerProcess) -> dict:
+    """Environment for subprocesses: the server address and the SDK on PYTHONPATH."""
+    env = dict(os.environ)
+    env["SPINDLE_ADDRESS"] = server.address
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO / "python"), str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
+    )
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+

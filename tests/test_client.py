@@ -1,0 +1,98 @@
+"""The client: threads, interrupted calls, exactly-once resends, raw protocol."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+import spindle
+from spindle.client import Connection, frame, parse_address
+
+
+def test_threads_share_objects_through_their_own_connections():
+    counter = spindle.Counter()
+
+    def work():
+        for _ in range(2000):
+            counter.increment()
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counter.get() == 16_000
+
+
+def test_interrupted_call_discards_its_connection():
+    q = spindle.Queue()
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_):
+        raise Interrupted
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        with pytest.raises(Interrupted):
+            q.get()  # parked in the server until the signal interrupts it
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    time.sleep(0.2)  # let the server see the old connection close
+    q.put("x")  # on a fresh connection
+    assert q.get(timeout=30) == "x"  # the interrupted get did not take it
+
+
+def raw_connection(address: str, session: str) -> Connection:
+    host, port = parse_address(address)
+    return Connection(host, port, session, 1)
+
+
+def test_a_resent_call_is_applied_once(server):
+    counter = spindle.Counter()
+    session = uuid.uuid4().hex
+    request = [7, "call", 1, 0, "Counter", counter.key, "add", [5]]
+    first = raw_connection(server.address, session)
+    assert first.roundtrip(frame(request), 7) == [7, 0, 5]
+    first.close()
+    again = raw_connection(server.address, session)  # a reconnect of the same session
+    assert again.roundtrip(frame(request), 7) == [7, 0, 5]
+    assert counter.get() == 5
+    request[2] = 2  # a new seq runs again
+    assert again.roundtrip(frame(request), 7) == [7, 0, 10]
+    again.close()
+
+
+def test_requests_before_hello_are_refused(server):
+    import socket
+
+    host, port = parse_address(server.address)
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(frame([3, "ping"]))
+        data = b""
+        while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+            chunk = sock.recv(65536)
+            assert chunk
+            data += chunk
+    reply = spindle.codec.unpackb(data[4:])
+    assert reply[0] == 3 and reply[1] == 1 and reply[2][0] == "NoSession"
+
+
+def test_ping_and_session_resume(server):
+    conn = raw_connection(server.address, spindle.connect().session)
+    assert conn.roundtrip(frame([2, "ping"]), 2) == [2, 0, "pong"]
+    conn.close()
+
+
+def test_disconnect_then_implicit_reconnect():
+    counter = spindle.Counter()
+    counter.add(2)
+    spindle.disconnect()
+    assert counter.add(3) == 5  # implicit connect; the session of unnamed objects lives on

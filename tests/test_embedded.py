@@ -1,0 +1,80 @@
+"""connect(): reuse a listening server, or start an embedded one when nothing listens."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import spindle
+from conftest import free_port
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_connect_reuses_the_listening_server(server):
+    client = spindle.connect()
+    assert client.address == server.address
+    assert client.server is None  # nothing embedded: the fixture's server was listening
+    assert spindle.status()["pid"] == server.process.pid
+
+
+def test_connect_starts_an_embedded_server_when_nothing_listens(child_env):
+    port = free_port()
+    script = textwrap.dedent(
+        """
+        import os, subprocess, sys, spindle
+        c = spindle.Counter(name="embedded")
+        c.add(5)
+        client = spindle.connect()
+        print(client.server is not None)
+        print(os.environ["SPINDLE_ADDRESS"])
+        print(spindle.status()["pid"] == client.server.process.pid)
+        # A child process finds the embedded server through SPINDLE_ADDRESS.
+        code = "import spindle; print(spindle.Counter(name='embedded').add(1))"
+        print(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                             text=True).stdout.strip())
+        """
+    )
+    env = {**child_env, "SPINDLE_ADDRESS": f"127.0.0.1:{port}"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert lines[0] == "True"
+    assert lines[1] == f"127.0.0.1:{port}"
+    assert lines[2] == "True"
+    assert lines[3] == "6"
+    # The embedded server ends with the program.
+    end = time.monotonic() + 30
+    while listening(port) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not listening(port)
+
+
+def test_objects_status_and_delete(uniq):
+    c = spindle.Counter(name=f"{uniq}.c")
+    spindle.Dict(name=f"{uniq}.d")
+    assert spindle.objects(uniq) == [(f"{uniq}.c", "Counter"), (f"{uniq}.d", "Dict")]
+    status = spindle.status()
+    assert status["objects"] >= 2 and status["connections"] >= 1
+    assert spindle.delete(c) is True
+    assert spindle.delete(c) is False
+    assert spindle.objects(uniq) == [(f"{uniq}.d", "Dict")]
+    try:
+        c.get()
+    except spindle.ObjectNotFound as exc:
+        assert isinstance(exc, LookupError)
+    else:
+        raise AssertionError("a deleted object answered")
+    assert os.environ["SPINDLE_ADDRESS"] == spindle.connect().address
