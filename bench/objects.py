@@ -285,16 +285,28 @@ def write_docs(rows, images: list[str], args) -> None:
         "## Shared objects vs Redis (`bench/objects.py`)",
         "",
         f"Machine: {os.cpu_count()} cores, {cpu}. Redis {' '.join(redis_version)} "
-        "(no persistence), Spindle release build. Both driven from Python: the Spindle SDK against",
-        f"redis-py `INCRBY`. {args.ops} sequential increments for latency; {args.clients} client",
-        f"processes for {args.seconds:.0f} s for throughput.",
+        "(no persistence),",
+        "Spindle release build. Both driven from Python: the Spindle SDK against redis-py `INCRBY`.",
+        f"{args.ops} sequential increments for latency; {args.clients} client processes for "
+        f"{args.seconds:.0f} s for throughput.",
         "",
         "| measure | spindle | redis | spindle/redis | goal |",
         "|---|---:|---:|---:|---|",
     ]
     for name, s, r, ratio, goal in rows:
         lines.append(f"| {name} | {s:,.1f} | {r:,.1f} | {ratio:.2f} | {goal} |")
-    lines += ["", *[f"![{Path(i).stem}]({i})" for i in images], ""]
+    lines += [
+        "",
+        "Reading the figures: a call from Python costs the same two socket syscalls and two",
+        "thread wake-ups for both servers, which dominate on this virtual machine; Spindle's lead",
+        "comes from a leaner client path (one MessagePack frame per call, no connection pool).",
+        "With 16 client processes on 2 cores the clients, not the servers, are the bottleneck, so",
+        "the throughput ratio mostly measures client cost per call. The few calls near 10 µs are",
+        "those that found both sides still awake.",
+        "",
+        *[f"![{Path(i).stem}]({i})" for i in images],
+        "",
+    ]
     (DOCS / "benchmarks.md").write_text("\n".join(lines))
 
 
