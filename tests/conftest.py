@@ -2,7 +2,8 @@
 
 The server runs on a free port (``--port 0``) with ``--session-ttl 1`` so that session
 expiry is observable; ``SPINDLE_ADDRESS`` is exported so child processes (fork or spawn) and
-subprocesses find it.
+subprocesses find it. Its function gateway runs workers with this interpreter and a pool of
+at most ``POOL`` workers; workers find the SDK and ``tests/remote.py`` on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import pytest
 
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import spindle  # noqa: E402
 
 LISTENING = "spindle listening on "
+POOL = 8  # --max-workers of the session's server
 
 
 def server_binary() -> str:
@@ -39,16 +41,46 @@ def server_binary() -> str:
     pytest.fail("no spindle binary: run `cargo build --release -p spindle-cli` (or set SPINDLE_BIN)")
 
 
+def pythonpath_for_tests() -> str:
+    """``PYTHONPATH`` for processes running test code: the SDK and the tests directory."""
+    parts = [str(REPO / "python"), str(Path(__file__).resolve().parent)]
+    if os.environ.get("PYTHONPATH"):
+        parts.append(os.environ["PYTHONPATH"])
+    return os.pathsep.join(parts)
+
+
+_GATEWAY: List[bool] = []
+
+
+def has_gateway() -> bool:
+    """Whether the binary under test runs functions (its server takes ``--max-workers``)."""
+    if not _GATEWAY:
+        out = subprocess.run([server_binary(), "server", "--help"], capture_output=True, text=True)
+        _GATEWAY.append("--max-workers" in out.stdout)
+    return _GATEWAY[0]
+
+
+def gateway_args(max_workers: int = POOL) -> List[str]:
+    """Server arguments for the function gateway (none if the binary has no gateway yet)."""
+    if not has_gateway():
+        return []
+    return ["--python", sys.executable, "--max-workers", str(max_workers)]
+
+
 class ServerProcess:
     """A ``spindle server`` child process on a free port."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: Optional[dict] = None) -> None:
         self.binary = server_binary()
+        if env is None:
+            env = dict(os.environ)
+        env["PYTHONPATH"] = pythonpath_for_tests()
         self.process = subprocess.Popen(
             [self.binary, "server", "--port", "0", "--embedded", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
         self.address = self._wait_listening()
         # Keep draining stdout so the server never blocks on a full pipe.
@@ -87,7 +119,7 @@ class ServerProcess:
 @pytest.fixture(scope="session", autouse=True)
 def server() -> Iterator[ServerProcess]:
     """The session's server; the test process is connected to it."""
-    proc = ServerProcess("--session-ttl", "1")
+    proc = ServerProcess("--session-ttl", "1", *gateway_args())
     os.environ["SPINDLE_ADDRESS"] = proc.address
     os.environ["SPINDLE_BIN"] = proc.binary
     spindle.connect(proc.address)
@@ -107,9 +139,7 @@ def child_env(server: ServerProcess) -> dict:
     """Environment for subprocesses: the server address and the SDK on PYTHONPATH."""
     env = dict(os.environ)
     env["SPINDLE_ADDRESS"] = server.address
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "python"), str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
-    )
+    env["PYTHONPATH"] = pythonpath_for_tests()
     return env
 
 

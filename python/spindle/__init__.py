@@ -13,21 +13,29 @@ arguments of its standard-library twin, ``name=`` is keyword-only, and errors ar
 exceptions the program already catches (``queue.Empty``, ``threading.BrokenBarrierError``,
 ``KeyError``...). Using any object connects implicitly.
 
+Functions run on the server's worker pool: ``spindle.Thread`` (like ``threading.Thread``),
+``spindle.Executor`` (a ``concurrent.futures.Executor``) and ``spindle.parallel_for``.
+
 ``Lock.acquire`` (and ``RLock``/``Semaphore``) returns True and warns
 :class:`AbandonedLockWarning` when the previous holder died while holding the lock.
 """
 
 from .client import Client, connect, disconnect
+from .compute import Executor, Invocation, Thread, parallel_for
 from .data import Array, Blob, Counter, Dict, List, SortedDict, Value
 from .errors import (
     AbandonedLockWarning,
+    FunctionTimeout,
     ObjectNotFound,
     ProtocolError,
+    RemoteError,
     ServerUnavailable,
     SpindleError,
     TypeMismatch,
+    Unauthorized,
     UnknownMethod,
     UnknownType,
+    WorkerCrashed,
 )
 from .futures import Future
 from .proxy import Proxy, attach, call, delete, keep, objects, status
@@ -57,7 +65,10 @@ __all__ = [
     "Counter",
     "Dict",
     "Event",
+    "Executor",
+    "FunctionTimeout",
     "Future",
+    "Invocation",
     "LifoQueue",
     "List",
     "Lock",
@@ -67,14 +78,18 @@ __all__ = [
     "Proxy",
     "Queue",
     "RLock",
+    "RemoteError",
     "Semaphore",
     "ServerUnavailable",
     "SortedDict",
     "SpindleError",
+    "Thread",
     "TypeMismatch",
+    "Unauthorized",
     "UnknownMethod",
     "UnknownType",
     "Value",
+    "WorkerCrashed",
     "attach",
     "call",
     "connect",
@@ -82,5 +97,19 @@ __all__ = [
     "disconnect",
     "keep",
     "objects",
+    "parallel_for",
     "status",
 ]
+
+
+def _register_joblib_if_loaded() -> None:
+    import sys
+
+    if "joblib" in sys.modules:
+        try:
+            from . import joblib as _joblib  # noqa: F401  (registers the "spindle" backend)
+        except Exception:  # an incompatible joblib must not break `import spindle`
+            pass
+
+
+_register_joblib_if_loaded()

@@ -8,13 +8,14 @@ After ``fork`` the child gets a fresh session and drops the inherited sockets un
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
 import threading
 import time
 import uuid
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Iterator, List, Optional, Set, Tuple
 
 from .codec import packb, unpackb
 from .errors import ServerUnavailable, error_from_reply
@@ -43,7 +44,9 @@ class Connection:
 
     __slots__ = ("sock", "buf")
 
-    def __init__(self, host: str, port: int, session: str, hello_id: int) -> None:
+    def __init__(
+        self, host: str, port: int, session: str, hello_id: int, token: Optional[str] = None
+    ) -> None:
         sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -51,6 +54,8 @@ class Connection:
         self.buf = b""
         try:
             hello = {"client": session, "protocol": PROTOCOL}
+            if token:
+                hello["token"] = token
             reply = self.roundtrip(frame([hello_id, "hello", hello]), hello_id)
         except BaseException:
             sock.close()
@@ -70,6 +75,10 @@ class Connection:
             # skip it rather than hand it to the wrong caller.
 
     def _read(self) -> List[Any]:
+        return unpackb(self.read_body())
+
+    def read_body(self) -> bytes:
+        """The body of the next frame from the server."""
         buf = self.buf
         recv = self.sock.recv
         while len(buf) < 4:
@@ -80,7 +89,7 @@ class Connection:
         end = 4 + int.from_bytes(buf[:4], "big")
         if len(buf) >= end:
             self.buf = buf[end:]
-            return unpackb(buf[4:end])
+            return buf[4:end]
         # A large reply: read the rest straight into one buffer.
         body = bytearray(end - 4)
         view = memoryview(body)
@@ -92,7 +101,7 @@ class Connection:
                 raise ConnectionResetError("the spindle server closed the connection")
             have += n
         self.buf = b""
-        return unpackb(bytes(body))
+        return bytes(body)
 
     def close(self) -> None:
         try:
@@ -123,13 +132,31 @@ class Client:
         self.address = address
         self.host, self.port = parse_address(address)
         self.server = server
+        self.token = os.environ.get("SPINDLE_TOKEN") or None
         self._new_session()
 
-    def _new_session(self) -> None:
-        self.session, self._seq, self._unnamed = _identity
+    def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
+        self.session, self._seq, self._unnamed = identity or _identity
         self._local = threading.local()
         self._conns: Set[Connection] = set()
         self._conns_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def scope(self, session: str) -> Iterator[None]:
+        """Run the body as the session ``session`` with call numbers starting again at 1.
+
+        A function worker runs each invocation in the session its caller named, so a retried
+        invocation makes the same ``(session, seq)`` calls and gets the recorded replies of
+        those the failed attempt already made (exactly-once). The scope's connections are
+        closed at its end.
+        """
+        saved = (self.session, self._seq, self._unnamed, self._local, self._conns)
+        self._new_session((session, itertools.count(1), itertools.count(1)))
+        try:
+            yield
+        finally:
+            self.close()
+            (self.session, self._seq, self._unnamed, self._local, self._conns) = saved
 
     def after_fork_in_child(self) -> None:
         """Fresh session; close our copies of the inherited sockets without sending on them."""
@@ -211,7 +238,7 @@ class Client:
         raise error_from_reply(error)
 
     def _open(self) -> Connection:
-        conn = Connection(self.host, self.port, self.session, next(self._seq))
+        conn = Connection(self.host, self.port, self.session, next(self._seq), self.token)
         self._local.conn = conn
         with self._conns_lock:
             self._conns.add(conn)

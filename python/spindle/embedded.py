@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Deque, List, Optional
+from typing import Deque, Dict, List, Optional
 
 from .errors import ServerUnavailable
 
@@ -44,6 +44,23 @@ def find_binary() -> str:
     )
 
 
+def worker_environment() -> Dict[str, str]:
+    """This environment, with ``PYTHONPATH`` led by this program's own import directories
+    (those of ``sys.path`` outside the Python installation), for the gateway's workers."""
+    env = dict(os.environ)
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    own: List[str] = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or os.getcwd())
+        if not os.path.isdir(path) or any(path == p or path.startswith(p + os.sep) for p in installed):
+            continue
+        if path not in own:
+            own.append(path)
+    extra = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(own + ([extra] if extra else []))
+    return env
+
+
 class EmbeddedServer:
     """A ``spindle server --embedded`` child process."""
 
@@ -52,6 +69,9 @@ class EmbeddedServer:
         cmd = [self.binary, "server", "--port", str(port), "--embedded"]
         if host not in ("127.0.0.1", "localhost"):
             cmd += ["--host", host]
+        # The gateway's workers run this interpreter, and find the modules this program
+        # imports from its own directories (functions pickled by reference need them).
+        cmd += ["--python", sys.executable]
         cmd += list(extra_args or [])
         self.owner_pid = os.getpid()
         self._stderr: Deque[str] = collections.deque(maxlen=50)
@@ -61,6 +81,7 @@ class EmbeddedServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=worker_environment(),
             start_new_session=True,  # Ctrl-C in the terminal reaches us, not the server
         )
         self.address = self._wait_listening()

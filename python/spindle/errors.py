@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
-from typing import Any, Callable, Dict, NoReturn
+from typing import Any, Callable, Dict, NoReturn, Optional
 
 
 class SpindleError(Exception):
@@ -58,6 +58,71 @@ else:  # pragma: no cover - Python 3.9 / 3.10
         """A timed wait expired (both ``TimeoutError`` and ``concurrent.futures``')."""
 
 
+class WorkerCrashed(SpindleError):
+    """A function's worker process died during the call (``os._exit``, a signal, the memory
+    limit...). Only that call fails; the pool replaces the worker.
+
+    ``status`` is the exit status (or None), ``signal`` the signal number (or None),
+    ``reason`` the gateway's explanation (``"memory limit"`` when it killed the worker for its
+    memory), ``stdout``/``stderr`` what the function wrote before dying.
+    """
+
+    def __init__(
+        self,
+        message: str = "the function's worker died",
+        status: Optional[int] = None,
+        signal: Optional[int] = None,
+        reason: str = "",
+        stdout: bytes = b"",
+        stderr: bytes = b"",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.signal = signal
+        self.reason = reason
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def __reduce__(self) -> Any:
+        return (
+            type(self),
+            (self.args[0] if self.args else "", self.status, self.signal, self.reason,
+             self.stdout, self.stderr),
+        )
+
+
+class FunctionTimeout(SpindleTimeout):  # type: ignore[misc, valid-type]
+    """A function ran past its ``timeout``; its worker was killed and replaced."""
+
+
+class Unauthorized(SpindleError, PermissionError):
+    """The server runs code only for sessions that give its token (``$SPINDLE_TOKEN``)."""
+
+
+class RemoteError(SpindleError):
+    """A function raised an exception that could not be brought back (it does not pickle).
+
+    ``type_name`` and ``message`` describe it; the remote traceback is the ``__cause__``.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.remote_message = message
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a function, attached as its ``__cause__``
+    (as ``concurrent.futures.ProcessPoolExecutor`` does)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n\n" + '"""\n' + self.tb.rstrip("\n") + '\n"""'
+
+
 class Moved(Exception):
     """Internal: the object was kept under a new key (``data``); proxies follow it."""
 
@@ -99,6 +164,8 @@ _SIMPLE: Dict[str, Callable[[str], BaseException]] = {
     "Full": queue.Full,
     "InvalidState": concurrent.futures.InvalidStateError,
     "Cancelled": concurrent.futures.CancelledError,
+    "FunctionTimeout": FunctionTimeout,
+    "Unauthorized": Unauthorized,
     "Busy": SpindleError,
     "Internal": SpindleError,
 }
@@ -116,6 +183,16 @@ def error_from_reply(error: Any) -> BaseException:
         return Moved(data)
     if kind == "FutureException":
         return RemoteFutureException(message, data)
+    if kind == "WorkerCrashed":
+        info = data if isinstance(data, dict) else {}
+        return WorkerCrashed(
+            message,
+            status=info.get("status"),
+            signal=info.get("signal"),
+            reason=info.get("reason") or "",
+            stdout=info.get("stdout") or b"",
+            stderr=info.get("stderr") or b"",
+        )
     make = _SIMPLE.get(kind)
     if make is None:
         return SpindleError(f"{kind}: {message}")

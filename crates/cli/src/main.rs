@@ -1,13 +1,17 @@
-//! `spindle`: run a server, or ask a running one for its status and objects.
+//! `spindle`: run a server, run a program against one, or ask a running one for its status
+//! and objects.
 
 mod client;
+mod run;
 
 use std::io::{self, IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use spindle_server::{config::default_partitions, Config, Server};
+use spindle_server::config::{default_max_workers, default_partitions, default_python, FunctionsConfig};
+use spindle_server::{Config, Server};
 use tracing::{error, info};
 
 const DEFAULT_ADDRESS: &str = "127.0.0.1:7070";
@@ -21,8 +25,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a state server in the foreground.
+    /// Run a state server (objects and functions) in the foreground.
     Server(ServerArgs),
+    /// Run a Python program against $SPINDLE_ADDRESS, or else against a server started
+    /// for it (and stopped after); exits with the program's exit code.
+    Run(run::RunArgs),
     /// Show a running server's address, uptime, objects, connections and call rate.
     Status(AddressArg),
     /// List the named objects of a running server.
@@ -55,6 +62,48 @@ struct ServerArgs {
     /// so it dies with its parent).
     #[arg(long)]
     embedded: bool,
+    #[command(flatten)]
+    functions: FunctionArgs,
+}
+
+/// The function gateway's flags, shared by `server` and `run`.
+#[derive(Args, Clone)]
+pub(crate) struct FunctionArgs {
+    /// Most worker processes at once [default: 8 × cores].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_workers: Option<u32>,
+    /// Seconds a worker may stay idle before it is stopped.
+    #[arg(long, default_value_t = 60.0)]
+    idle_timeout: f64,
+    /// Resident memory limit per worker, in MiB (a call may ask for another with `memory_mb`).
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
+    memory_limit: u64,
+    /// Python interpreter for workers (and for `run`'s program) [default: $SPINDLE_PYTHON, else
+    /// the python3 next to this executable, else python3 on PATH].
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Token that sessions must give in `hello` to run functions [default: $SPINDLE_TOKEN].
+    #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Seconds a started worker may take to connect before its waiting call fails.
+    #[arg(long, default_value_t = 30.0, hide = true)]
+    worker_start_timeout: f64,
+}
+
+impl FunctionArgs {
+    pub(crate) fn config(&self) -> Result<FunctionsConfig, String> {
+        let seconds = |flag: &str, value: f64| {
+            Duration::try_from_secs_f64(value).map_err(|_| format!("--{flag} must be a non-negative number of seconds"))
+        };
+        Ok(FunctionsConfig {
+            max_workers: self.max_workers.map_or_else(default_max_workers, |n| n as usize),
+            idle_timeout: seconds("idle-timeout", self.idle_timeout)?,
+            memory_limit_mb: self.memory_limit,
+            python: self.python.clone().unwrap_or_else(default_python),
+            token: self.token.clone().filter(|t| !t.is_empty()),
+            start_timeout: seconds("worker-start-timeout", self.worker_start_timeout)?,
+        })
+    }
 }
 
 #[derive(Args)]
@@ -68,6 +117,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server(args) => return run_server(args),
+        Command::Run(args) => return run::run(args),
         Command::Status(AddressArg { address }) => client::status(&address),
         Command::Objects { prefix, address } => client::objects(&address.address, prefix.as_deref().unwrap_or("")),
     };
@@ -80,20 +130,35 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_server(args: ServerArgs) -> ExitCode {
+/// Log to stderr at `level` unless RUST_LOG says otherwise.
+pub(crate) fn init_logging(level: &str) {
     tracing_subscriber::fmt()
         .with_writer(io::stderr)
         .with_ansi(io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .init();
+}
+
+/// Exit status for bad settings (as clap uses for bad flags).
+const USAGE: u8 = 2;
+
+fn run_server(args: ServerArgs) -> ExitCode {
+    init_logging("info");
     let session_ttl = match Duration::try_from_secs_f64(args.session_ttl) {
         Ok(ttl) => ttl,
         Err(_) => {
             eprintln!("spindle: --session-ttl must be a non-negative number of seconds");
             return ExitCode::FAILURE;
+        }
+    };
+    let functions = match args.functions.config() {
+        Ok(functions) => functions,
+        Err(message) => {
+            eprintln!("spindle: {message}");
+            return ExitCode::from(USAGE);
         }
     };
     let config = Config {
@@ -102,7 +167,13 @@ fn run_server(args: ServerArgs) -> ExitCode {
         partitions: args.partitions.map_or_else(default_partitions, usize::from),
         max_frame: args.max_frame,
         session_ttl,
+        functions,
     };
+    if let Err(message) = config.check() {
+        error!("{message}");
+        eprintln!("spindle: {message}");
+        return ExitCode::from(USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -30,9 +30,45 @@ pub enum ErrorKind {
     Moved,
     Busy,
     Internal,
+    /// A function's worker process died during the call.
+    WorkerCrashed,
+    /// A function ran past its timeout.
+    FunctionTimeout,
+    /// Code execution without the server's token.
+    Unauthorized,
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 26] = [
+        ErrorKind::ProtocolError,
+        ErrorKind::FrameTooLarge,
+        ErrorKind::NoSession,
+        ErrorKind::UnknownType,
+        ErrorKind::UnknownMethod,
+        ErrorKind::TypeMismatch,
+        ErrorKind::NotFound,
+        ErrorKind::BadArguments,
+        ErrorKind::KeyError,
+        ErrorKind::IndexError,
+        ErrorKind::ValueError,
+        ErrorKind::OverflowError,
+        ErrorKind::RuntimeError,
+        ErrorKind::Timeout,
+        ErrorKind::BrokenBarrier,
+        ErrorKind::Empty,
+        ErrorKind::Full,
+        ErrorKind::InvalidState,
+        ErrorKind::Cancelled,
+        ErrorKind::FutureException,
+        ErrorKind::Moved,
+        ErrorKind::Busy,
+        ErrorKind::Internal,
+        ErrorKind::WorkerCrashed,
+        ErrorKind::FunctionTimeout,
+        ErrorKind::Unauthorized,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::ProtocolError => "ProtocolError",
@@ -58,7 +94,15 @@ impl ErrorKind {
             ErrorKind::Moved => "Moved",
             ErrorKind::Busy => "Busy",
             ErrorKind::Internal => "Internal",
+            ErrorKind::WorkerCrashed => "WorkerCrashed",
+            ErrorKind::FunctionTimeout => "FunctionTimeout",
+            ErrorKind::Unauthorized => "Unauthorized",
         }
+    }
+
+    /// The kind named `name` on the wire (a worker's error reply carries it back).
+    pub fn from_name(name: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.as_str() == name)
     }
 }
 
@@ -105,3 +149,16 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorKind;
+
+    #[test]
+    fn every_kind_round_trips_by_name() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_name("Nope"), None);
+    }
+}

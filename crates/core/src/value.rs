@@ -207,7 +207,10 @@ mod tests {
     #[test]
     fn bools_are_numbers_as_in_python() {
         assert!(eq_values(&Value::Boolean(true), &Value::from(1)));
-        assert_eq!(Key::new(Value::Boolean(false)).unwrap(), Key::new(Value::F64(0.0)).unwrap());
+        assert_eq!(
+            Key::new(Value::Boolean(false)).unwrap(),
+            Key::new(Value::F64(0.0)).unwrap()
+        );
         assert_eq!(cmp_values(&Value::Boolean(true), &Value::from(2)), Ordering::Less);
     }
 

@@ -6,6 +6,6 @@ pub mod frame;
 pub mod reply;
 pub mod request;
 
-pub use frame::{read_frame, split_frame, write_frame, FrameError, Split, DEFAULT_MAX_FRAME, HEADER_LEN};
+pub use frame::{encode_frame, read_frame, split_frame, write_frame, FrameError, Split, DEFAULT_MAX_FRAME, HEADER_LEN};
 pub use reply::{encode_error_reply, encode_reply, reply_frame};
 pub use request::{decode_request, parse_request, Request, RequestError, PROTOCOL_VERSION};

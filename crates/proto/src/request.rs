@@ -6,7 +6,7 @@ use spindle_core::value::type_of;
 /// The protocol version this crate speaks (the `protocol` field of `hello`).
 pub const PROTOCOL_VERSION: u64 = 1;
 
-const OPS: &str = "hello, create, call, delete, keep, objects, status, ping";
+const OPS: &str = "hello, create, call, delete, keep, objects, status, ping, invoke, cancel, worker";
 
 /// One request, with its operands checked and moved out of the MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
@@ -14,6 +14,8 @@ pub enum Request {
     Hello {
         id: u64,
         client: String,
+        /// The server's token, needed to run code (`invoke`) when the server has one.
+        token: Option<String>,
     },
     Create {
         id: u64,
@@ -56,6 +58,26 @@ pub enum Request {
     Ping {
         id: u64,
     },
+    /// Run a function: `payload` is opaque to the server, `options` a map (or nil) the
+    /// gateway checks and forwards to the worker.
+    Invoke {
+        id: u64,
+        runtime: String,
+        payload: Vec<u8>,
+        options: Value,
+    },
+    /// Withdraw a queued invocation sent on this connection.
+    Cancel {
+        id: u64,
+        invoke_id: u64,
+    },
+    /// A worker process announcing itself with the secret the gateway gave it.
+    Worker {
+        id: u64,
+        worker: String,
+        pid: Option<u64>,
+        runtime: String,
+    },
 }
 
 impl Request {
@@ -68,7 +90,10 @@ impl Request {
             | Request::Keep { id, .. }
             | Request::Objects { id, .. }
             | Request::Status { id }
-            | Request::Ping { id } => *id,
+            | Request::Ping { id }
+            | Request::Invoke { id, .. }
+            | Request::Cancel { id, .. }
+            | Request::Worker { id, .. } => *id,
         }
     }
 
@@ -82,6 +107,9 @@ impl Request {
             Request::Objects { .. } => "objects",
             Request::Status { .. } => "status",
             Request::Ping { .. } => "ping",
+            Request::Invoke { .. } => "invoke",
+            Request::Cancel { .. } => "cancel",
+            Request::Worker { .. } => "worker",
         }
     }
 }
@@ -164,8 +192,8 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
     let request = match op.as_str() {
         "hello" => {
             p.arity("[id, \"hello\", {\"client\": str, \"protocol\": 1}]", 1)?;
-            let client = p.hello()?;
-            Request::Hello { id, client }
+            let (client, token) = p.hello()?;
+            Request::Hello { id, client, token }
         }
         "create" => {
             p.arity("[id, \"create\", seq, thread, type, key, args, owned]", 6)?;
@@ -224,6 +252,26 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         "ping" => {
             p.arity("[id, \"ping\"]", 0)?;
             Request::Ping { id }
+        }
+        "invoke" => {
+            p.arity("[id, \"invoke\", runtime, payload, options]", 3)?;
+            Request::Invoke {
+                id,
+                runtime: p.string("runtime")?,
+                payload: p.binary("payload")?,
+                options: p.map_or_nil("options")?,
+            }
+        }
+        "cancel" => {
+            p.arity("[id, \"cancel\", invoke_id]", 1)?;
+            Request::Cancel {
+                id,
+                invoke_id: p.uint("invoke_id")?,
+            }
+        }
+        "worker" => {
+            p.arity("[id, \"worker\", {\"id\": str, \"pid\": int, \"runtime\": str}]", 1)?;
+            p.worker()?
         }
         other => return Err(bad(id, format!("unknown op '{other}' (known: {OPS})"))),
     };
@@ -324,18 +372,70 @@ impl Operands<'_> {
         }
     }
 
-    /// The `hello` map: `{"client": str, "protocol": 1}`.
-    fn hello(&mut self) -> Result<String, RequestError> {
+    fn binary(&mut self, field: &str) -> Result<Vec<u8>, RequestError> {
+        match self.next() {
+            Value::Binary(bytes) => Ok(bytes),
+            other => Err(self.error(field, "bin", &other)),
+        }
+    }
+
+    /// A map, or nil for an empty one.
+    fn map_or_nil(&mut self, field: &str) -> Result<Value, RequestError> {
+        match self.next() {
+            Value::Nil => Ok(Value::Map(Vec::new())),
+            map @ Value::Map(_) => Ok(map),
+            other => Err(self.error(field, "a map or nil", &other)),
+        }
+    }
+
+    /// The `worker` map: `{"id": str, "pid": int, "runtime": str}`.
+    fn worker(&mut self) -> Result<Request, RequestError> {
+        let entries = match self.next() {
+            Value::Map(entries) => entries,
+            other => {
+                return Err(self.error(
+                    "the operand",
+                    "a map {\"id\": str, \"pid\": int, \"runtime\": str}",
+                    &other,
+                ))
+            }
+        };
+        let (mut worker, mut pid, mut runtime) = (None, None, None);
+        for (k, v) in entries {
+            match (k.as_str(), v) {
+                (Some("id"), Value::String(s)) => worker = s.into_str(),
+                (Some("pid"), Value::Integer(n)) => pid = n.as_u64(),
+                (Some("runtime"), Value::String(s)) => runtime = s.into_str(),
+                (Some(field @ ("id" | "runtime")), other) => return Err(self.error(field, "a str", &other)),
+                _ => {}
+            }
+        }
+        Ok(Request::Worker {
+            id: self.id,
+            worker: worker.ok_or_else(|| bad(self.id, "'worker': the map has no \"id\" str"))?,
+            pid,
+            runtime: runtime.unwrap_or_else(|| "python".into()),
+        })
+    }
+
+    /// The `hello` map: `{"client": str, "protocol": 1, "token": str}`.
+    fn hello(&mut self) -> Result<(String, Option<String>), RequestError> {
         let entries = match self.next() {
             Value::Map(entries) => entries,
             other => return Err(self.error("the operand", "a map {\"client\": str, \"protocol\": 1}", &other)),
         };
         let mut client = None;
         let mut protocol = None;
+        let mut token = None;
         for (k, v) in entries {
             match k.as_str() {
                 Some("client") => client = Some(v),
                 Some("protocol") => protocol = Some(v),
+                Some("token") => match v {
+                    Value::Nil => {}
+                    Value::String(s) => token = s.into_str(),
+                    other => return Err(self.error("token", "a str or nil", &other)),
+                },
                 // Unknown fields are ignored so newer clients can send more.
                 _ => {}
             }
@@ -353,7 +453,7 @@ impl Operands<'_> {
         }
         match client {
             Some(Value::String(s)) => match s.into_str() {
-                Some(c) if !c.is_empty() => Ok(c),
+                Some(c) if !c.is_empty() => Ok((c, token)),
                 Some(_) => Err(bad(self.id, "'hello': client must be a non-empty str")),
                 None => Err(bad(self.id, "'hello': client is not valid UTF-8")),
             },
@@ -390,7 +490,55 @@ mod tests {
             parse_request(hello).unwrap(),
             Request::Hello {
                 id: 1,
-                client: "c1".into()
+                client: "c1".into(),
+                token: None
+            }
+        );
+        let with_token = Value::Map(vec![
+            (s("client"), s("c1")),
+            (s("protocol"), 1.into()),
+            (s("token"), s("t")),
+        ]);
+        assert_eq!(
+            parse_request(v(vec![1.into(), s("hello"), with_token])).unwrap(),
+            Request::Hello {
+                id: 1,
+                client: "c1".into(),
+                token: Some("t".into())
+            }
+        );
+        let invoke = v(vec![
+            10.into(),
+            s("invoke"),
+            s("python"),
+            Value::Binary(vec![1, 2]),
+            Value::Nil,
+        ]);
+        assert_eq!(
+            parse_request(invoke).unwrap(),
+            Request::Invoke {
+                id: 10,
+                runtime: "python".into(),
+                payload: vec![1, 2],
+                options: Value::Map(vec![])
+            }
+        );
+        assert_eq!(
+            parse_request(v(vec![11.into(), s("cancel"), 10.into()])).unwrap(),
+            Request::Cancel { id: 11, invoke_id: 10 }
+        );
+        let worker = Value::Map(vec![
+            (s("id"), s("w-1")),
+            (s("pid"), 42.into()),
+            (s("runtime"), s("python")),
+        ]);
+        assert_eq!(
+            parse_request(v(vec![12.into(), s("worker"), worker])).unwrap(),
+            Request::Worker {
+                id: 12,
+                worker: "w-1".into(),
+                pid: Some(42),
+                runtime: "python".into()
             }
         );
         let create = v(vec![
@@ -506,7 +654,7 @@ mod tests {
         let e = error_of(v(vec![12.into(), s("frobnicate")]));
         assert_eq!(
             e.message,
-            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping)"
+            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, invoke, cancel, worker)"
         );
     }
 

@@ -1,5 +1,7 @@
 //! Server settings (the flags of `spindle server`).
 
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
@@ -14,6 +16,26 @@ pub struct Config {
     pub max_frame: usize,
     /// How long a session outlives its last connection.
     pub session_ttl: Duration,
+    /// The function gateway's settings.
+    pub functions: FunctionsConfig,
+}
+
+/// The function gateway: worker pool size and limits, and who may run code.
+#[derive(Clone, Debug)]
+pub struct FunctionsConfig {
+    /// Most worker processes alive at once.
+    pub max_workers: usize,
+    /// A worker idle this long is stopped.
+    pub idle_timeout: Duration,
+    /// Default per-worker resident memory limit, in MiB (a call may ask for another).
+    pub memory_limit_mb: u64,
+    /// The interpreter that runs `-m spindle.worker`.
+    pub python: PathBuf,
+    /// When set, `invoke` needs a session whose `hello` carried this token.
+    pub token: Option<String>,
+    /// A started worker that has not connected after this long is killed, and a waiting
+    /// call fails, so a broken worker setup never hangs callers.
+    pub start_timeout: Duration,
 }
 
 impl Default for Config {
@@ -24,11 +46,97 @@ impl Default for Config {
             partitions: default_partitions(),
             max_frame: spindle_proto::DEFAULT_MAX_FRAME,
             session_ttl: Duration::from_secs(5),
+            functions: FunctionsConfig::default(),
         }
     }
 }
 
+impl Default for FunctionsConfig {
+    fn default() -> Self {
+        FunctionsConfig {
+            max_workers: default_max_workers(),
+            idle_timeout: Duration::from_secs(60),
+            memory_limit_mb: 2048,
+            python: default_python(),
+            token: None,
+            start_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Config {
+    /// Refuse settings that are unsafe to serve with: code execution open to a network.
+    pub fn check(&self) -> Result<(), String> {
+        if self.functions.token.is_none() && !is_loopback(&self.host) {
+            return Err(format!(
+                "refusing to listen on {} without a token: invocations run code, so a server \
+                 reachable from other machines needs --token (or SPINDLE_TOKEN)",
+                self.host
+            ));
+        }
+        if self.functions.token.as_deref() == Some("") {
+            return Err("the token must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// Whether `host` names only this machine (an unresolved host name counts as remote).
+pub fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// One shard per core: enough to keep every worker busy without contention.
 pub fn default_partitions() -> usize {
+    cores()
+}
+
+/// Functions mostly wait on shared objects and I/O, so the pool may outnumber the cores.
+pub fn default_max_workers() -> usize {
+    8 * cores()
+}
+
+fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `$SPINDLE_PYTHON`, else the `python3` next to this executable (a virtualenv's `bin/`,
+/// where the SDK is installed), else `python3` from `PATH`.
+pub fn default_python() -> PathBuf {
+    if let Some(python) = std::env::var_os("SPINDLE_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(python);
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("python3")))
+        .filter(|p| p.is_file());
+    beside.unwrap_or_else(|| PathBuf::from("python3"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for host in ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"] {
+            assert!(is_loopback(host), "{host}");
+        }
+        for host in ["0.0.0.0", "::", "10.0.0.1", "example.com"] {
+            assert!(!is_loopback(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn a_public_server_needs_a_token() {
+        let mut config = Config {
+            host: "0.0.0.0".into(),
+            ..Config::default()
+        };
+        assert!(config.check().unwrap_err().contains("--token"));
+        config.functions.token = Some("secret".into());
+        assert!(config.check().is_ok());
+        assert!(Config::default().check().is_ok());
+    }
 }

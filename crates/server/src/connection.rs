@@ -14,6 +14,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use crate::gateway::{self, WorkerId};
 use crate::registry::{log_error_reply, Drain, Outbox};
 use crate::{sessions, status, Shared};
 
@@ -55,6 +56,12 @@ struct Connection {
     /// Replies to this connection's own requests in the current batch, flushed to the
     /// outbox once per read.
     replies: Vec<u8>,
+    /// Whether `hello` carried the server's token (needed to `invoke`).
+    authorized: bool,
+    /// This connection invoked functions: the gateway must hear of its end.
+    invoked: bool,
+    /// Set when this is a worker's task channel: its frames are replies to tasks.
+    worker: Option<WorkerId>,
 }
 
 /// Serve one accepted connection until it closes.
@@ -78,6 +85,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         outbox,
         socket: Some(writer),
         replies: Vec::new(),
+        authorized: false,
+        invoked: false,
+        worker: None,
     };
     let end = conn.read_loop(&mut reader).await;
     match &end {
@@ -191,6 +201,9 @@ impl Connection {
     }
 
     fn handle_frame(&mut self, body: &[u8]) {
+        if let Some(worker) = self.worker {
+            return self.handle_worker_frame(worker, body);
+        }
         match decode_request(body) {
             Ok(request) => self.dispatch(request),
             Err(e) => self.reply(e.id, Err(Error::new(ErrorKind::ProtocolError, e.message))),
@@ -198,12 +211,12 @@ impl Connection {
     }
 
     fn dispatch(&mut self, request: Request) {
-        if self.client.is_none() && !matches!(request, Request::Hello { .. }) {
+        if self.client.is_none() && !matches!(request, Request::Hello { .. } | Request::Worker { .. }) {
             let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
         }
         match request {
-            Request::Hello { id, client } => self.hello(id, client),
+            Request::Hello { id, client, token } => self.hello(id, client, token),
             Request::Create {
                 id,
                 seq,
@@ -260,10 +273,82 @@ impl Connection {
                 self.reply(id, Ok(reply))
             }
             Request::Ping { id } => self.reply(id, Ok(Value::from("pong"))),
+            Request::Invoke {
+                id,
+                runtime,
+                payload,
+                options,
+            } => self.invoke(id, &runtime, payload, options),
+            Request::Cancel { id, invoke_id } => {
+                let cancelled = self.invoked && gateway::cancel(&self.shared, self.id, invoke_id);
+                self.reply(id, Ok(Value::Boolean(cancelled)))
+            }
+            Request::Worker {
+                id, worker, runtime, ..
+            } => self.worker_hello(id, &worker, &runtime),
         }
     }
 
-    fn hello(&mut self, id: u64, client: String) {
+    fn invoke(&mut self, id: u64, runtime: &str, payload: Vec<u8>, options: Value) {
+        if !self.authorized {
+            let message = "invoking functions needs the server's token: pass it in hello as \"token\" \
+                           (the SDK reads SPINDLE_TOKEN)";
+            return self.reply(id, Err(Error::new(ErrorKind::Unauthorized, message)));
+        }
+        self.invoked = true;
+        if let Err(e) = gateway::invoke(&self.shared, self.id, id, runtime, payload, options) {
+            self.reply(id, Err(e));
+        }
+    }
+
+    /// A worker process announcing itself: from now on this connection carries its tasks.
+    fn worker_hello(&mut self, id: u64, secret: &str, runtime: &str) {
+        // A `hello` before is fine (the Python worker opens an ordinary connection first).
+        if self.worker.is_some() {
+            let message = "this connection already said 'worker'";
+            return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
+        }
+        match gateway::worker_hello(&self.shared, self.id, secret, runtime) {
+            Ok((worker, actions)) => {
+                self.worker = Some(worker);
+                self.reply(id, Ok(hello_reply(false)));
+                // The worker reads this reply before its first task.
+                self.flush();
+                gateway::execute(&self.shared, actions);
+            }
+            Err(e) => self.reply(id, Err(e)),
+        }
+    }
+
+    /// A frame on a worker's connection: a task's reply, or (rarely) a request of its own.
+    fn handle_worker_frame(&mut self, worker: WorkerId, body: &[u8]) {
+        let mut rest = body;
+        let value = match rmpv::decode::read_value(&mut rest) {
+            Ok(value) => value,
+            Err(e) => {
+                let message = format!("frame body is not valid MessagePack: {e}");
+                return self.reply(0, Err(Error::new(ErrorKind::ProtocolError, message)));
+            }
+        };
+        let is_request = matches!(&value, Value::Array(items) if items.get(1).is_some_and(Value::is_str));
+        if is_request {
+            return match spindle_proto::parse_request(value) {
+                Ok(request) => self.dispatch(request),
+                Err(e) => self.reply(e.id, Err(Error::new(ErrorKind::ProtocolError, e.message))),
+            };
+        }
+        if let Err(message) = gateway::worker_reply(&self.shared, worker, value) {
+            warn!(conn = self.id, worker, "bad frame from a worker: {message}");
+            self.reply(0, Err(Error::new(ErrorKind::ProtocolError, message)));
+        }
+    }
+
+    fn hello(&mut self, id: u64, client: String, token: Option<String>) {
+        if self.worker.is_some() {
+            let message = "this connection already said 'worker'; a worker's hello comes before it";
+            return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
+        }
+        self.authorized = self.shared.gateway.authorizes(token.as_deref());
         if let Some(current) = &self.client {
             if **current != *client {
                 let message = format!("this connection already said hello as client '{current}'");
@@ -345,6 +430,12 @@ impl Connection {
     fn finish(&mut self) {
         let shared = self.shared.clone();
         shared.registry.unregister(self.id);
+        if let Some(worker) = self.worker {
+            gateway::worker_disconnected(&shared, worker);
+        }
+        if self.invoked {
+            gateway::connection_closed(&shared, self.id);
+        }
         shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
         let now = Instant::now();
         for (index, _) in self.touched.iter().enumerate().filter(|(_, t)| **t) {

@@ -3,10 +3,12 @@
 //!
 //! Layout: [`config`] (settings), `connection` (per-client reader and writer),
 //! `shards` (partitions behind mutexes, timers, `keep`), `registry` (reply routing),
-//! `sessions` (session lifetimes), `status` (counters and the `status` reply).
+//! `sessions` (session lifetimes), `status` (counters and the `status` reply), `gateway`
+//! (functions: the worker pool and invocations).
 
 pub mod config;
 mod connection;
+mod gateway;
 mod registry;
 mod sessions;
 mod shards;
@@ -35,6 +37,9 @@ pub(crate) struct Shared {
     pub(crate) registry: registry::Registry,
     pub(crate) sessions: sessions::Sessions,
     pub(crate) stats: status::Stats,
+    pub(crate) gateway: gateway::Gateway,
+    /// Where workers connect (the bound address, loopback when bound to every interface).
+    pub(crate) worker_address: String,
 }
 
 /// A bound server, ready to [`run`](Server::run).
@@ -47,12 +52,23 @@ impl Server {
     /// Bind the listening socket (`port` 0 picks a free port).
     pub async fn bind(config: Config) -> io::Result<Server> {
         let listener = TcpListener::bind((config.host.as_str(), config.port)).await?;
-        let address = listener.local_addr()?.to_string();
+        let local = listener.local_addr()?;
+        let address = local.to_string();
+        let mut reachable = local;
+        if local.ip().is_unspecified() {
+            let loopback: std::net::IpAddr = match local {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            };
+            reachable.set_ip(loopback);
+        }
         let shared = Arc::new(Shared {
             shards: shards::Shards::new(config.partitions),
             registry: registry::Registry::new(),
             sessions: sessions::Sessions::new(),
             stats: status::Stats::new(),
+            gateway: gateway::Gateway::new(config.functions.clone()),
+            worker_address: reachable.to_string(),
             address,
             config,
         });
@@ -70,11 +86,16 @@ impl Server {
             tokio::spawn(shards::run_timer(shared.clone(), index));
         }
         tokio::spawn(status::run_sampler(shared.clone()));
+        tokio::spawn(gateway::run_timer(shared.clone()));
+        let functions = &shared.config.functions;
         info!(
             address = %shared.address,
             partitions = shared.shards.count(),
             max_frame = shared.config.max_frame,
             session_ttl = ?shared.config.session_ttl,
+            max_workers = functions.max_workers,
+            python = %functions.python.display(),
+            token = functions.token.is_some(),
             "serving"
         );
         tokio::pin!(shutdown);

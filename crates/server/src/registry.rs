@@ -208,6 +208,18 @@ impl Registry {
             .remove(&id);
     }
 
+    /// Queue already-encoded frames for connection `id`. Returns false if it is closed.
+    pub(crate) fn send(&self, id: ConnId, frames: &mut Vec<u8>) -> bool {
+        let outboxes = self.outboxes.read().unwrap_or_else(PoisonError::into_inner);
+        match outboxes.get(&id) {
+            Some(outbox) => {
+                outbox.push_frames(frames);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Send replies produced outside any connection's own call (timeouts, waiters woken by
     /// another connection, session ends). Replies for closed connections are dropped.
     pub(crate) fn deliver(&self, deliveries: impl IntoIterator<Item = Delivery>) {
@@ -231,10 +243,14 @@ impl Registry {
 /// One log line per error reply: client faults at warn, routine outcomes at debug.
 pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
     match e.kind {
-        ErrorKind::ProtocolError | ErrorKind::FrameTooLarge | ErrorKind::NoSession => {
+        ErrorKind::ProtocolError | ErrorKind::FrameTooLarge | ErrorKind::NoSession | ErrorKind::Unauthorized => {
             tracing::warn!(conn, id, kind = e.kind.as_str(), "{}", e.message)
         }
         ErrorKind::Internal => tracing::error!(conn, id, kind = e.kind.as_str(), "{}", e.message),
+        // The caller gets these as exceptions; the server log keeps a trace of them.
+        ErrorKind::WorkerCrashed | ErrorKind::FunctionTimeout => {
+            tracing::info!(conn, id, kind = e.kind.as_str(), "{}", e.message)
+        }
         _ => tracing::debug!(conn, id, kind = e.kind.as_str(), "{}", e.message),
     }
 }

@@ -14,6 +14,8 @@ pub(crate) struct Stats {
     pub(crate) connections: AtomicUsize,
     /// Calls in the last sampled second, as `f64` bits.
     calls_per_s: AtomicU64,
+    /// Invocations answered in the last sampled second, as `f64` bits.
+    invocations_per_s: AtomicU64,
 }
 
 impl Stats {
@@ -22,6 +24,7 @@ impl Stats {
             started: Instant::now(),
             connections: AtomicUsize::new(0),
             calls_per_s: AtomicU64::new(0f64.to_bits()),
+            invocations_per_s: AtomicU64::new(0f64.to_bits()),
         }
     }
 }
@@ -34,18 +37,21 @@ fn total_calls(shared: &Shared) -> u64 {
         .sum()
 }
 
-/// Sample the call rate once a second.
+/// Sample the call and invocation rates once a second.
 pub(crate) async fn run_sampler(shared: Arc<Shared>) {
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval.tick().await;
-    let mut last = (Instant::now(), total_calls(&shared));
+    let sample = |shared: &Shared| (Instant::now(), total_calls(shared), shared.gateway.completed());
+    let mut last = sample(&shared);
     loop {
         interval.tick().await;
-        let now = (Instant::now(), total_calls(&shared));
+        let now = sample(&shared);
         let seconds = now.0.duration_since(last.0).as_secs_f64().max(1e-3);
-        let rate = now.1.saturating_sub(last.1) as f64 / seconds;
-        shared.stats.calls_per_s.store(rate.to_bits(), Ordering::Relaxed);
+        let rate = |now: u64, last: u64| (now.saturating_sub(last) as f64 / seconds).to_bits();
+        let stats = &shared.stats;
+        stats.calls_per_s.store(rate(now.1, last.1), Ordering::Relaxed);
+        stats.invocations_per_s.store(rate(now.2, last.2), Ordering::Relaxed);
         last = now;
     }
 }
@@ -56,6 +62,8 @@ pub(crate) fn status(shared: &Shared) -> Value {
         .filter_map(|i| shared.shards.with(i, |s| s.partition.len()).ok())
         .sum();
     let calls_per_s = f64::from_bits(shared.stats.calls_per_s.load(Ordering::Relaxed));
+    let invocations_per_s = f64::from_bits(shared.stats.invocations_per_s.load(Ordering::Relaxed));
+    let pool = shared.gateway.counts();
     let entries: Vec<(&str, Value)> = vec![
         ("address", Value::from(shared.address.as_str())),
         ("version", Value::from(crate::VERSION)),
@@ -70,6 +78,10 @@ pub(crate) fn status(shared: &Shared) -> Value {
         ("partitions", Value::from(shared.shards.count())),
         ("calls", Value::from(total_calls(shared))),
         ("calls_per_s", Value::F64(calls_per_s)),
+        ("workers", Value::from(pool.workers)),
+        ("busy", Value::from(pool.busy)),
+        ("queued", Value::from(pool.queued)),
+        ("invocations_per_s", Value::F64(invocations_per_s)),
     ];
     Value::Map(entries.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
 }

@@ -100,6 +100,15 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // SIGTERM first: a server that shuts down stops its worker processes, while one
+        // killed outright would leave stand-in workers (tests/functions.rs) behind.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -1,0 +1,394 @@
+//! The function gateway: runs `invoke`s on a pool of worker processes
+//! (`PYTHON -m spindle.worker`) that connect back to this server.
+//!
+//! The scheduling decisions live in [`pool`] (a pure state machine behind one mutex); this
+//! module carries out its actions: start and watch processes ([`worker`]), send tasks on
+//! worker connections, reply to invokers. Object calls never touch any of it.
+
+mod pool;
+mod worker;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use spindle_core::{ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
+use tokio::sync::Notify;
+
+use crate::config::FunctionsConfig;
+use crate::Shared;
+pub(crate) use pool::WorkerId;
+use pool::{Action, Counts, Exit, Invocation, Limits, Pool};
+
+/// The runtimes this gateway runs.
+const RUNTIMES: &[&str] = &["python"];
+
+pub(crate) struct Gateway {
+    config: FunctionsConfig,
+    state: Mutex<Guarded>,
+    /// Worker processes by id (their secret, pid and watch flags).
+    procs: Mutex<HashMap<WorkerId, Arc<worker::Proc>>>,
+    /// Wakes the timer task when a deadline earlier than the armed one appears.
+    timer: Notify,
+}
+
+struct Guarded {
+    pool: Pool,
+    /// The deadline the timer task sleeps until.
+    armed: Option<Instant>,
+}
+
+impl Gateway {
+    pub(crate) fn new(config: FunctionsConfig) -> Self {
+        let limits = Limits {
+            max_workers: config.max_workers.max(1),
+            idle_timeout: config.idle_timeout,
+            start_timeout: config.start_timeout,
+        };
+        Gateway {
+            config,
+            state: Mutex::new(Guarded {
+                pool: Pool::new(limits),
+                armed: None,
+            }),
+            procs: Mutex::new(HashMap::new()),
+            timer: Notify::new(),
+        }
+    }
+
+    /// Run `f` on the pool, then wake the timer if a deadline moved earlier.
+    fn with_pool<R>(&self, f: impl FnOnce(&mut Pool) -> R) -> R {
+        // The pool's invariants hold between events, so a panicked holder left it usable.
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = f(&mut state.pool);
+        let next = state.pool.next_deadline();
+        if next.is_some() && (state.armed.is_none() || next < state.armed) {
+            state.armed = next;
+            self.timer.notify_one();
+        }
+        result
+    }
+
+    fn procs(&self) -> MutexGuard<'_, HashMap<WorkerId, Arc<worker::Proc>>> {
+        self.procs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn counts(&self) -> Counts {
+        self.with_pool(|p| p.counts())
+    }
+
+    /// Invocations answered so far.
+    pub(crate) fn completed(&self) -> u64 {
+        self.with_pool(|p| p.completed)
+    }
+
+    /// Whether `token` (from `hello`) lets a session invoke.
+    pub(crate) fn authorizes(&self, token: Option<&str>) -> bool {
+        match (&self.config.token, token) {
+            (None, _) => true,
+            (Some(wanted), Some(given)) => constant_time_eq(wanted.as_bytes(), given.as_bytes()),
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// `invoke`: queue the call; its reply comes when it ends. `Err` is the immediate reply
+/// to a refused call.
+pub(crate) fn invoke(
+    shared: &Arc<Shared>,
+    conn: ConnId,
+    req: u64,
+    runtime: &str,
+    payload: Vec<u8>,
+    options: Value,
+) -> Result<(), Error> {
+    if !RUNTIMES.contains(&runtime) {
+        return Err(Error::bad_args(format!(
+            "unknown runtime '{runtime}' (this server runs: {})",
+            RUNTIMES.join(", ")
+        )));
+    }
+    let gateway = &shared.gateway;
+    let (timeout, memory_mb) = parse_options(&options, gateway.config.memory_limit_mb)?;
+    let now = Instant::now();
+    let invocation = Invocation {
+        conn,
+        req,
+        payload,
+        options,
+        timeout,
+        memory_limit: memory_mb.saturating_mul(1024 * 1024),
+        submitted: now,
+    };
+    let actions = gateway.with_pool(|p| p.submit(invocation, now));
+    execute(shared, actions);
+    Ok(())
+}
+
+/// `cancel`: withdraw a queued invocation of this connection.
+pub(crate) fn cancel(shared: &Arc<Shared>, conn: ConnId, invoke_id: u64) -> bool {
+    let (cancelled, actions) = shared.gateway.with_pool(|p| p.cancel(conn, invoke_id));
+    execute(shared, actions);
+    cancelled
+}
+
+/// An invoking connection closed.
+pub(crate) fn connection_closed(shared: &Arc<Shared>, conn: ConnId) {
+    shared.gateway.with_pool(|p| p.connection_closed(conn));
+}
+
+/// A connection said `worker` with `secret`. On success the connection becomes that
+/// worker's task channel; the returned actions must run after the hello reply is sent,
+/// so the worker reads its reply before its first task.
+pub(crate) fn worker_hello(
+    shared: &Arc<Shared>,
+    conn: ConnId,
+    secret: &str,
+    runtime: &str,
+) -> Result<(WorkerId, Vec<Action>), Error> {
+    let unknown = || {
+        Error::new(
+            ErrorKind::Unauthorized,
+            "unknown worker id: workers are started by the server, which gives each its id",
+        )
+    };
+    if !RUNTIMES.contains(&runtime) {
+        return Err(Error::bad_args(format!("unknown worker runtime '{runtime}'")));
+    }
+    let gateway = &shared.gateway;
+    let worker: WorkerId = secret
+        .split_once('-')
+        .and_then(|(n, _)| n.parse().ok())
+        .ok_or_else(unknown)?;
+    let proc = gateway.procs().get(&worker).cloned().ok_or_else(unknown)?;
+    if !constant_time_eq(proc.secret.as_bytes(), secret.as_bytes()) {
+        return Err(unknown());
+    }
+    let (accepted, actions) = gateway.with_pool(|p| p.ready(worker, conn, Instant::now()));
+    if !accepted {
+        return Err(Error::new(
+            ErrorKind::ProtocolError,
+            "this worker already connected (or is being stopped)",
+        ));
+    }
+    tracing::debug!(worker, pid = proc.pid, conn, "worker connected");
+    Ok((worker, actions))
+}
+
+/// A frame from a worker: `[task_id, 0, report]` or `[task_id, 1, [kind, message, data]]`.
+pub(crate) fn worker_reply(shared: &Arc<Shared>, worker: WorkerId, frame: Value) -> Result<(), String> {
+    let Value::Array(items) = frame else {
+        return Err("a worker reply must be an array [task_id, status, result]".into());
+    };
+    let [task, status, result]: [Value; 3] = items
+        .try_into()
+        .map_err(|_| "a worker reply has 3 items [task_id, status, result]".to_string())?;
+    let task = task.as_u64().ok_or("the task id must be an unsigned integer")?;
+    let reply: Reply = match status.as_u64() {
+        Some(0) => Ok(result),
+        Some(1) => Err(error_from_value(result)),
+        _ => return Err("the reply status must be 0 or 1".into()),
+    };
+    let actions = shared
+        .gateway
+        .with_pool(|p| p.finished(worker, task, reply, Instant::now()));
+    execute(shared, actions);
+    Ok(())
+}
+
+/// A worker's connection closed: its process is killed, and its call fails at exit.
+pub(crate) fn worker_disconnected(shared: &Arc<Shared>, worker: WorkerId) {
+    let actions = shared.gateway.with_pool(|p| p.disconnected(worker));
+    execute(shared, actions);
+}
+
+/// Time out calls and reap workers, sleeping until the pool's next deadline.
+pub(crate) async fn run_timer(shared: Arc<Shared>) {
+    let gateway = &shared.gateway;
+    loop {
+        let (actions, next) = {
+            let mut state = gateway.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let actions = state.pool.tick(Instant::now());
+            state.armed = state.pool.next_deadline();
+            (actions, state.armed)
+        };
+        execute(&shared, actions);
+        match next {
+            Some(deadline) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline.into()) => {}
+                    _ = gateway.timer.notified() => {}
+                }
+            }
+            None => gateway.timer.notified().await,
+        }
+    }
+}
+
+/// Carry out the pool's actions (outside its lock). Replies go out together at the end.
+pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
+    if actions.is_empty() {
+        return;
+    }
+    let gateway = &shared.gateway;
+    let mut pending: VecDeque<Action> = actions.into();
+    let mut replies = Vec::new();
+    while let Some(action) = pending.pop_front() {
+        match action {
+            Action::Spawn(id) => {
+                if let Err(e) = worker::spawn(shared, id) {
+                    let python = gateway.config.python.display();
+                    let why = format!("cannot start `{python} -m spindle.worker`: {e}");
+                    tracing::error!(worker = id, "{why}");
+                    let exit = Exit {
+                        status: None,
+                        signal: None,
+                    };
+                    pending.extend(gateway.with_pool(|p| p.exited(id, exit, Some(&why), Instant::now())));
+                }
+            }
+            Action::Run {
+                worker,
+                conn,
+                task,
+                payload,
+                options,
+                memory_limit,
+            } => {
+                if let Some(proc) = gateway.procs().get(&worker) {
+                    proc.watch(memory_limit);
+                }
+                let run = Value::Array(vec![
+                    Value::from(task),
+                    Value::from("run"),
+                    Value::Binary(payload),
+                    options,
+                ]);
+                let mut frame = Vec::new();
+                spindle_proto::encode_frame(&run, &mut frame);
+                // A worker whose connection is gone is being killed; its exit fails the call.
+                if !shared.registry.send(conn, &mut frame) {
+                    tracing::debug!(worker, task, "task for a closed worker connection dropped");
+                }
+            }
+            Action::Idle(worker) => {
+                if let Some(proc) = gateway.procs().get(&worker) {
+                    proc.watch(0);
+                }
+            }
+            Action::Reply { conn, req, reply } => replies.push(Delivery {
+                token: Token { conn, req },
+                reply,
+            }),
+            Action::Kill(worker) => {
+                if let Some(proc) = gateway.procs().get(&worker) {
+                    proc.kill();
+                }
+            }
+        }
+    }
+    shared.registry.deliver(replies);
+}
+
+/// `(timeout, memory_mb)` from an invoke's options map.
+fn parse_options(options: &Value, default_memory_mb: u64) -> Result<(Option<Duration>, u64), Error> {
+    let mut timeout = None;
+    let mut memory_mb = default_memory_mb;
+    for (key, value) in options.as_map().map(Vec::as_slice).unwrap_or_default() {
+        match (key.as_str(), value) {
+            (_, Value::Nil) => {}
+            (Some("timeout"), v) => {
+                let seconds = v
+                    .as_f64()
+                    .or_else(|| v.as_i64().map(|n| n as f64))
+                    .or_else(|| v.as_u64().map(|n| n as f64))
+                    .ok_or_else(|| Error::bad_args(format!("invoke: timeout must be a number of seconds, not {v}")))?;
+                timeout = Some(
+                    Duration::try_from_secs_f64(seconds)
+                        .map_err(|_| Error::value(format!("invoke: timeout must be non-negative, not {seconds}")))?,
+                );
+            }
+            (Some("memory_mb"), v) => {
+                memory_mb = v
+                    .as_u64()
+                    .filter(|&mb| mb > 0)
+                    .ok_or_else(|| Error::value(format!("invoke: memory_mb must be a positive integer, not {v}")))?;
+            }
+            // `label` and future keys are the worker's business.
+            _ => {}
+        }
+    }
+    Ok((timeout, memory_mb))
+}
+
+/// An error reply's `[kind, message, data]` as an [`Error`].
+fn error_from_value(value: Value) -> Error {
+    let parts = match value {
+        Value::Array(parts) => parts,
+        other => return Error::new(ErrorKind::Internal, format!("the worker failed: {other}")),
+    };
+    let mut parts = parts.into_iter();
+    let kind = parts.next();
+    let kind = kind
+        .as_ref()
+        .and_then(Value::as_str)
+        .and_then(ErrorKind::from_name)
+        .unwrap_or(ErrorKind::Internal);
+    let message = parts.next();
+    let message = message.as_ref().and_then(Value::as_str).unwrap_or("the worker failed");
+    Error::new(kind, message).with_data(parts.next().unwrap_or(Value::Nil))
+}
+
+/// Compare secrets without leaking through timing where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked() {
+        let map = |entries: Vec<(&str, Value)>| Value::Map(entries.into_iter().map(|(k, v)| (k.into(), v)).collect());
+        assert_eq!(parse_options(&map(vec![]), 2048).unwrap(), (None, 2048));
+        let (timeout, mb) = parse_options(
+            &map(vec![
+                ("timeout", Value::F64(1.5)),
+                ("memory_mb", 64.into()),
+                ("label", "x".into()),
+            ]),
+            2048,
+        )
+        .unwrap();
+        assert_eq!((timeout, mb), (Some(Duration::from_millis(1500)), 64));
+        assert_eq!(
+            parse_options(&map(vec![("timeout", 2.into())]), 1).unwrap().0,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(parse_options(&map(vec![("timeout", Value::Nil)]), 1).unwrap().0, None);
+        let e = parse_options(&map(vec![("timeout", Value::F64(-1.0))]), 1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::ValueError);
+        let e = parse_options(&map(vec![("timeout", "soon".into())]), 1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BadArguments);
+        let e = parse_options(&map(vec![("memory_mb", 0.into())]), 1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::ValueError);
+    }
+
+    #[test]
+    fn worker_errors_keep_their_kind() {
+        let e = error_from_value(Value::Array(vec!["ValueError".into(), "bad".into(), 3.into()]));
+        assert_eq!(
+            (e.kind, e.message.as_str(), e.data),
+            (ErrorKind::ValueError, "bad", 3.into())
+        );
+        assert_eq!(error_from_value(Value::Nil).kind, ErrorKind::Internal);
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,867 @@
+//! The worker pool as a pure state machine: invocations queue FIFO, workers start, run one
+//! task at a time, and die; every event returns the [`Action`]s the gateway must carry out
+//! (spawn, send a task, reply, kill). No I/O and no clock: time comes in as an argument, so
+//! every scheduling decision is unit-tested here.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use spindle_core::{ConnId, Error, ErrorKind, Reply, Value};
+
+pub(crate) type WorkerId = u64;
+pub(crate) type TaskId = u64;
+
+/// Pool limits.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub(crate) max_workers: usize,
+    pub(crate) idle_timeout: Duration,
+    /// How long a started worker may take to connect before it counts as failed.
+    pub(crate) start_timeout: Duration,
+}
+
+/// A call waiting for, or running on, a worker.
+#[derive(Debug)]
+pub(crate) struct Invocation {
+    pub(crate) conn: ConnId,
+    pub(crate) req: u64,
+    pub(crate) payload: Vec<u8>,
+    /// Forwarded to the worker as given.
+    pub(crate) options: Value,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) memory_limit: u64,
+    pub(crate) submitted: Instant,
+}
+
+/// What the gateway must do after an event.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Start worker process `worker`.
+    Spawn(WorkerId),
+    /// Send `[task, "run", payload, options]` on the worker's connection.
+    Run {
+        worker: WorkerId,
+        conn: ConnId,
+        task: TaskId,
+        payload: Vec<u8>,
+        options: Value,
+        /// Resident bytes above which the worker is killed while it runs this task.
+        memory_limit: u64,
+    },
+    /// The worker is idle: stop watching its memory.
+    Idle(WorkerId),
+    /// Answer request `req` of connection `conn`.
+    Reply { conn: ConnId, req: u64, reply: Reply },
+    /// Kill the worker's process; its exit comes back as [`Pool::exited`].
+    Kill(WorkerId),
+}
+
+#[derive(Debug)]
+struct Running {
+    task: TaskId,
+    /// `None` once the invoking connection closed: the result is dropped.
+    conn: Option<ConnId>,
+    req: u64,
+    started: Instant,
+    queued: f64,
+    cold: bool,
+    deadline: Option<Instant>,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Spawned; its connection has not said `worker` yet.
+    Starting {
+        since: Instant,
+    },
+    Idle {
+        since: Instant,
+    },
+    Busy(Running),
+    /// Killed (or lost); waiting for the process to exit. `task` is answered at exit,
+    /// when the exit status is known.
+    Dying {
+        reason: String,
+        task: Option<Running>,
+        before_hello: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Worker {
+    state: State,
+    conn: ConnId,
+    pid: u32,
+    tasks_run: u64,
+}
+
+/// How a worker process ended (from `wait()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Exit {
+    pub(crate) status: Option<i32>,
+    pub(crate) signal: Option<i32>,
+}
+
+/// Pool sizes for `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) workers: usize,
+    pub(crate) busy: usize,
+    pub(crate) queued: usize,
+}
+
+pub(crate) struct Pool {
+    limits: Limits,
+    queue: VecDeque<Invocation>,
+    workers: HashMap<WorkerId, Worker>,
+    next_worker: WorkerId,
+    next_task: TaskId,
+    /// Invocations answered (for `invocations_per_s`).
+    pub(crate) completed: u64,
+}
+
+impl Pool {
+    pub(crate) fn new(limits: Limits) -> Self {
+        Pool {
+            limits,
+            queue: VecDeque::new(),
+            workers: HashMap::new(),
+            next_worker: 1,
+            next_task: 1,
+            completed: 0,
+        }
+    }
+
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            workers: self.workers.len(),
+            busy: self
+                .workers
+                .values()
+                .filter(|w| matches!(w.state, State::Busy(_)))
+                .count(),
+            queued: self.queue.len(),
+        }
+    }
+
+    /// A new invocation: it runs on an idle worker at once, or waits in the queue (starting
+    /// a worker when the pool may grow).
+    pub(crate) fn submit(&mut self, invocation: Invocation, now: Instant) -> Vec<Action> {
+        self.queue.push_back(invocation);
+        let mut actions = Vec::new();
+        self.schedule(now, &mut actions);
+        actions
+    }
+
+    /// `cancel`: withdraw a queued invocation of `conn`. Returns whether it was queued.
+    pub(crate) fn cancel(&mut self, conn: ConnId, req: u64) -> (bool, Vec<Action>) {
+        let Some(at) = self.queue.iter().position(|i| i.conn == conn && i.req == req) else {
+            return (false, Vec::new());
+        };
+        self.queue.remove(at);
+        self.completed += 1;
+        let reply = Err(Error::new(
+            ErrorKind::Cancelled,
+            "the invocation was cancelled before it ran",
+        ));
+        (true, vec![Action::Reply { conn, req, reply }])
+    }
+
+    /// The invoking connection closed: its queued calls go, its running calls' results
+    /// will be dropped.
+    pub(crate) fn connection_closed(&mut self, conn: ConnId) {
+        self.queue.retain(|i| i.conn != conn);
+        for worker in self.workers.values_mut() {
+            let running = match &mut worker.state {
+                State::Busy(r) => Some(r),
+                State::Dying { task: Some(r), .. } => Some(r),
+                _ => None,
+            };
+            if let Some(r) = running.filter(|r| r.conn == Some(conn)) {
+                r.conn = None;
+            }
+        }
+    }
+
+    /// The gateway started the process of `worker` (after [`Action::Spawn`]).
+    pub(crate) fn spawned(&mut self, worker: WorkerId, pid: u32) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.pid = pid;
+        }
+    }
+
+    /// The worker connected on `conn`. Returns false if it was not expected (unknown, or
+    /// already connected); the gateway then refuses it.
+    pub(crate) fn ready(&mut self, worker: WorkerId, conn: ConnId, now: Instant) -> (bool, Vec<Action>) {
+        let mut actions = Vec::new();
+        match self.workers.get_mut(&worker) {
+            Some(w) if matches!(w.state, State::Starting { .. }) => {
+                w.state = State::Idle { since: now };
+                w.conn = conn;
+            }
+            _ => return (false, actions),
+        }
+        self.schedule(now, &mut actions);
+        (true, actions)
+    }
+
+    /// The worker answered `task` with `reply` (its report, or an error).
+    pub(crate) fn finished(&mut self, worker: WorkerId, task: TaskId, reply: Reply, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return actions;
+        };
+        let running = match &mut w.state {
+            State::Busy(r) if r.task == task => {
+                let State::Busy(r) = std::mem::replace(&mut w.state, State::Idle { since: now }) else {
+                    unreachable!("matched Busy above")
+                };
+                actions.push(Action::Idle(worker));
+                r
+            }
+            // Killed just as it finished: the result is complete, so it still counts.
+            State::Dying { task: slot, .. } if slot.as_ref().is_some_and(|r| r.task == task) => {
+                slot.take().expect("checked above")
+            }
+            _ => {
+                tracing::warn!(worker, task, "a worker answered a task it was not running; ignored");
+                return actions;
+            }
+        };
+        let pid = w.pid;
+        self.answer(
+            running,
+            reply.map(|report| with_platform_keys(report, pid)),
+            &mut actions,
+        );
+        self.schedule(now, &mut actions);
+        actions
+    }
+
+    /// The gateway saw the worker's memory go over the task's limit.
+    pub(crate) fn over_memory(&mut self, worker: WorkerId) -> Vec<Action> {
+        self.kill(worker, "memory limit")
+    }
+
+    /// The worker's connection closed: the process is useless without it.
+    pub(crate) fn disconnected(&mut self, worker: WorkerId) -> Vec<Action> {
+        self.kill(worker, "the worker's connection closed")
+    }
+
+    /// Mark the worker dying with `reason` and kill it; a running task is answered at exit.
+    fn kill(&mut self, worker: WorkerId, reason: &str) -> Vec<Action> {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return Vec::new();
+        };
+        if matches!(w.state, State::Dying { .. }) {
+            return Vec::new();
+        }
+        let dying = State::Dying {
+            reason: reason.to_string(),
+            task: None,
+            before_hello: matches!(w.state, State::Starting { .. }),
+        };
+        if let State::Busy(r) = std::mem::replace(&mut w.state, dying) {
+            if let State::Dying { task, .. } = &mut w.state {
+                *task = Some(r);
+            }
+        }
+        vec![Action::Kill(worker)]
+    }
+
+    /// The worker's process ended (or could not start: `exit` all `None`, `why` says why).
+    pub(crate) fn exited(&mut self, worker: WorkerId, exit: Exit, why: Option<&str>, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(w) = self.workers.remove(&worker) else {
+            return actions;
+        };
+        let (reason, task, before_hello) = match w.state {
+            State::Starting { .. } => (
+                why.map_or_else(
+                    || format!("the worker {} before it connected", describe_exit(exit)),
+                    str::to_string,
+                ),
+                None,
+                true,
+            ),
+            State::Idle { .. } => (String::new(), None, false),
+            State::Busy(r) => ("died during the call".to_string(), Some(r), false),
+            State::Dying {
+                reason,
+                task,
+                before_hello,
+            } => (reason, task, before_hello),
+        };
+        if let Some(r) = task {
+            let message = format!("{} ({reason})", crashed_message(w.pid, exit));
+            self.answer(r, Err(crashed(message, exit, &reason)), &mut actions);
+        } else if before_hello {
+            // A worker that cannot start fails the oldest waiting call, so a broken worker
+            // setup ends every call with an error instead of respawning forever.
+            if let Some(i) = self.queue.pop_front() {
+                self.completed += 1;
+                let message = format!("no worker could start: {reason}");
+                let reply = Err(crashed(message, exit, &reason));
+                actions.push(Action::Reply {
+                    conn: i.conn,
+                    req: i.req,
+                    reply,
+                });
+            }
+        } else if !reason.is_empty() && reason != IDLE {
+            tracing::debug!(worker, "worker ended: {reason}");
+        }
+        self.schedule(now, &mut actions);
+        actions
+    }
+
+    /// The earliest moment [`tick`](Self::tick) has something to do.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.workers
+            .values()
+            .filter_map(|w| match &w.state {
+                State::Starting { since } => Some(*since + self.limits.start_timeout),
+                State::Idle { since } => Some(*since + self.limits.idle_timeout),
+                State::Busy(r) => r.deadline,
+                State::Dying { .. } => None,
+            })
+            .min()
+    }
+
+    /// Time passed: time out calls, reap idle workers, give up on workers that never connect.
+    pub(crate) fn tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let mut kills: Vec<(WorkerId, String)> = Vec::new();
+        for (&id, w) in &mut self.workers {
+            match &w.state {
+                State::Starting { since } if now >= *since + self.limits.start_timeout => {
+                    let secs = self.limits.start_timeout.as_secs_f64();
+                    kills.push((id, format!("the worker did not connect within {secs} s")));
+                }
+                State::Idle { since } if now >= *since + self.limits.idle_timeout => {
+                    kills.push((id, IDLE.to_string()));
+                }
+                State::Busy(r) if r.deadline.is_some_and(|d| now >= d) => {
+                    let State::Busy(r) = std::mem::replace(
+                        &mut w.state,
+                        State::Dying {
+                            reason: "timeout".into(),
+                            task: None,
+                            before_hello: false,
+                        },
+                    ) else {
+                        unreachable!("matched Busy above")
+                    };
+                    actions.push(Action::Kill(id));
+                    let limit = r.deadline.map_or(0.0, |d| d.duration_since(r.started).as_secs_f64());
+                    let message = format!("the function ran past its timeout of {limit} s; its worker was killed");
+                    let reply = Err(Error::new(ErrorKind::FunctionTimeout, message));
+                    deliver(&mut self.completed, r, reply, &mut actions);
+                }
+                _ => {}
+            }
+        }
+        for (id, reason) in kills {
+            actions.extend(self.kill(id, &reason));
+        }
+        actions
+    }
+
+    /// Send a finished call's reply, unless its caller left.
+    fn answer(&mut self, r: Running, reply: Reply, actions: &mut Vec<Action>) {
+        let reply = reply.map(|report| {
+            set_keys(
+                report,
+                [("cold", Value::Boolean(r.cold)), ("queued", Value::F64(r.queued))],
+            )
+        });
+        deliver(&mut self.completed, r, reply, actions);
+    }
+
+    /// Hand queued calls to idle workers (FIFO), then grow the pool for what still waits.
+    fn schedule(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        while !self.queue.is_empty() {
+            // The most recently idle worker: the others stay idle longer and get reaped,
+            // so the pool shrinks to what the load needs.
+            let Some((&id, _)) = self
+                .workers
+                .iter()
+                .filter_map(|(id, w)| match w.state {
+                    State::Idle { since } => Some((id, since)),
+                    _ => None,
+                })
+                .max_by_key(|(id, since)| (*since, **id))
+            else {
+                break;
+            };
+            let i = self.queue.pop_front().expect("queue is not empty");
+            let task = self.next_task;
+            self.next_task += 1;
+            let w = self.workers.get_mut(&id).expect("found above");
+            w.tasks_run += 1;
+            w.state = State::Busy(Running {
+                task,
+                conn: Some(i.conn),
+                req: i.req,
+                started: now,
+                queued: now.saturating_duration_since(i.submitted).as_secs_f64(),
+                cold: w.tasks_run == 1,
+                deadline: i.timeout.map(|t| now + t),
+            });
+            actions.push(Action::Run {
+                worker: id,
+                conn: w.conn,
+                task,
+                payload: i.payload,
+                options: i.options,
+                memory_limit: i.memory_limit,
+            });
+        }
+        let starting = self
+            .workers
+            .values()
+            .filter(|w| matches!(w.state, State::Starting { .. }))
+            .count();
+        let mut wanted = self.queue.len().saturating_sub(starting);
+        while wanted > 0 && self.workers.len() < self.limits.max_workers {
+            let id = self.next_worker;
+            self.next_worker += 1;
+            self.workers.insert(
+                id,
+                Worker {
+                    state: State::Starting { since: now },
+                    conn: 0,
+                    pid: 0,
+                    tasks_run: 0,
+                },
+            );
+            actions.push(Action::Spawn(id));
+            wanted -= 1;
+        }
+    }
+}
+
+const IDLE: &str = "idle";
+
+/// Count a call as answered and reply to it, unless its caller left.
+fn deliver(completed: &mut u64, r: Running, reply: Reply, actions: &mut Vec<Action>) {
+    *completed += 1;
+    if let Some(conn) = r.conn {
+        actions.push(Action::Reply {
+            conn,
+            req: r.req,
+            reply,
+        });
+    }
+}
+
+/// The report with the gateway's keys set (`worker`).
+fn with_platform_keys(report: Value, pid: u32) -> Value {
+    set_keys(report, [("worker", Value::from(pid))])
+}
+
+/// Set `keys` in a map value, replacing same-named entries (a non-map becomes a map).
+fn set_keys<const N: usize>(report: Value, keys: [(&str, Value); N]) -> Value {
+    let mut entries = match report {
+        Value::Map(entries) => entries,
+        other => vec![(Value::from("result"), other)],
+    };
+    for (key, value) in keys {
+        match entries.iter_mut().find(|(k, _)| k.as_str() == Some(key)) {
+            Some(entry) => entry.1 = value,
+            None => entries.push((Value::from(key), value)),
+        }
+    }
+    Value::Map(entries)
+}
+
+fn describe_exit(exit: Exit) -> String {
+    match exit {
+        Exit {
+            signal: Some(signal), ..
+        } => format!("was killed by signal {signal}"),
+        Exit {
+            status: Some(status), ..
+        } => format!("exited with status {status}"),
+        _ => "ended".to_string(),
+    }
+}
+
+fn crashed_message(pid: u32, exit: Exit) -> String {
+    format!("worker {pid} {}", describe_exit(exit))
+}
+
+/// A `WorkerCrashed` error with its documented data.
+fn crashed(message: String, exit: Exit, reason: &str) -> Error {
+    let int = |n: Option<i32>| n.map_or(Value::Nil, Value::from);
+    Error::new(ErrorKind::WorkerCrashed, message).with_data(Value::Map(vec![
+        (Value::from("status"), int(exit.status)),
+        (Value::from("signal"), int(exit.signal)),
+        (Value::from("reason"), Value::from(reason)),
+        // The worker's output goes to the server's stderr; none is captured here.
+        (Value::from("stdout"), Value::Binary(Vec::new())),
+        (Value::from("stderr"), Value::Binary(Vec::new())),
+    ]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_workers: usize) -> Limits {
+        Limits {
+            max_workers,
+            idle_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn call(conn: ConnId, req: u64, now: Instant) -> Invocation {
+        Invocation {
+            conn,
+            req,
+            payload: vec![req as u8],
+            options: Value::Map(vec![]),
+            timeout: None,
+            memory_limit: 1 << 30,
+            submitted: now,
+        }
+    }
+
+    fn spawns(actions: &[Action]) -> Vec<WorkerId> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Spawn(id) => Some(*id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// `(worker, task, request id from the payload)` of each `Run`.
+    fn runs(actions: &[Action]) -> Vec<(WorkerId, TaskId, u8)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Run {
+                    worker, task, payload, ..
+                } => Some((*worker, *task, payload[0])),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn replies(actions: Vec<Action>) -> Vec<(ConnId, u64, Reply)> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Reply { conn, req, reply } => Some((conn, req, reply)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn field<'a>(v: &'a Value, name: &str) -> &'a Value {
+        v.as_map()
+            .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)))
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("no {name} in {v}"))
+    }
+
+    fn report() -> Value {
+        Value::Map(vec![(Value::from("ok"), Value::Boolean(true))])
+    }
+
+    #[test]
+    fn a_call_starts_a_worker_then_runs_warm() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(4));
+        let a = pool.submit(call(1, 10, t0), t0);
+        assert_eq!(spawns(&a), vec![1]);
+        pool.spawned(1, 4242);
+        let (ok, a) = pool.ready(1, 99, t0 + Duration::from_millis(100));
+        assert!(ok);
+        let run = runs(&a);
+        assert_eq!(run.len(), 1);
+        let (_, task, _) = run[0];
+        assert!(matches!(a[0], Action::Run { conn: 99, .. }));
+
+        let out = replies(pool.finished(1, task, Ok(report()), t0 + Duration::from_millis(150)));
+        assert_eq!(out.len(), 1);
+        let (conn, req, reply) = &out[0];
+        assert_eq!((*conn, *req), (1, 10));
+        let r = reply.as_ref().unwrap();
+        assert_eq!(field(r, "cold"), &Value::Boolean(true));
+        assert_eq!(field(r, "worker"), &Value::from(4242));
+        assert_eq!(field(r, "queued"), &Value::F64(0.1));
+        assert_eq!(field(r, "ok"), &Value::Boolean(true));
+
+        // The second call goes to the warm worker without a spawn.
+        let a = pool.submit(call(1, 11, t0), t0 + Duration::from_millis(200));
+        assert!(spawns(&a).is_empty());
+        let (_, task, _) = runs(&a)[0];
+        let out = replies(pool.finished(1, task, Ok(report()), t0));
+        assert_eq!(field(out[0].2.as_ref().unwrap(), "cold"), &Value::Boolean(false));
+        assert_eq!(pool.completed, 2);
+    }
+
+    #[test]
+    fn many_calls_queue_fifo_over_a_small_pool() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(2));
+        let mut spawned = Vec::new();
+        for req in 0..100 {
+            spawned.extend(spawns(&pool.submit(call(1, req, t0), t0)));
+        }
+        assert_eq!(spawned, vec![1, 2], "the pool grows to its limit only");
+        assert_eq!(
+            pool.counts(),
+            Counts {
+                workers: 2,
+                busy: 0,
+                queued: 100
+            }
+        );
+        let mut order = Vec::new();
+        let mut running = Vec::new();
+        for w in [1, 2] {
+            let (_, a) = pool.ready(w, 100 + w, t0);
+            running.extend(runs(&a));
+        }
+        assert_eq!(pool.counts().busy, 2);
+        while let Some((worker, task, req)) = running.pop() {
+            order.push(req);
+            let a = pool.finished(worker, task, Ok(report()), t0);
+            running.extend(runs(&a));
+            assert_eq!(replies(a).len(), 1);
+        }
+        order.sort_unstable();
+        assert_eq!(order, (0..100).collect::<Vec<u8>>());
+        assert_eq!(pool.counts().queued, 0);
+    }
+
+    #[test]
+    fn dispatch_is_first_in_first_out() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        for req in 0..3 {
+            pool.submit(call(1, req, t0), t0);
+        }
+        let (_, a) = pool.ready(1, 7, t0);
+        let (w, task, req) = runs(&a)[0];
+        assert_eq!(req, 0);
+        let (_, task, req) = runs(&pool.finished(w, task, Ok(report()), t0))[0];
+        assert_eq!(req, 1);
+        assert_eq!(runs(&pool.finished(w, task, Ok(report()), t0))[0].2, 2);
+    }
+
+    #[test]
+    fn a_crash_fails_only_its_call_and_the_worker_is_replaced() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        pool.submit(call(1, 1, t0), t0);
+        pool.submit(call(2, 2, t0), t0);
+        pool.spawned(1, 55);
+        let (_, a) = pool.ready(1, 9, t0);
+        assert_eq!(runs(&a)[0].2, 1);
+        let exit = Exit {
+            status: Some(3),
+            signal: None,
+        };
+        let a = pool.exited(1, exit, None, t0);
+        assert_eq!(spawns(&a), vec![2], "a replacement starts for the waiting call");
+        let out = replies(a);
+        assert_eq!(out.len(), 1);
+        let (conn, req, reply) = &out[0];
+        assert_eq!((*conn, *req), (1, 1));
+        let e = reply.as_ref().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::WorkerCrashed);
+        assert_eq!(field(&e.data, "status"), &Value::from(3));
+        assert_eq!(field(&e.data, "signal"), &Value::Nil);
+        assert_eq!(e.message, "worker 55 exited with status 3 (died during the call)");
+        let (_, a) = pool.ready(2, 10, t0);
+        assert_eq!(runs(&a)[0].2, 2);
+    }
+
+    #[test]
+    fn over_memory_kills_and_reports_the_signal_at_exit() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        pool.submit(call(1, 1, t0), t0);
+        pool.ready(1, 9, t0);
+        let a = pool.over_memory(1);
+        assert!(matches!(a[..], [Action::Kill(1)]));
+        let exit = Exit {
+            status: None,
+            signal: Some(9),
+        };
+        let out = replies(pool.exited(1, exit, None, t0));
+        let e = out[0].2.as_ref().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::WorkerCrashed);
+        assert_eq!(field(&e.data, "reason"), &Value::from("memory limit"));
+        assert_eq!(field(&e.data, "signal"), &Value::from(9));
+    }
+
+    #[test]
+    fn a_timeout_answers_at_once_and_kills_the_worker() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        let mut c = call(1, 1, t0);
+        c.timeout = Some(Duration::from_secs(2));
+        pool.submit(c, t0);
+        pool.submit(call(1, 2, t0), t0);
+        pool.ready(1, 9, t0);
+        assert_eq!(pool.next_deadline(), Some(t0 + Duration::from_secs(2)));
+        assert!(pool.tick(t0 + Duration::from_secs(1)).is_empty());
+        let a = pool.tick(t0 + Duration::from_secs(2));
+        assert!(a.iter().any(|a| matches!(a, Action::Kill(1))));
+        let out = replies(a);
+        assert_eq!(out[0].2.as_ref().unwrap_err().kind, ErrorKind::FunctionTimeout);
+        // The killed worker still counts until it exits; then a replacement starts.
+        assert_eq!(pool.counts().workers, 1);
+        let exit = Exit {
+            status: None,
+            signal: Some(9),
+        };
+        let a = pool.exited(1, exit, None, t0 + Duration::from_secs(2));
+        assert!(replies_is_empty(&a), "the timed-out call was answered already");
+        assert_eq!(spawns(&a), vec![2]);
+    }
+
+    fn replies_is_empty(actions: &[Action]) -> bool {
+        !actions.iter().any(|a| matches!(a, Action::Reply { .. }))
+    }
+
+    #[test]
+    fn a_worker_that_never_connects_fails_a_waiting_call() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        pool.submit(call(1, 1, t0), t0);
+        pool.submit(call(1, 2, t0), t0);
+        assert_eq!(pool.next_deadline(), Some(t0 + Duration::from_secs(30)));
+        let a = pool.tick(t0 + Duration::from_secs(30));
+        assert!(matches!(a[..], [Action::Kill(1)]));
+        let exit = Exit {
+            status: None,
+            signal: Some(9),
+        };
+        let a = pool.exited(1, exit, None, t0 + Duration::from_secs(30));
+        assert_eq!(spawns(&a), vec![2], "the next waiting call gets a fresh try");
+        let out = replies(a);
+        assert_eq!(out.len(), 1);
+        let e = out[0].2.as_ref().unwrap_err();
+        assert_eq!(out[0].1, 1);
+        assert_eq!(e.kind, ErrorKind::WorkerCrashed);
+        assert!(e.message.contains("did not connect within 30 s"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_worker_that_cannot_spawn_fails_calls_until_none_wait() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(2));
+        let mut pending: Vec<WorkerId> = Vec::new();
+        for req in 0..5 {
+            pending.extend(spawns(&pool.submit(call(1, req, t0), t0)));
+        }
+        let mut failed = 0;
+        let none = Exit {
+            status: None,
+            signal: None,
+        };
+        while let Some(w) = pending.pop() {
+            let a = pool.exited(w, none, Some("cannot start python: not found"), t0);
+            pending.extend(spawns(&a));
+            failed += replies(a).len();
+        }
+        assert_eq!(failed, 5);
+        assert_eq!(pool.counts().workers, 0);
+    }
+
+    #[test]
+    fn idle_workers_are_reaped() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        pool.submit(call(1, 1, t0), t0);
+        let (_, a) = pool.ready(1, 9, t0);
+        let (_, task, _) = runs(&a)[0];
+        pool.finished(1, task, Ok(report()), t0);
+        assert_eq!(pool.next_deadline(), Some(t0 + Duration::from_secs(60)));
+        let a = pool.tick(t0 + Duration::from_secs(60));
+        assert!(matches!(a[..], [Action::Kill(1)]));
+        let a = pool.exited(
+            1,
+            Exit {
+                status: None,
+                signal: Some(9),
+            },
+            None,
+            t0,
+        );
+        assert!(a.is_empty());
+        assert_eq!(pool.counts().workers, 0);
+    }
+
+    #[test]
+    fn cancel_withdraws_only_queued_calls() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        pool.submit(call(1, 1, t0), t0);
+        pool.submit(call(1, 2, t0), t0);
+        pool.ready(1, 9, t0);
+        assert!(!pool.cancel(1, 1).0, "running: not cancellable");
+        assert!(!pool.cancel(2, 2).0, "another connection's call");
+        let (ok, a) = pool.cancel(1, 2);
+        assert!(ok);
+        let out = replies(a);
+        assert_eq!(out[0].2.as_ref().unwrap_err().kind, ErrorKind::Cancelled);
+        assert_eq!(pool.counts().queued, 0);
+    }
+
+    #[test]
+    fn a_closed_connection_withdraws_queued_calls_and_drops_results() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        pool.submit(call(1, 1, t0), t0);
+        pool.submit(call(1, 2, t0), t0);
+        pool.submit(call(2, 3, t0), t0);
+        let (_, a) = pool.ready(1, 9, t0);
+        let (_, task, _) = runs(&a)[0];
+        pool.connection_closed(1);
+        assert_eq!(pool.counts().queued, 1);
+        let a = pool.finished(1, task, Ok(report()), t0);
+        assert!(replies_is_empty(&a), "nobody listens for the result");
+        assert_eq!(runs(&a)[0].2, 3, "the other connection's call runs next");
+    }
+
+    #[test]
+    fn a_lost_worker_connection_fails_its_call_at_exit() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        pool.submit(call(1, 1, t0), t0);
+        pool.ready(1, 9, t0);
+        assert!(matches!(pool.disconnected(1)[..], [Action::Kill(1)]));
+        assert!(pool.disconnected(1).is_empty(), "killed once");
+        let out = replies(pool.exited(
+            1,
+            Exit {
+                status: Some(0),
+                signal: None,
+            },
+            None,
+            t0,
+        ));
+        let e = out[0].2.as_ref().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::WorkerCrashed);
+        assert_eq!(field(&e.data, "reason"), &Value::from("the worker's connection closed"));
+    }
+
+    #[test]
+    fn an_unknown_or_second_hello_is_refused() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        assert!(!pool.ready(7, 1, t0).0);
+        pool.submit(call(1, 1, t0), t0);
+        assert!(pool.ready(1, 2, t0).0);
+        assert!(!pool.ready(1, 3, t0).0);
+    }
+}

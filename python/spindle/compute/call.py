@@ -1,0 +1,139 @@
+"""One function call driven to its end: invoke, echo the output, retry, resolve the future.
+
+Used by :class:`spindle.Thread`, :class:`spindle.Executor` and :func:`spindle.parallel_for`.
+Replies arrive in the invoker's reader thread; a retry waits its backoff on a timer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from ..errors import FunctionTimeout, WorkerCrashed
+from .invoker import (
+    MAX_ARGUMENT,
+    Invocation,
+    current_invoker,
+    echo_output,
+    exception_of,
+    make_payload,
+    new_session,
+    reply_error,
+    result_of,
+)
+
+Backoff = Union[float, Callable[[int], float]]
+MAX_DELAY = 30.0
+
+
+def backoff_delay(backoff: Backoff, retry: int) -> float:
+    """Seconds to wait before retry number ``retry`` (1, 2, ...): a callable's answer, or
+    ``backoff * 2 ** (retry - 1)`` capped at 30 s."""
+    if callable(backoff):
+        return max(0.0, float(backoff(retry)))
+    return min(MAX_DELAY, float(backoff) * 2 ** (retry - 1))
+
+
+def call_options(timeout: Optional[float], memory_mb: Optional[int], label: str) -> Dict[str, Any]:
+    """The ``options`` map of an invocation (keys left out take the server's defaults)."""
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout must be non-negative")
+    options: Dict[str, Any] = {"label": label}
+    if timeout is not None:
+        options["timeout"] = timeout
+    if memory_mb is not None:
+        options["memory_mb"] = int(memory_mb)
+    return options
+
+
+class Call:
+    """Runs ``fn(*args, **kwargs)`` as a function until it succeeds or its retries run out."""
+
+    __slots__ = ("future", "payload", "options", "retries", "backoff", "echo")
+
+    def __init__(
+        self,
+        future: Invocation,
+        fn: Callable[..., Any],
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        *,
+        options: Dict[str, Any],
+        retries: int = 0,
+        backoff: Backoff = 0.1,
+        echo: bool = True,
+        limit: Optional[int] = MAX_ARGUMENT,
+    ) -> None:
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.future = future
+        # Pickled once, here, so that a bad function or argument fails the caller's submit.
+        self.payload = make_payload(fn, args, kwargs, new_session(), limit)
+        self.options = options
+        self.retries = retries
+        self.backoff = backoff
+        self.echo = echo
+
+    def start(self) -> None:
+        """Send the next attempt (or settle the future if that cannot be done)."""
+        future = self.future
+        if future.done():
+            return
+        try:
+            invoker = current_invoker()
+            future._invoker = invoker
+            future.attempts += 1
+            future._request_id = invoker.invoke(self.payload, self.options, self._on_reply)
+        except BaseException as exc:
+            _settle(future, exc=exc)
+
+    def _on_reply(self, reply: List[Any]) -> None:
+        future = self.future
+        future._request_id = None
+        exc: Optional[BaseException] = None
+        retryable = False
+        if reply[1] == 0:
+            report = reply[2]
+            future.report = {k: v for k, v in report.items() if k not in ("result", "stdout", "stderr")}
+            future.stdout = report.get("stdout") or b""
+            future.stderr = report.get("stderr") or b""
+            if self.echo:
+                echo_output(future.label, future.stdout, future.stderr, report.get("truncated") or 0)
+            if report.get("ok"):
+                try:
+                    value = result_of(report)
+                except BaseException as err:
+                    _settle(future, exc=TypeError(f"cannot unpickle the function's result: {err}"))
+                    return
+                _settle(future, value=value)
+                return
+            exc = exception_of(report)
+            retryable = True
+        else:
+            exc = reply_error(reply)
+            if isinstance(exc, concurrent.futures.CancelledError):
+                future._cancelled_remotely()
+                return
+            if isinstance(exc, WorkerCrashed):
+                future.stdout, future.stderr = exc.stdout, exc.stderr
+                if self.echo:
+                    echo_output(future.label, exc.stdout, exc.stderr)
+            retryable = isinstance(exc, (WorkerCrashed, FunctionTimeout))
+        if retryable and future.attempts <= self.retries and not future.done():
+            delay = backoff_delay(self.backoff, future.attempts)
+            timer = threading.Timer(delay, self.start)
+            timer.daemon = True
+            timer.start()
+            return
+        _settle(future, exc=exc)
+
+
+def _settle(future: Invocation, value: Any = None, exc: Optional[BaseException] = None) -> None:
+    try:
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
+    except concurrent.futures.InvalidStateError:  # cancelled here meanwhile
+        pass

@@ -1,0 +1,173 @@
+"""spindle.Executor: a ``concurrent.futures.Executor`` whose calls run as Spindle functions.
+
+```python
+with spindle.Executor(max_workers=64, retries=2) as ex:
+    squares = list(ex.map(pow, range(100), [2] * 100))
+    fut = ex.submit(work, chunk)
+    fut.result(); fut.stdout; fut.report["cold"]
+```
+
+Retries and exactly-once: a call that fails (the function raises, its worker crashes, or it
+runs past its timeout) is run again, up to ``retries`` more times, after ``backoff``. Each
+call runs as a session of its own, and its retries repeat that session's call numbers, so
+the shared-object calls the failed attempt already made are answered from the server's
+record instead of being applied again (docs/protocol.md, "Sessions"). Iterative code that
+keeps its progress in shared objects (an iteration ``Counter``, a ``Barrier``) therefore
+resumes where it failed, as in CRUCIAL. This holds as long as the retry issues the same
+object calls in the same order up to the point of failure, and is retried within the
+server's session TTL (``--session-ttl``, default 5 s).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import threading
+from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Set
+
+from .call import Backoff, Call, call_options
+from .invoker import MAX_ARGUMENT, Invocation
+
+
+def _run_batch(fn: Callable[..., Any], chunk: List[tuple]) -> List[Any]:
+    return [fn(*args) for args in chunk]
+
+
+def _chunks(chunksize: int, *iterables: Iterable[Any]) -> Iterator[List[tuple]]:
+    it = zip(*iterables)
+    while True:
+        chunk = list(itertools.islice(it, chunksize))
+        if not chunk:
+            return
+        yield chunk
+
+
+class Executor(concurrent.futures.Executor):
+    """Runs calls as Spindle functions (``concurrent.futures.Executor``).
+
+    - ``max_workers``: at most this many of this executor's calls in flight (None: no bound
+      here; the server's pool still queues what it cannot run yet);
+    - ``retries``, ``backoff``: run a failed call again up to ``retries`` times, waiting
+      ``backoff * 2 ** (n - 1)`` seconds (or ``backoff(n)`` for a callable) before retry n;
+    - ``timeout``, ``memory_mb``: per-call limits enforced by the gateway
+      (``spindle.FunctionTimeout``, ``spindle.WorkerCrashed``);
+    - ``echo``: print each function's stdout/stderr here, prefixed with ``[task N]``;
+    - ``max_argument``: the largest pickled argument accepted (1 MiB; larger data belongs in
+      a ``spindle.Blob``/``spindle.Array`` or a file). None lifts the check (the joblib
+      backend does, since scikit-learn passes its data inline).
+
+    Futures are :class:`spindle.Invocation` objects (``stdout``, ``stderr``, ``report``).
+    """
+
+    def __init__(
+        self,
+        max_workers: Optional[int] = None,
+        retries: int = 0,
+        backoff: Backoff = 0.1,
+        *,
+        timeout: Optional[float] = None,
+        memory_mb: Optional[int] = None,
+        echo: bool = True,
+        label: str = "task",
+        max_argument: Optional[int] = MAX_ARGUMENT,
+    ) -> None:
+        if max_workers is not None and max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.max_workers = max_workers
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self.memory_mb = memory_mb
+        self.echo = echo
+        self.label = label
+        self.max_argument = max_argument
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
+        self._waiting: Deque[Call] = collections.deque()  # beyond max_workers, not yet sent
+        self._in_flight = 0
+        self._futures: Set[Invocation] = set()
+        self._shutdown = False
+        call_options(timeout, memory_mb, "")  # validate now
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Invocation:
+        """Run ``fn(*args, **kwargs)`` as a function; return its future."""
+        return self._submit(fn, args, kwargs, f"{self.label} {next(self._numbers)}")
+
+    def _submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict, label: str) -> Invocation:
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        future = Invocation(label)
+        call = Call(
+            future, fn, args, kwargs,
+            options=call_options(self.timeout, self.memory_mb, label),
+            retries=self.retries, backoff=self.backoff, echo=self.echo, limit=self.max_argument,
+        )
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._futures.add(future)
+            bounded = self.max_workers is not None and self._in_flight >= self.max_workers
+            if bounded:
+                self._waiting.append(call)
+            else:
+                self._in_flight += 1
+        future.add_done_callback(self._forget)
+        if not bounded:
+            self._dispatch(call)
+        return future
+
+    def _dispatch(self, call: Call) -> None:
+        call.future.add_done_callback(self._release)
+        call.start()
+
+    def _release(self, future: Invocation) -> None:
+        """A dispatched call ended: send the next waiting one, if any."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._in_flight -= 1
+                    return
+                call = self._waiting.popleft()
+            if not call.future.done():  # skip those cancelled while waiting
+                self._dispatch(call)
+                return
+
+    def _forget(self, future: Invocation) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: Optional[float] = None,
+        chunksize: int = 1,
+    ) -> Iterator[Any]:
+        """Like ``concurrent.futures``: results in order; ``chunksize`` items per function."""
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
+        if chunksize == 1:
+            return super().map(fn, *iterables, timeout=timeout)
+        batches = super().map(_run_batch, itertools.repeat(fn), _chunks(chunksize, *iterables),
+                              timeout=timeout)
+        return itertools.chain.from_iterable(batches)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No new calls; with ``cancel_futures``, withdraw the calls that have not started
+        (waiting here or queued in the server); with ``wait``, wait for the others."""
+        with self._lock:
+            self._shutdown = True
+            futures = list(self._futures)
+        if cancel_futures:
+            with self._lock:
+                waiting = list(self._waiting)
+            for call in waiting:
+                call.future.cancel()
+            for future in futures:
+                if not future.done():
+                    future.cancel()
+        if wait:
+            concurrent.futures.wait(futures)

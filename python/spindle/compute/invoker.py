@@ -1,0 +1,366 @@
+"""Invoking functions: one gateway connection per process, replies matched by request id.
+
+docs/protocol.md ("Functions"): ``[id, "invoke", "python", payload, options]`` is answered
+when the function ends, so many invocations share one connection. Sends take a lock; one
+reader thread resolves the :class:`Invocation` futures. After ``fork`` the child drops the
+inherited connection unused and opens its own on its first invocation.
+
+Each invocation runs as its own session (``Scoped``): a retry of it repeats the same
+``(session, seq)`` object calls, so the calls the failed attempt already made are answered
+from the server's record instead of being applied twice.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import os
+import pickle
+import sys
+import threading
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import cloudpickle
+
+from .. import client as _client_mod
+from ..client import Connection, frame
+from ..codec import unpackb
+from ..errors import (
+    FunctionTimeout,
+    RemoteError,
+    RemoteTraceback,
+    ServerUnavailable,
+    WorkerCrashed,
+    error_from_reply,
+)
+
+MAX_ARGUMENT = 1 << 20  # bytes: larger arguments travel as objects or paths, not inline
+MAX_PAYLOAD = (64 << 20) - 4096  # under the server's default frame limit (--max-frame)
+CANCEL_TIMEOUT = 30.0
+
+
+class Scoped:
+    """A function to run in the session ``session`` (see the module docstring).
+
+    The worker recognizes it and calls ``fn`` inside ``Client.scope(session)``.
+    """
+
+    __slots__ = ("fn", "session")
+
+    def __init__(self, fn: Callable[..., Any], session: str) -> None:
+        self.fn = fn
+        self.session = session
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # outside a worker: just call
+        with _client_mod.current().scope(self.session):
+            return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        return (Scoped, (self.fn, self.session))
+
+
+def _describe(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def make_payload(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                 session: Optional[str], limit: Optional[int] = MAX_ARGUMENT) -> bytes:
+    """The ``python`` payload: a cloudpickle of ``(function, args, kwargs)``.
+
+    Raises ``ValueError`` for an argument (or a function with what it captures) whose pickle
+    is over ``limit`` (1 MiB; None: no limit but the server's frame size), and ``TypeError``
+    when something cannot be pickled.
+    """
+    target = Scoped(fn, session) if session is not None else fn
+    try:
+        payload = cloudpickle.dumps((target, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(f"cannot ship {_describe(fn)} as a spindle function: {exc}") from exc
+    if limit is not None and len(payload) > limit:
+        _refuse_large(fn, args, kwargs, limit)
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(
+            f"the call of {_describe(fn)} pickles to {len(payload):,} bytes, over the server's "
+            "frame limit: put large data in a spindle.Blob or spindle.Array (or a file) and "
+            "pass that, or its path, instead"
+        )
+    return payload
+
+
+def _refuse_large(fn: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], limit: int) -> None:
+    named: List[Tuple[str, Any]] = [("the function (with what it captures)", fn)]
+    named += [(f"argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    for what, value in named:
+        size = len(cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        if size > limit:
+            raise ValueError(
+                f"{what} of {_describe(fn)} pickles to {size:,} bytes, over the "
+                f"{limit / (1 << 20):g} MiB limit "
+                "for inline arguments: put large data in a spindle.Blob or spindle.Array "
+                "(or a file) and pass that, or its path, instead"
+            )
+
+
+class Invocation(concurrent.futures.Future):
+    """The future of one function call, with what the function printed and its report.
+
+    - ``stdout``, ``stderr``: bytes the function wrote (at most 1 MiB each);
+    - ``report``: the gateway's report (``cold``, ``queued``, ``duration``, ``peak_rss``,
+      ``worker``, ``truncated``) of the last attempt;
+    - ``attempts``: how many times the function ran (more than 1 after retries);
+    - ``label``: the task's name, used as the prefix of its echoed output.
+
+    The future stays pending until the call ends. ``cancel()`` also withdraws a call that is
+    still queued in the server.
+    """
+
+    def __init__(self, label: str = "") -> None:
+        super().__init__()
+        self.label = label
+        self.stdout = b""
+        self.stderr = b""
+        self.report: Dict[str, Any] = {}
+        self.attempts = 0
+        self._invoker: Optional["Invoker"] = None
+        self._request_id: Optional[int] = None  # of the attempt in the server, if any
+        self._cancel_hook: Optional[Callable[["Invocation"], bool]] = None
+
+    def cancel(self) -> bool:
+        """Cancel the call if it has not started: still waiting here, or queued in the server."""
+        with self._condition:
+            if self._state != "PENDING":
+                return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+            invoker, rid = self._invoker, self._request_id
+        if self._cancel_hook is not None and self._cancel_hook(self):
+            return super().cancel()
+        if rid is None or invoker is None:
+            return super().cancel()
+        if invoker.cancel(rid):
+            return super().cancel()
+        return self.cancelled()
+
+    def _cancelled_remotely(self) -> None:
+        super().cancel()
+
+
+def _attach_traceback(exc: BaseException, error: Optional[Dict[str, Any]]) -> BaseException:
+    if error and error.get("traceback"):
+        exc.__cause__ = RemoteTraceback(error["traceback"])
+    return exc
+
+
+def exception_of(report: Dict[str, Any]) -> BaseException:
+    """The exception a function raised, with its remote traceback as ``__cause__``."""
+    error = report.get("error") or {}
+    data = report.get("result")
+    exc: Optional[BaseException] = None
+    if data is not None:
+        try:
+            value = pickle.loads(data)
+            if isinstance(value, BaseException):
+                exc = value
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = RemoteError(error.get("type") or "Exception", error.get("message") or "")
+    return _attach_traceback(exc, error)
+
+
+def result_of(report: Dict[str, Any]) -> Any:
+    return pickle.loads(report["result"])
+
+
+class Invoker:
+    """A process's gateway connection."""
+
+    def __init__(self, client: "_client_mod.Client") -> None:
+        self.address = client.address
+        self.pid = os.getpid()
+        self._conn = Connection(client.host, client.port, client.session, 1, client.token)
+        self._ids = itertools.count(2)
+        self._pending: Dict[int, Callable[[List[Any]], None]] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+        self._reader = threading.Thread(target=self._read_loop, name="spindle-invoker", daemon=True)
+        self._reader.start()
+
+    def send(self, request_tail: List[Any], on_reply: Callable[[List[Any]], None]) -> int:
+        """Send ``[id, *request_tail]``; ``on_reply(reply)`` runs in the reader thread."""
+        with self._lock:
+            if self.closed:
+                raise ServerUnavailable(f"spindle server at {self.address} is unavailable")
+            rid = next(self._ids)
+            self._pending[rid] = on_reply
+            try:
+                self._conn.sock.sendall(frame([rid, *request_tail]))
+            except OSError as exc:
+                self._pending.pop(rid, None)
+                self._close_locked()
+                raise ServerUnavailable(
+                    f"spindle server at {self.address} is unavailable: {exc}"
+                ) from exc
+        return rid
+
+    def invoke(self, payload: bytes, options: Dict[str, Any],
+               on_reply: Callable[[List[Any]], None]) -> int:
+        return self.send(["invoke", "python", payload, options], on_reply)
+
+    def cancel(self, rid: int) -> bool:
+        """Withdraw the queued invocation ``rid``; True if it had not started."""
+        answer: "concurrent.futures.Future[bool]" = concurrent.futures.Future()
+
+        def on_reply(reply: List[Any]) -> None:
+            if reply[1] == 0:
+                answer.set_result(bool(reply[2]))
+            else:
+                answer.set_exception(error_from_reply(reply[2]))
+
+        try:
+            self.send(["cancel", rid], on_reply)
+            return answer.result(CANCEL_TIMEOUT)
+        except Exception:
+            return False
+
+    def _read_loop(self) -> None:
+        conn = self._conn
+        pending = self._pending
+        error: BaseException = ServerUnavailable(
+            f"the connection to the spindle server at {self.address} was lost"
+        )
+        try:
+            while True:
+                reply = unpackb(conn.read_body())
+                rid = reply[0]
+                if rid == 0 and reply[1] == 1:  # a frame the server could not read
+                    error = error_from_reply(reply[2])
+                    if isinstance(reply[2], list) and reply[2] and reply[2][0] == "FrameTooLarge":
+                        break
+                    continue
+                with self._lock:
+                    callback = pending.pop(rid, None)
+                if callback is not None:
+                    try:
+                        callback(reply)
+                    except Exception:  # a bug in a callback must not stop the reader
+                        import traceback
+
+                        traceback.print_exc()
+        except (OSError, ValueError, EOFError):
+            pass
+        except Exception as exc:  # an undecodable frame: give up on this connection
+            error = ServerUnavailable(f"bad reply from the spindle server: {exc}")
+        with self._lock:
+            self._close_locked()
+            callbacks, self._pending = list(pending.values()), {}
+        failed = [0, 1, ["ConnectionLost", str(error), None]]
+        for callback in callbacks:
+            try:
+                callback(failed)
+            except Exception:
+                pass
+
+    def _close_locked(self) -> None:
+        self.closed = True
+        self._conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def forget_in_child(self) -> None:
+        """After fork: close our copy of the socket without sending anything on it."""
+        self.closed = True
+        self._conn.close()
+        self._pending = {}
+
+
+def reply_error(reply: List[Any]) -> BaseException:
+    """The exception of an error reply to ``invoke`` (lost connections included)."""
+    error = reply[2]
+    if isinstance(error, list) and error and error[0] == "ConnectionLost":
+        return ServerUnavailable(error[1])
+    return error_from_reply(error)
+
+
+_invoker: Optional[Invoker] = None
+_invoker_lock = threading.Lock()
+
+
+def current_invoker() -> Invoker:
+    """This process's invoker, (re)connecting when needed."""
+    global _invoker
+    invoker = _invoker
+    client = _client_mod.current()
+    if invoker is not None and not invoker.closed and invoker.address == client.address:
+        return invoker
+    with _invoker_lock:
+        invoker = _invoker
+        if invoker is None or invoker.closed or invoker.address != client.address:
+            if invoker is not None:
+                invoker.close()
+            try:
+                invoker = Invoker(client)
+            except OSError as exc:
+                raise ServerUnavailable(
+                    f"spindle server at {client.address} is unavailable: {exc}"
+                ) from exc
+            _invoker = invoker
+        return invoker
+
+
+def new_session() -> str:
+    """A fresh session id for one invocation (and its retries)."""
+    return uuid.uuid4().hex
+
+
+def echo_output(label: str, stdout: bytes, stderr: bytes, truncated: int = 0) -> None:
+    """Print a function's output here, each line prefixed with ``[label]``."""
+    for data, stream in ((stdout, sys.stdout), (stderr, sys.stderr)):
+        if not data or stream is None:
+            continue
+        text = data.decode("utf-8", "replace")
+        prefix = f"[{label}] "
+        lines = text.splitlines(True)
+        out = "".join(prefix + (line if line.endswith("\n") else line + "\n") for line in lines)
+        try:
+            stream.write(out)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if truncated and sys.stderr is not None:
+        try:
+            sys.stderr.write(f"[{label}] ({truncated:,} more bytes of output were cut)\n")
+        except (OSError, ValueError):
+            pass
+
+
+def _after_fork_in_child() -> None:
+    global _invoker, _invoker_lock
+    _invoker_lock = threading.Lock()
+    if _invoker is not None:
+        _invoker.forget_in_child()
+        _invoker = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+__all__ = [
+    "FunctionTimeout",
+    "Invocation",
+    "Invoker",
+    "MAX_ARGUMENT",
+    "Scoped",
+    "WorkerCrashed",
+    "current_invoker",
+    "echo_output",
+    "exception_of",
+    "make_payload",
+    "new_session",
+    "reply_error",
+    "result_of",
+]

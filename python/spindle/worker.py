@@ -1,0 +1,264 @@
+"""A function worker: ``python -m spindle.worker``, started by the server's gateway.
+
+docs/protocol.md ("Workers"): the worker connects to ``$SPINDLE_ADDRESS``, says
+``[id, "worker", {"id": $SPINDLE_WORKER_ID, "pid": ..., "runtime": "python"}]`` and then
+answers the gateway's ``[task_id, "run", payload, options]`` requests one at a time with
+``[task_id, 0, report]``. The payload is a cloudpickle of ``(function, args, kwargs)``.
+
+The process is also an ordinary Spindle client (``spindle.connect``), so the objects a
+function uses reach the same server as its caller's.
+
+Output capture works at the file-descriptor level: fds 1 and 2 point, for the worker's whole
+life, at two unlinked append-only temporary files. After each task the worker reads at most
+``OUTPUT_LIMIT`` bytes of each and empties them, so output written by C code and by
+subprocesses is captured too, and a function printing gigabytes costs disk, not memory.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
+
+import cloudpickle
+import msgpack
+
+import spindle
+from spindle import client as _client_mod
+from spindle.client import Connection, parse_address
+from spindle.compute.invoker import Scoped
+
+OUTPUT_LIMIT = 1 << 20  # bytes kept per stream and task (docs/protocol.md)
+
+# Values pickled with the C pickler directly (cloudpickle is slower and not needed).
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+_perf = time.perf_counter
+_getrusage = resource.getrusage
+_RUSAGE_SELF = resource.RUSAGE_SELF
+
+
+class Capture:
+    """fds 1 and 2 redirected, for good, into two unlinked append-only files."""
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Append-only: whoever writes (we, C code, subprocesses sharing the fd) writes at
+        # the end, which is offset 0 again after each truncation.
+        self.files = [self._append_only_file(t) for t in (1, 2)]
+        self.saved_stderr = os.dup(2)  # the worker's own, for its own failures
+        for target, fd in zip((1, 2), self.files):
+            os.dup2(fd, target)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # a function reading stdin gets EOF, not the gateway's pipe
+        os.close(devnull)
+        self.stdout, self.stderr = sys.stdout, sys.stderr
+        self.inodes = [os.fstat(fd).st_ino for fd in self.files]
+
+    @staticmethod
+    def _append_only_file(target: int) -> int:
+        directory = tempfile.gettempdir()
+        for _ in range(100):
+            path = os.path.join(directory, f"spindle-worker-{os.getpid()}-{target}-{os.urandom(6).hex()}")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            except FileExistsError:
+                continue
+            os.unlink(path)
+            return fd
+        raise RuntimeError("could not create a capture file")
+
+    def reset_streams(self) -> None:
+        """Undo a function's rebinding of ``sys.stdout``/``sys.stderr`` or of fds 1/2."""
+        if sys.stdout is not self.stdout:
+            sys.stdout = self.stdout
+        if sys.stderr is not self.stderr:
+            sys.stderr = self.stderr
+
+    def collect(self) -> Tuple[bytes, bytes, int]:
+        """The output written since the last call (capped), and how many bytes were cut."""
+        for stream in (self.stdout, self.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        out: List[bytes] = []
+        cut = 0
+        for fd in self.files:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                out.append(b"")
+                continue
+            keep = min(size, OUTPUT_LIMIT)
+            out.append(os.pread(fd, keep, 0))
+            cut += size - keep
+            os.ftruncate(fd, 0)
+        return out[0], out[1], cut
+
+    def check_fds(self) -> None:
+        """Point fds 1 and 2 back at the capture files if a function moved them."""
+        for target, fd, inode in zip((1, 2), self.files, self.inodes):
+            try:
+                moved = os.fstat(target).st_ino != inode
+            except OSError:
+                moved = True
+            if moved:
+                os.dup2(fd, target)
+
+
+def _error_of(exc: BaseException) -> Dict[str, Any]:
+    """``{"type", "message", "traceback"}`` of an exception raised by a function."""
+    tb = exc.__traceback__
+    # Drop the worker's own frame(s): the traceback starts in the user's function.
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    lines = traceback.format_exception(type(exc), exc, tb)
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__
+        message = f"<unprintable {type(exc).__name__}>"
+    return {
+        "type": type(exc).__qualname__,
+        "message": message,
+        "traceback": "".join(lines),
+    }
+
+
+def _pickle_exception(exc: BaseException) -> Optional[bytes]:
+    """The exception pickled, or None when it cannot round-trip through pickle."""
+    try:
+        data = cloudpickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(data)  # some exceptions pickle but do not unpickle (required args)
+        return data
+    except BaseException:
+        return None
+
+
+def _pickle_result(value: Any) -> bytes:
+    if type(value) in _PLAIN:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _call(fn: Any, args: Any, kwargs: Any) -> Any:
+    """Call the function; a ``Scoped`` one runs in the session its caller chose for it."""
+    if type(fn) is not Scoped:
+        return fn(*args, **kwargs)
+    with _client_mod.current().scope(fn.session):
+        return fn.fn(*args, **kwargs)
+
+
+def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
+    """Run one task and return the worker-side report."""
+    capture.reset_streams()
+    start = _perf()
+    ok = True
+    error = None
+    try:
+        fn, args, kwargs = pickle.loads(payload)
+        value = _call(fn, args, kwargs or {})
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker stays
+        ok = False
+        value = exc
+    duration = _perf() - start
+    if ok:
+        try:
+            result = _pickle_result(value)
+        except BaseException as exc:
+            ok = False
+            value = TypeError(f"cannot pickle the function's result ({type(value).__name__}): {exc}")
+    if not ok:
+        error = _error_of(value)
+        result = _pickle_exception(value)
+        value = None  # drop the traceback's frames now
+    stdout, stderr, truncated = capture.collect()
+    capture.check_fds()
+    return {
+        "ok": ok,
+        "result": result,
+        "error": error,
+        "stdout": stdout,
+        "stderr": stderr,
+        "truncated": truncated,
+        "duration": duration,
+        "peak_rss": _getrusage(_RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def serve(address: str, worker_id: str) -> None:
+    """Connect, say ``worker``, and run tasks until the server closes the connection."""
+    client = spindle.connect(address)
+    host, port = parse_address(address)
+    conn = Connection(host, port, client.session, next(client._seq), client.token)
+    hello_id = next(client._seq)
+    info = {"id": worker_id, "pid": os.getpid(), "runtime": "python"}
+    reply = conn.roundtrip(_frame([hello_id, "worker", info]), hello_id)
+    if reply[1] != 0:
+        raise SystemExit(f"spindle worker: the server refused this worker: {reply[2]!r}")
+    global _capture
+    capture = _capture = Capture()
+    sock = conn.sock
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    read_body = conn.read_body
+    unpack = msgpack.unpackb
+    sendall = sock.sendall
+    while True:
+        try:
+            body = read_body()
+        except (ConnectionError, OSError):
+            return  # the server closed the connection: exit cleanly
+        try:
+            request = unpack(body, raw=False, strict_map_key=False)
+            task_id, op = request[0], request[1]
+        except Exception:
+            continue
+        if op == "run" and len(request) >= 3:
+            report = run_task(request[2], capture)
+            body = _pack([task_id, 0, report])
+        elif op == "ping":
+            body = _pack([task_id, 0, "pong"])
+        else:
+            body = _pack([task_id, 1, ["ProtocolError", f"a worker does not do {op!r}", None]])
+        sendall(len(body).to_bytes(4, "big") + body)
+
+
+_capture: Optional[Capture] = None
+
+
+def _frame(request: List[Any]) -> bytes:
+    body = _pack(request)
+    return len(body).to_bytes(4, "big") + body
+
+
+def main() -> None:
+    address = os.environ.get("SPINDLE_ADDRESS")
+    worker_id = os.environ.get("SPINDLE_WORKER_ID")
+    if not address or not worker_id:
+        sys.stderr.write(
+            "spindle worker: SPINDLE_ADDRESS and SPINDLE_WORKER_ID must be set "
+            "(workers are started by `spindle server`)\n"
+        )
+        raise SystemExit(2)
+    try:
+        serve(address, worker_id)
+    except KeyboardInterrupt:
+        pass
+    except BaseException:  # a worker bug: say it where the gateway's operator sees it
+        text = traceback.format_exc().encode("utf-8", "replace")
+        fd = _capture.saved_stderr if _capture is not None else 2
+        os.write(fd, b"spindle worker: " + text)
+        os._exit(1)
+    # Threads a function left running must not keep a worker alive without its server.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Functions the compute tests run on the gateway's workers.
+
+They live in this small module (not in the test files) so that workers import them, by
+reference, without importing pytest or the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, List
+
+import spindle
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def identity(x: Any) -> Any:
+    return x
+
+
+def add_to(counter: spindle.Counter, n: int) -> int:
+    for _ in range(n):
+        counter.increment()
+    return counter.get()
+
+
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def exit_with(status: int) -> None:
+    sys.stdout.write("about to exit\n")
+    sys.stdout.flush()
+    os._exit(status)
+
+
+def segfault() -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def sleep_for(seconds: float) -> str:
+    time.sleep(seconds)
+    return "slept"
+
+
+def hog_memory(megabytes: int, hold: float) -> str:
+    """Allocate and touch ``megabytes`` MiB, then wait to be killed for it."""
+    block = bytearray(megabytes << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    time.sleep(hold)
+    return f"not killed holding {len(block) >> 20} MiB"
+
+
+def chatter(n: int) -> int:
+    print(f"hello {n}")
+    print(f"oops {n}", file=sys.stderr)
+    sys.stdout.flush()
+    os.system(f"echo from-a-subprocess-{n}")  # fd-level capture: a child's output too
+    os.write(1, f"raw-fd-write-{n}\n".encode())
+    return n
+
+
+def flood(total: int) -> str:
+    chunk = b"y" * (1 << 20)
+    written = 0
+    while written < total:
+        written += os.write(1, chunk[: total - written])
+    return "flooded"
+
+
+def block_on(started: spindle.Semaphore, release: spindle.Event) -> str:
+    """Tell ``started``, then wait for ``release``."""
+    started.release()
+    if not release.wait(120):
+        return "never released"
+    return "released"
+
+
+def wait_event(release: spindle.Event) -> bool:
+    return release.wait(120)
+
+
+def whoami(i: int) -> List[Any]:
+    """``[i * i, the session this invocation runs as, pid]``."""
+    return [i * i, spindle.client.current().session, os.getpid()]
+
+
+def add_then_fail_once(counter: spindle.Counter, marker: str, how: str) -> int:
+    """Add 1 to ``counter``; the first attempt then fails (``how``); a retry returns it."""
+    counter.add(1)
+    if not os.path.exists(marker):
+        with open(marker, "w"):
+            pass
+        if how == "raise":
+            raise RuntimeError("first attempt fails")
+        os._exit(7)
+    return counter.get()
+
+
+def count_attempt_and_fail(path: str) -> None:
+    with open(path, "a") as f:
+        f.write("attempt\n")
+    raise RuntimeError("always fails")
+
+
+def blob_length(blob: spindle.Blob) -> int:
+    return len(blob.get())
+
+
+def nested_thread_count() -> int:
+    return threading.active_count()
+
+
+class Unpicklable(Exception):
+    """An exception whose instances cannot be unpickled (a required argument is lost)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"a={a}")
+
+
+def raise_unpicklable() -> None:
+    raise Unpicklable(1, 2)
+
+
+def return_a_lock() -> Any:
+    return threading.Lock()
