@@ -96,3 +96,21 @@ def test_disconnect_then_implicit_reconnect():
     counter.add(2)
     spindle.disconnect()
     assert counter.add(3) == 5  # implicit connect; the session of unnamed objects lives on
+
+
+def test_finished_threads_close_their_connections(server):
+    counter = spindle.Counter()
+    before = spindle.status()["connections"]
+
+    def bump() -> None:
+        counter.increment()
+
+    for _ in range(200):
+        t = threading.Thread(target=bump)
+        t.start()
+        t.join()
+    assert counter.get() == 200
+    deadline = time.monotonic() + 30  # only bounds a failure; the server sees closes at once
+    while spindle.status()["connections"] > before + 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert spindle.status()["connections"] <= before + 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import pickle
 import queue
@@ -85,9 +86,9 @@ def test_values_round_trip():
         v.set(value)
         assert v.get() == value
     v.set((1, 2))
-    assert v.get() == [1, 2]  # tuples come back as lists
-    v.set({(1, 2): "t"})
-    assert v.get() == {(1, 2): "t"}  # ... except as dictionary keys
+    assert type(v.get()) is tuple and v.get() == (1, 2)  # tuples stay tuples
+    v.set({(1, 2): "t", "l": [(1, [2])]})
+    assert v.get() == {(1, 2): "t", "l": [(1, [2])]}
     v.set({1, 2, 3})
     assert v.get() == {1, 2, 3}  # no MessagePack form: pickled (ext type 1)
     v.set(Fraction(1, 3))
@@ -522,3 +523,25 @@ def test_condition_wait_releases_a_recursively_held_rlock():
         assert cond._is_owned()
     assert not cond._is_owned()
     assert woke == [True]
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def test_tuples_and_subclasses_keep_their_types(server):
+    q = spindle.Queue()
+    q.put((3, "a"))
+    item = q.get()
+    assert type(item) is tuple and item == (3, "a")
+    q.put(Point(1, 2))
+    got = q.get()
+    assert type(got) is Point and got == Point(1, 2)
+    pq = spindle.PriorityQueue()
+    for entry in [(2, "b"), (1, "z"), (1, "a"), (0, [1])]:
+        pq.put(entry)
+    assert [pq.get() for _ in range(4)] == [(0, [1]), (1, "a"), (1, "z"), (2, "b")]
+    lst = spindle.List([(1, 2), [3, 4]])
+    assert lst[:] == [(1, 2), [3, 4]] and type(lst[0]) is tuple and type(lst[1]) is list
+    d = spindle.Dict()
+    d[(1, 2)] = (3, (4,))
+    assert d[(1, 2)] == (3, (4,)) and list(d.keys()) == [(1, 2)]

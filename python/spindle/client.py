@@ -15,7 +15,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Iterator, List, Optional, Set, Tuple
+import weakref
+from typing import Any, Iterator, List, Optional, Tuple
 
 from .codec import packb, unpackb
 from .errors import ServerUnavailable, error_from_reply
@@ -42,7 +43,7 @@ def parse_address(address: str) -> Tuple[str, int]:
 class Connection:
     """One TCP connection, used by one thread at a time: send a frame, read its reply."""
 
-    __slots__ = ("sock", "buf")
+    __slots__ = ("sock", "buf", "__weakref__")
 
     def __init__(
         self, host: str, port: int, session: str, hello_id: int, token: Optional[str] = None
@@ -109,6 +110,8 @@ class Connection:
         except OSError:
             pass
 
+    __del__ = close  # a finished thread's connection closes with it
+
 
 def frame(request: List[Any]) -> bytes:
     """A request as one length-prefixed frame."""
@@ -138,7 +141,8 @@ class Client:
     def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
         self.session, self._seq, self._unnamed = identity or _identity
         self._local = threading.local()
-        self._conns: Set[Connection] = set()
+        # Weak: a thread's connection closes when the thread ends and drops its local.
+        self._conns: "weakref.WeakSet[Connection]" = weakref.WeakSet()
         self._conns_lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -254,7 +258,7 @@ class Client:
     def close(self) -> None:
         """Close every connection of this client (the session ends after its TTL)."""
         with self._conns_lock:
-            conns, self._conns = list(self._conns), set()
+            conns, self._conns = list(self._conns), weakref.WeakSet()
         for conn in conns:
             conn.close()
         self._local = threading.local()

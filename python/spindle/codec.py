@@ -1,10 +1,11 @@
 """Values on the wire: MessagePack with two extension types, and NumPy arrays.
 
-- Plain values (None, bool, int, float, str, bytes, list, tuple, dict) are MessagePack.
-  Tuples travel as arrays and come back as lists, except where a value must be hashable
-  (dictionary keys, and the keys the SDK returns from ``keys()``/``items()``...): there
-  arrays come back as tuples.
-- A value with no MessagePack form is pickled into ext type 1.
+- Plain values (None, bool, int, float, str, bytes, list, dict) are MessagePack.
+- A tuple travels as ext type 3 whose body is the array of its items, so it comes back a
+  tuple (the server compares and hashes it by its items). Arrays written by other clients
+  come back as lists, or as tuples where a value must be hashable (dictionary keys).
+- A value with no MessagePack form (exact types only: a subclass such as a namedtuple or an
+  IntEnum keeps its type this way) is pickled into ext type 1.
 - A Spindle proxy travels as ext type 2 whose body is ``[type, key]`` and comes back as a
   proxy attached to the same object.
 - NumPy arrays for ``Array`` objects travel as the map
@@ -21,6 +22,7 @@ import msgpack
 
 EXT_PICKLE = 1
 EXT_REF = 2
+EXT_TUPLE = 3
 
 ARRAY_DTYPES = ("float64", "float32", "int64")
 
@@ -41,6 +43,8 @@ class Unpicklable:
 def _default(obj: Any) -> Any:
     from .proxy import Proxy
 
+    if type(obj) is tuple:
+        return msgpack.ExtType(EXT_TUPLE, packb(list(obj)))
     if isinstance(obj, Proxy):
         return msgpack.ExtType(EXT_REF, msgpack.packb([obj._type, obj._key]))
     np = sys.modules.get("numpy")
@@ -50,6 +54,8 @@ def _default(obj: Any) -> Any:
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_TUPLE:
+        return tuple(unpackb(data))
     if code == EXT_REF:
         from .proxy import attach
 
@@ -79,7 +85,7 @@ def _pairs_hook(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
 
 def packb(value: Any) -> bytes:
     """Encode ``value`` as MessagePack."""
-    return msgpack.packb(value, default=_default, use_bin_type=True)
+    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
 
 
 def unpackb(body: bytes) -> Any:

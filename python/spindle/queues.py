@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from .codec import hashable
 from .proxy import Proxy
 
 
@@ -69,6 +68,3 @@ class LifoQueue(Queue, type_name="LifoQueue"):
 
 class PriorityQueue(Queue, type_name="PriorityQueue"):
     """A queue that returns the lowest item first (equal items in FIFO order)."""
-
-    def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
-        return hashable(self._call("get", _block_args(block, timeout)))

@@ -20,7 +20,23 @@ pub fn type_of(v: &Value) -> &'static str {
         Value::Binary(_) => "bytes",
         Value::Array(_) => "array",
         Value::Map(_) => "map",
+        Value::Ext(EXT_TUPLE, _) => "tuple",
         Value::Ext(..) => "ext",
+    }
+}
+
+/// The ext type of a tuple: its body is the MessagePack array of its items. Tuples compare
+/// and hash by their items, like arrays, but a tuple never equals an array (as in Python).
+pub const EXT_TUPLE: i8 = 3;
+
+/// The items of a tuple value, if `v` is one (a malformed body is left opaque).
+pub fn tuple_items(v: &Value) -> Option<Vec<Value>> {
+    match v {
+        Value::Ext(EXT_TUPLE, body) => match rmpv::decode::read_value(&mut body.as_slice()) {
+            Ok(Value::Array(items)) => Some(items),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -32,8 +48,9 @@ fn rank(v: &Value) -> u8 {
         Value::String(_) => 3,
         Value::Binary(_) => 4,
         Value::Array(_) => 5,
-        Value::Map(_) => 6,
-        Value::Ext(..) => 7,
+        Value::Ext(EXT_TUPLE, _) if tuple_items(v).is_some() => 6,
+        Value::Map(_) => 7,
+        Value::Ext(..) => 8,
     }
 }
 
@@ -92,7 +109,10 @@ pub fn cmp_values(a: &Value, b: &Value) -> Ordering {
             let flat = |m: &Vec<(Value, Value)>| m.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect::<Vec<_>>();
             cmp_seq(flat(x).iter(), flat(y).iter())
         }
-        (Value::Ext(tx, x), Value::Ext(ty, y)) => tx.cmp(ty).then_with(|| x.cmp(y)),
+        (Value::Ext(tx, x), Value::Ext(ty, y)) => match (tuple_items(a), tuple_items(b)) {
+            (Some(x), Some(y)) => cmp_seq(x.iter(), y.iter()),
+            _ => tx.cmp(ty).then_with(|| x.cmp(y)),
+        },
         _ => cmp_num(a, b),
     }
 }
@@ -139,6 +159,7 @@ fn check_hashable(v: &Value) -> Result<(), Error> {
     match v {
         Value::Map(_) => Err(Error::bad_args("unhashable type: 'dict'")),
         Value::Array(items) => items.iter().try_for_each(check_hashable),
+        Value::Ext(EXT_TUPLE, _) => tuple_items(v).unwrap_or_default().iter().try_for_each(check_hashable),
         _ => Ok(()),
     }
 }
@@ -186,10 +207,16 @@ fn hash_value<H: Hasher>(v: &Value, state: &mut H) {
             items.iter().for_each(|i| hash_value(i, state));
         }
         Value::Map(_) => {}
-        Value::Ext(t, b) => {
-            t.hash(state);
-            b.hash(state);
-        }
+        Value::Ext(t, b) => match tuple_items(v) {
+            Some(items) => {
+                items.len().hash(state);
+                items.iter().for_each(|i| hash_value(i, state));
+            }
+            None => {
+                t.hash(state);
+                b.hash(state);
+            }
+        },
     }
 }
 
@@ -212,6 +239,29 @@ mod tests {
             Key::new(Value::F64(0.0)).unwrap()
         );
         assert_eq!(cmp_values(&Value::Boolean(true), &Value::from(2)), Ordering::Less);
+    }
+
+    fn tuple(items: Vec<Value>) -> Value {
+        let mut body = Vec::new();
+        rmpv::encode::write_value(&mut body, &Value::Array(items)).unwrap();
+        Value::Ext(EXT_TUPLE, body)
+    }
+
+    #[test]
+    fn tuples_compare_by_items_and_differ_from_arrays() {
+        let a = tuple(vec![Value::from(1), Value::from("b")]);
+        let b = tuple(vec![Value::F64(1.0), Value::from("c")]);
+        assert_eq!(cmp_values(&a, &b), Ordering::Less);
+        assert!(eq_values(&tuple(vec![Value::from(2)]), &tuple(vec![Value::F64(2.0)])));
+        assert_eq!(
+            Key::new(tuple(vec![Value::from(2)])).unwrap(),
+            Key::new(tuple(vec![Value::F64(2.0)])).unwrap()
+        );
+        assert!(!eq_values(
+            &tuple(vec![Value::from(1)]),
+            &Value::Array(vec![Value::from(1)])
+        ));
+        assert!(Key::new(tuple(vec![Value::Map(vec![])])).is_err());
     }
 
     #[test]

@@ -240,17 +240,25 @@ impl Registry {
     }
 }
 
-/// One log line per error reply: client faults at warn, routine outcomes at debug.
+/// One log line per error reply: client faults at warn, failures a caller should look into
+/// at info, and outcomes that are ordinary control flow (an empty queue, a timed-out wait,
+/// a missing key) at debug, so a busy server's log is not flooded by `get_nowait`.
 pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
+    let kind = e.kind.as_str();
     match e.kind {
         ErrorKind::ProtocolError | ErrorKind::FrameTooLarge | ErrorKind::NoSession | ErrorKind::Unauthorized => {
-            tracing::warn!(conn, id, kind = e.kind.as_str(), "{}", e.message)
+            tracing::warn!(conn, id, kind, "{}", e.message)
         }
-        ErrorKind::Internal => tracing::error!(conn, id, kind = e.kind.as_str(), "{}", e.message),
-        // The caller gets these as exceptions; the server log keeps a trace of them.
-        ErrorKind::WorkerCrashed | ErrorKind::FunctionTimeout => {
-            tracing::info!(conn, id, kind = e.kind.as_str(), "{}", e.message)
-        }
-        _ => tracing::debug!(conn, id, kind = e.kind.as_str(), "{}", e.message),
+        ErrorKind::Internal => tracing::error!(conn, id, kind, "{}", e.message),
+        ErrorKind::Empty
+        | ErrorKind::Full
+        | ErrorKind::Timeout
+        | ErrorKind::KeyError
+        | ErrorKind::IndexError
+        | ErrorKind::BrokenBarrier
+        | ErrorKind::Cancelled
+        | ErrorKind::FutureException
+        | ErrorKind::Moved => tracing::debug!(conn, id, kind, "{}", e.message),
+        _ => tracing::info!(conn, id, kind, "{}", e.message),
     }
 }
