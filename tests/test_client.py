@@ -114,3 +114,29 @@ def test_finished_threads_close_their_connections(server):
     while spindle.status()["connections"] > before + 5 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert spindle.status()["connections"] <= before + 5
+
+
+def test_an_interrupted_wait_keeps_the_threads_locks(server):
+    """A signal handler raising inside a blocking call: the call is withdrawn, not the lock."""
+    lock, q = spindle.Lock(), spindle.Queue()
+
+    class Interrupted(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Interrupted
+
+    assert lock.acquire()
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            q.get()  # parks with no timeout until the alarm interrupts it
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert lock.locked()
+    assert not lock.acquire(blocking=False)  # still ours: nobody else got it
+    q.put("kept")  # the withdrawn get took nothing, and the connection is in step
+    assert q.get(timeout=5) == "kept"
+    lock.release()

@@ -16,8 +16,9 @@ exceptions the program already catches (``queue.Empty``, ``threading.BrokenBarri
 Functions run on the server's worker pool: ``spindle.Thread`` (like ``threading.Thread``),
 ``spindle.Executor`` (a ``concurrent.futures.Executor``) and ``spindle.parallel_for``.
 
-``Lock.acquire`` (and ``RLock``/``Semaphore``) returns True and warns
-:class:`AbandonedLockWarning` when the previous holder died while holding the lock.
+``Lock.acquire`` and ``RLock.acquire`` return True and warn :class:`AbandonedLockWarning`
+when the previous holder died while holding the lock (a dead holder's ``Semaphore`` permits
+are given back silently).
 """
 
 from .client import Client, connect, disconnect

@@ -43,7 +43,9 @@ def parse_address(address: str) -> Tuple[str, int]:
 class Connection:
     """One TCP connection, used by one thread at a time: send a frame, read its reply."""
 
-    __slots__ = ("sock", "buf", "__weakref__")
+    # `sent` and `intact` say whether an interrupted call left the stream in step: the whole
+    # request went out, and no reply was cut in the middle.
+    __slots__ = ("sock", "buf", "sent", "intact", "__weakref__")
 
     def __init__(
         self, host: str, port: int, session: str, hello_id: int, token: Optional[str] = None
@@ -53,6 +55,7 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.buf = b""
+        self.sent = self.intact = True
         try:
             hello = {"client": session, "protocol": PROTOCOL}
             if token:
@@ -67,7 +70,9 @@ class Connection:
 
     def roundtrip(self, data: bytes, req_id: int) -> List[Any]:
         """Send one request frame and return its reply ``[id, status, result]``."""
+        self.sent = False
         self.sock.sendall(data)
+        self.sent = True
         while True:
             reply = self._read()
             if reply[0] == req_id or (reply[0] == 0 and reply[1] == 1):
@@ -87,11 +92,13 @@ class Connection:
             if not chunk:
                 raise ConnectionResetError("the spindle server closed the connection")
             buf += chunk
+            self.buf = buf
         end = 4 + int.from_bytes(buf[:4], "big")
         if len(buf) >= end:
             self.buf = buf[end:]
             return buf[4:end]
         # A large reply: read the rest straight into one buffer.
+        self.intact = False
         body = bytearray(end - 4)
         view = memoryview(body)
         have = len(buf) - 4
@@ -102,6 +109,7 @@ class Connection:
                 raise ConnectionResetError("the spindle server closed the connection")
             have += n
         self.buf = b""
+        self.intact = True
         return bytes(body)
 
     def close(self) -> None:
@@ -230,8 +238,8 @@ class Client:
                 attempt += 1
                 time.sleep(delay)
                 delay *= 2
-            except BaseException:  # interrupted mid-call: the socket's state is unknown
-                if conn is not None:
+            except BaseException:  # interrupted mid-call (Ctrl-C, a signal handler raising)
+                if conn is not None and not self._withdraw(conn, request):
                     self._drop(conn)
                 raise
         if reply[1] == 0:
@@ -240,6 +248,23 @@ class Client:
         if isinstance(error, list) and error and error[0] == "FrameTooLarge":
             self._drop(conn)  # the server closes it
         raise error_from_reply(error)
+
+    def _withdraw(self, conn: Connection, request: List[Any]) -> bool:
+        """Take back an interrupted call so its connection stays usable.
+
+        The server answers the parked call at once with its timeout result (which is read and
+        dropped here), so the thread keeps its connection and with it the locks it holds;
+        dropping the connection instead would release them behind the program's back.
+        False when the stream is out of step (then the caller drops the connection).
+        """
+        if not (conn.sent and conn.intact) or request[1] != "call":
+            return False
+        withdraw_id = next(self._seq)
+        try:
+            reply = conn.roundtrip(frame([withdraw_id, "withdraw", request[0], request[5]]), withdraw_id)
+        except BaseException:
+            return False
+        return reply[0] == withdraw_id and reply[1] == 0
 
     def _open(self) -> Connection:
         conn = Connection(self.host, self.port, self.session, next(self._seq), self.token)

@@ -20,6 +20,9 @@ pub struct Ctx<'a> {
     pub caller: &'a Caller,
     pub token: Token,
     pub now: Instant,
+    /// Set while [`Object::expire`] runs for a call its caller withdrew: the call is due now,
+    /// whatever its deadline.
+    pub withdrawing: bool,
     deliveries: &'a mut Vec<Delivery>,
 }
 
@@ -29,8 +32,14 @@ impl<'a> Ctx<'a> {
             caller,
             token,
             now,
+            withdrawing: false,
             deliveries,
         }
+    }
+
+    /// Whether a parked call with this deadline should be answered by [`Object::expire`] now.
+    pub fn is_due(&self, deadline: Option<Instant>) -> bool {
+        self.withdrawing || deadline.is_some_and(|d| d <= self.now)
     }
 
     /// Answer a parked call (a waiter woken by this call, or by a timeout).
@@ -56,7 +65,8 @@ pub trait Object: Send {
     /// retried call (same client and seq) gets the recorded reply instead of a second run.
     fn is_mutating(&self, method: &str) -> bool;
 
-    /// A parked call's deadline passed. If `waiter` is still parked here, answer it (through
+    /// A parked call is due: its deadline passed, or its caller withdrew it (`ctx.withdrawing`;
+    /// test with [`Ctx::is_due`]). If `waiter` is still parked here, answer it (through
     /// `ctx.deliver`) with the method's timeout result; if it was answered already, do nothing.
     fn expire(&mut self, _waiter: Token, _ctx: &mut Ctx) {}
 

@@ -302,6 +302,22 @@ impl Partition {
         out
     }
 
+    /// The caller of a parked call gave up waiting (an interrupted client): answer the call now
+    /// with its timeout result, as if its deadline had passed, so the connection stays in step
+    /// and keeps what it holds. Returns the replies, the withdrawn call's among them if it was
+    /// still parked on `key`.
+    pub fn withdraw(&mut self, token: Token, key: &str, now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let caller = system_caller();
+        if let Some(e) = self.objects.get_mut(key) {
+            let mut ctx = Ctx::new(&caller, token, now, &mut out);
+            ctx.withdrawing = true;
+            e.obj.expire(token, &mut ctx);
+        }
+        self.settle(&out);
+        out
+    }
+
     /// A connection closed: drop its parked calls and release what it held.
     pub fn disconnect(&mut self, conn: ConnId, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
@@ -528,5 +544,30 @@ mod tests {
         assert_eq!(error_of(&out, t).kind, ErrorKind::NotFound);
         assert_eq!(p.err("Event", "~c1.1", "is_set", vec![]).kind, ErrorKind::NotFound);
         assert!(p.p.is_empty());
+    }
+
+    #[test]
+    fn a_withdrawn_call_gets_its_timeout_result_and_its_connection_keeps_its_lock() {
+        let mut h = Harness::new();
+        h.create_ok("Lock", "l", vec![]);
+        h.create_ok("Queue", "q", vec![]);
+        h.create_ok("Barrier", "b", vec![2.into()]);
+        assert_eq!(h.ok_as(&who(1), "Lock", "l", "acquire", vec![]), Value::Boolean(true));
+        // Connection 1 waits on an empty queue with no timeout, then gives up.
+        let get = h.park(1, "Queue", "q", "get", vec![]);
+        let out = h.withdraw(get, "q");
+        assert_eq!(error_of(&out, get).kind, ErrorKind::Empty);
+        assert_eq!(h.ok("Lock", "l", "locked", vec![]), Value::Boolean(true));
+        // The withdrawn get takes nothing: the next item waits for the next get.
+        h.ok("Queue", "q", "put", vec![7.into()]);
+        assert_eq!(h.ok("Queue", "q", "qsize", vec![]), Value::from(1));
+        // Withdrawing what is not parked (answered already, or unknown) does nothing.
+        assert!(h.withdraw(get, "q").is_empty());
+        assert!(h.withdraw(get, "missing").is_empty());
+        // A barrier party that gives up breaks the barrier, as an interrupted threading wait does.
+        let wait = h.park(2, "Barrier", "b", "wait", vec![]);
+        assert_eq!(error_of(&h.withdraw(wait, "b"), wait).kind, ErrorKind::BrokenBarrier);
+        let lock_wait = h.park(3, "Lock", "l", "acquire", vec![]);
+        assert_eq!(value_of(&h.withdraw(lock_wait, "l"), lock_wait), Value::Boolean(false));
     }
 }

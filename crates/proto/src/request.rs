@@ -6,7 +6,7 @@ use spindle_core::value::type_of;
 /// The protocol version this crate speaks (the `protocol` field of `hello`).
 pub const PROTOCOL_VERSION: u64 = 1;
 
-const OPS: &str = "hello, create, call, delete, keep, objects, status, ping, invoke, cancel, worker";
+const OPS: &str = "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker";
 
 /// One request, with its operands checked and moved out of the MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,6 +58,13 @@ pub enum Request {
     Ping {
         id: u64,
     },
+    /// Give up on a call of this connection parked on `key`: it is answered now with its
+    /// timeout result (an interrupted client, which keeps its connection and its locks).
+    Withdraw {
+        id: u64,
+        call_id: u64,
+        key: String,
+    },
     /// Run a function: `payload` is opaque to the server, `options` a map (or nil) the
     /// gateway checks and forwards to the worker.
     Invoke {
@@ -91,6 +98,7 @@ impl Request {
             | Request::Objects { id, .. }
             | Request::Status { id }
             | Request::Ping { id }
+            | Request::Withdraw { id, .. }
             | Request::Invoke { id, .. }
             | Request::Cancel { id, .. }
             | Request::Worker { id, .. } => *id,
@@ -107,6 +115,7 @@ impl Request {
             Request::Objects { .. } => "objects",
             Request::Status { .. } => "status",
             Request::Ping { .. } => "ping",
+            Request::Withdraw { .. } => "withdraw",
             Request::Invoke { .. } => "invoke",
             Request::Cancel { .. } => "cancel",
             Request::Worker { .. } => "worker",
@@ -252,6 +261,14 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         "ping" => {
             p.arity("[id, \"ping\"]", 0)?;
             Request::Ping { id }
+        }
+        "withdraw" => {
+            p.arity("[id, \"withdraw\", call_id, key]", 2)?;
+            Request::Withdraw {
+                id,
+                call_id: p.uint("call_id")?,
+                key: p.string("key")?,
+            }
         }
         "invoke" => {
             p.arity("[id, \"invoke\", runtime, payload, options]", 3)?;

@@ -273,6 +273,7 @@ impl Connection {
                 self.reply(id, Ok(reply))
             }
             Request::Ping { id } => self.reply(id, Ok(Value::from("pong"))),
+            Request::Withdraw { id, call_id, key } => self.withdraw(id, call_id, &key),
             Request::Invoke {
                 id,
                 runtime,
@@ -381,6 +382,28 @@ impl Connection {
         });
         match applied {
             Ok(deliveries) => self.route(deliveries),
+            Err(e) => self.reply(id, Err(e)),
+        }
+    }
+
+    /// Answer this connection's call `call_id`, parked on `key`, with its timeout result now;
+    /// reply `true` if it was still parked. Its answer goes out before this reply.
+    fn withdraw(&mut self, id: u64, call_id: u64, key: &str) {
+        let index = self.shared.shards.index_of(key);
+        let token = Token {
+            conn: self.id,
+            req: call_id,
+        };
+        match self
+            .shared
+            .shards
+            .with(index, |s| s.partition.withdraw(token, key, Instant::now()))
+        {
+            Ok(deliveries) => {
+                let withdrawn = deliveries.iter().any(|d| d.token == token);
+                self.route(deliveries);
+                self.reply(id, Ok(Value::Boolean(withdrawn)));
+            }
             Err(e) => self.reply(id, Err(e)),
         }
     }

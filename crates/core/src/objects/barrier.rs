@@ -203,9 +203,7 @@ impl Object for Barrier {
     }
 
     fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        let due = self
-            .parked()
-            .any(|p| p.token == waiter && p.deadline.is_some_and(|d| d <= ctx.now));
+        let due = self.parked().any(|p| p.token == waiter && ctx.is_due(p.deadline));
         if due {
             self.break_all(ctx);
         }

@@ -162,8 +162,8 @@ impl Object for Condition {
     }
 
     fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(&(t, Some(deadline))) = self.parked.get(&waiter) {
-            if deadline <= ctx.now {
+        if let Some(&(t, deadline)) = self.parked.get(&waiter) {
+            if ctx.is_due(deadline) {
                 self.withdraw(t, ctx);
             }
         }

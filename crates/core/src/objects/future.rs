@@ -146,7 +146,7 @@ impl Object for Future {
     }
 
     fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_expired(waiter, ctx.now) {
+        if let Some(w) = self.waiters.take_due(waiter, ctx) {
             ctx.deliver(w.token, Err(timed_out()));
         }
     }

@@ -66,7 +66,7 @@ impl Object for CountDownLatch {
     }
 
     fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_expired(waiter, ctx.now) {
+        if let Some(w) = self.waiters.take_due(waiter, ctx) {
             ctx.deliver(w.token, Ok(Value::Boolean(false)));
         }
     }

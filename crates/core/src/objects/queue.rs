@@ -248,11 +248,11 @@ impl Object for Queue {
     }
 
     fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.getters.take_expired(waiter, ctx.now) {
+        if let Some(w) = self.getters.take_due(waiter, ctx) {
             ctx.deliver(w.token, Err(empty()));
-        } else if let Some(w) = self.putters.take_expired(waiter, ctx.now) {
+        } else if let Some(w) = self.putters.take_due(waiter, ctx) {
             ctx.deliver(w.token, Err(full()));
-        } else if let Some(w) = self.joiners.take_expired(waiter, ctx.now) {
+        } else if let Some(w) = self.joiners.take_due(waiter, ctx) {
             ctx.deliver(w.token, Ok(Value::Boolean(false)));
         }
     }

@@ -154,6 +154,10 @@ impl Harness {
         self.p.tick(self.now)
     }
 
+    pub fn withdraw(&mut self, token: Token, key: &str) -> Vec<Delivery> {
+        self.p.withdraw(token, key, self.now)
+    }
+
     pub fn disconnect(&mut self, conn: u64) -> Vec<Delivery> {
         self.p.disconnect(conn, self.now)
     }

@@ -67,12 +67,14 @@ impl<T> WaitQueue<T> {
         self.order.remove(&seq)
     }
 
-    /// Withdraw `token` if it is still parked and its own deadline has passed. Checking the
-    /// deadline guards against a stale timer meeting a newer call that reused the token.
-    pub fn take_expired(&mut self, token: Token, now: Instant) -> Option<Waiter<T>> {
-        match self.get(token)?.deadline {
-            Some(d) if d <= now => self.remove(token),
-            _ => None,
+    /// Withdraw `token` if it is still parked and due: its own deadline has passed, or its
+    /// caller withdraws it. Checking the deadline guards against a stale timer meeting a
+    /// newer call that reused the token.
+    pub fn take_due(&mut self, token: Token, ctx: &Ctx) -> Option<Waiter<T>> {
+        if ctx.is_due(self.get(token)?.deadline) {
+            self.remove(token)
+        } else {
+            None
         }
     }
 
