@@ -321,6 +321,7 @@ def test_a_worker_exiting_fails_only_its_call_with_its_status():
             crashed.result(60)
         assert [f.result(60) for f in fine] == [0, 1, 4, 9]
     assert info.value.status == 3 and info.value.signal is None
+    assert info.value.stdout == b"about to exit\n"  # what the call wrote before dying
     next_call_succeeds()
 
 

@@ -12,6 +12,8 @@ Output capture works at the file-descriptor level: fds 1 and 2 point, for the wo
 life, at two unlinked append-only temporary files. After each task the worker reads at most
 ``OUTPUT_LIMIT`` bytes of each and empties them, so output written by C code and by
 subprocesses is captured too, and a function printing gigabytes costs disk, not memory.
+The gateway opens these files itself and says so with ``SPINDLE_CAPTURE=fds``: then it can
+read what a call wrote before its worker died, for the ``WorkerCrashed`` report.
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ class Capture:
         sys.stderr.flush()
         # Append-only: whoever writes (we, C code, subprocesses sharing the fd) writes at
         # the end, which is offset 0 again after each truncation.
-        self.files = [self._append_only_file(t) for t in (1, 2)]
+        if os.environ.get("SPINDLE_CAPTURE") == "fds":  # the gateway's files, already fds 1/2
+            self.files = [os.dup(1), os.dup(2)]
+        else:
+            self.files = [self._append_only_file(t) for t in (1, 2)]
         self.saved_stderr = os.dup(2)  # the worker's own, for its own failures
         for target, fd in zip((1, 2), self.files):
             os.dup2(fd, target)
@@ -205,6 +210,7 @@ def serve(address: str, worker_id: str) -> None:
         raise SystemExit(f"spindle worker: the server refused this worker: {reply[2]!r}")
     global _capture
     capture = _capture = Capture()
+    capture.collect()  # start-up chatter (import warnings, say) belongs to no call
     sock = conn.sock
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     read_body = conn.read_body

@@ -498,7 +498,7 @@ fn crashed(message: String, exit: Exit, reason: &str) -> Error {
         (Value::from("status"), int(exit.status)),
         (Value::from("signal"), int(exit.signal)),
         (Value::from("reason"), Value::from(reason)),
-        // The worker's output goes to the server's stderr; none is captured here.
+        // Filled in from the worker's capture files by its watcher (worker.rs).
         (Value::from("stdout"), Value::Binary(Vec::new())),
         (Value::from("stderr"), Value::Binary(Vec::new())),
     ]))

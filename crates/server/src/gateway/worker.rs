@@ -1,7 +1,9 @@
 //! Worker processes: start one, watch its memory while it runs a task, kill it on demand,
 //! and report its exit to the pool.
 
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,11 +13,70 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
-use super::pool::{Exit, WorkerId};
+use super::pool::{Action, Exit, WorkerId};
 use crate::Shared;
+use spindle_core::{ErrorKind, Value};
 
 /// How often a busy worker's resident memory is read.
 const MEMORY_SAMPLE: Duration = Duration::from_millis(50);
+
+/// Bytes of a crashed call's output kept per stream (as for a call that returns).
+const OUTPUT_LIMIT: u64 = 1 << 20;
+
+/// The files behind a worker's fds 1 and 2 (unlinked, append-only). The worker empties them
+/// after each call, so what they hold when it dies is the output of the call it died in.
+struct Capture {
+    stdout: File,
+    stderr: File,
+}
+
+impl Capture {
+    fn new(worker: WorkerId) -> io::Result<Capture> {
+        let file = |stream: &str| -> io::Result<File> {
+            let path = std::env::temp_dir().join(format!("spindle-worker-{worker}-{stream}-{}", random_hex(8)?));
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create_new(true)
+                .open(&path)?;
+            std::fs::remove_file(&path)?;
+            Ok(file)
+        };
+        Ok(Capture {
+            stdout: file("stdout")?,
+            stderr: file("stderr")?,
+        })
+    }
+
+    fn read(file: &File) -> Vec<u8> {
+        let len = file.metadata().map_or(0, |m| m.len()).min(OUTPUT_LIMIT);
+        let mut buf = vec![0; len as usize];
+        match file.read_exact_at(&mut buf, 0) {
+            Ok(()) => buf,
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Put the dead worker's output into the `WorkerCrashed` replies about it.
+    fn fill(&self, actions: &mut [Action]) {
+        for action in actions {
+            let Action::Reply { reply: Err(e), .. } = action else {
+                continue;
+            };
+            let Value::Map(entries) = &mut e.data else { continue };
+            if e.kind != ErrorKind::WorkerCrashed {
+                continue;
+            }
+            for (key, value) in entries.iter_mut() {
+                match key.as_str() {
+                    Some("stdout") => *value = Value::Binary(Self::read(&self.stdout)),
+                    Some("stderr") => *value = Value::Binary(Self::read(&self.stderr)),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
 
 /// One worker process, as the gateway and the process's watcher task share it.
 pub(crate) struct Proc {
@@ -45,16 +106,18 @@ impl Proc {
 pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
     let config = &shared.gateway.config;
     let secret = format!("{id}-{}", random_hex(16)?);
+    let capture = Capture::new(id)?;
     let mut command = Command::new(&config.python);
     command
         .args(["-m", "spindle.worker"])
         .env("SPINDLE_ADDRESS", &shared.worker_address)
         .env("SPINDLE_WORKER_ID", &secret)
+        // The worker reports each call's output itself; the gateway reads what a crashed
+        // call left in the same files.
+        .env("SPINDLE_CAPTURE", "fds")
         .stdin(Stdio::null())
-        // Output goes to the server's own stdout and stderr (the worker captures a
-        // function's output itself, for the report).
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
+        .stdout(Stdio::from(capture.stdout.try_clone()?))
+        .stderr(Stdio::from(capture.stderr.try_clone()?))
         // A terminal's Ctrl-C is for the server (or `spindle run`'s script), which stops
         // workers itself; it must not crash calls in flight.
         .process_group(0)
@@ -78,13 +141,13 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
     drop(procs);
     shared.gateway.with_pool(|p| p.spawned(id, pid));
     tracing::debug!(worker = id, pid, "worker started");
-    tokio::spawn(supervise(shared.clone(), id, child, proc));
+    tokio::spawn(supervise(shared.clone(), id, child, proc, capture));
     Ok(())
 }
 
 /// Wait for the process to end, sampling its memory while it runs a task and killing it
 /// when asked; then tell the pool how it ended.
-async fn supervise(shared: Arc<Shared>, id: WorkerId, mut child: Child, proc: Arc<Proc>) {
+async fn supervise(shared: Arc<Shared>, id: WorkerId, mut child: Child, proc: Arc<Proc>, capture: Capture) {
     let mut sample = tokio::time::interval(MEMORY_SAMPLE);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut killed = false;
@@ -124,7 +187,8 @@ async fn supervise(shared: Arc<Shared>, id: WorkerId, mut child: Child, proc: Ar
     };
     tracing::debug!(worker = id, pid = proc.pid, ?exit, "worker ended");
     shared.gateway.procs().remove(&id);
-    let actions = shared.gateway.with_pool(|p| p.exited(id, exit, None, Instant::now()));
+    let mut actions = shared.gateway.with_pool(|p| p.exited(id, exit, None, Instant::now()));
+    capture.fill(&mut actions);
     super::execute(&shared, actions);
 }
 
