@@ -5,7 +5,7 @@ threaded.py is the plain `threading` version and spindled.py the same program on
 objects: the lines marked "port:" are the only ones that differ.
 """
 
-from threading import Thread  # port: threads stay threads (cloud threads come later)
+from spindle import Thread  # port: each thread runs as a cloud function
 from spindle import Barrier, Condition, Lock, Queue  # port: Spindle's drop-in objects
 
 from spindle import Dict as SharedDict  # port: a dict that lives in the server
