@@ -18,10 +18,11 @@ $(VENV)/.installed: requirements.lock python/pyproject.toml
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e python
 	touch $@
 
+# k-means on generated data (the issue's size: 500,000 points x 50 dims, k = 25) on cloud threads.
 demo: setup
-	$(PY) examples/demo.py
+	$(VENV)/bin/spindle run examples/kmeans.py --points 500000 --dims 50 -k 25 --threads 2 --iterations 10
 
-test: setup test-rust test-python
+test: setup lint test-rust test-python
 
 test-rust:
 	$(CARGO) test --release --locked --workspace
@@ -33,10 +34,15 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
-# Benchmarks run beside the real peers; redis-server comes from Debian's packages.
+# Benchmarks run beside the real peers: redis-server from Debian's packages; Ray, Lithops and
+# PySpark (Java 17) from requirements-bench.lock, never part of `make test`.
 bench: setup
 	command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-bench.lock
 	$(PY) bench/objects.py
+	$(PY) bench/functions.py
+	$(PY) bench/ml.py
+	$(PY) bench/santa.py
 
 clean:
 	rm -rf $(VENV) target

@@ -1,0 +1,222 @@
+"""k-means clustering with cloud threads and server-side aggregation (CRUCIAL, Listing 5).
+
+`--threads` cloud threads each generate their own fragment of the data (no data travels
+through the program) and then iterate in lockstep:
+
+* read the current centroids (one `Array.get`);
+* assign their points and compute, per cluster, the sum and the count of their points and
+  their contribution to the inertia;
+* add those partial results to shared `Array`s: the additions run in the server, so the
+  global sums build up there, with one small message per thread;
+* wait on a `Barrier` whose action, run by the last thread to arrive, turns the sums and
+  counts into the new centroids and records the iteration's inertia;
+* advance the shared iteration `Counter` with `compare_and_set` (Listing 5, line 20).
+
+They stop after `--iterations` or when no centroid moves more than `--tol`. `--local` runs the
+same algorithm in this one process with NumPy (the single-machine baseline) on the same data.
+
+    spindle run examples/kmeans.py [--points 500000] [--dims 50] [-k 25] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import sparse
+
+import spindle
+
+
+@dataclass(frozen=True)
+class Problem:
+    points: int
+    dims: int
+    k: int
+    parts: int  # the data is generated as this many fragments, one per thread
+    seed: int
+
+
+def fragment(p: Problem, part: int) -> np.ndarray:
+    """Fragment `part` of the data: points around k random centres, the same every time."""
+    centres = np.random.default_rng([p.seed, 0]).uniform(-5, 5, size=(p.k, p.dims))
+    bounds = np.linspace(0, p.points, p.parts + 1).astype(int)
+    rng = np.random.default_rng([p.seed, 1, part])
+    n = bounds[part + 1] - bounds[part]
+    return centres[rng.integers(p.k, size=n)] + rng.standard_normal((n, p.dims))
+
+
+def dataset(p: Problem) -> np.ndarray:
+    return np.concatenate([fragment(p, i) for i in range(p.parts)])
+
+
+def initial_centroids(p: Problem) -> np.ndarray:
+    """k starting centroids drawn from the data's distribution (same for every run mode)."""
+    centres = np.random.default_rng([p.seed, 0]).uniform(-5, 5, size=(p.k, p.dims))
+    rng = np.random.default_rng([p.seed, 2])
+    return centres[rng.integers(p.k, size=p.k)] + rng.standard_normal((p.k, p.dims))
+
+
+def partial_step(x: np.ndarray, sq_norms: np.ndarray, centroids: np.ndarray):
+    """Assign points to their nearest centroid: per-cluster sums, counts, and the inertia."""
+    # |x - c|^2 = |x|^2 - 2 x.c + |c|^2; the nearest centroid does not depend on |x|^2.
+    scores = x @ (-2.0 * centroids.T)
+    scores += (centroids * centroids).sum(axis=1)  # in place: no temporary of n x k
+    labels = scores.argmin(axis=1)
+    nearest = sq_norms + np.take_along_axis(scores, labels[:, None], 1)[:, 0]
+    inertia = float(np.maximum(nearest, 0.0).sum())
+    k = len(centroids)
+    members = sparse.csr_matrix((np.ones(len(x)), (labels, np.arange(len(x)))), shape=(k, len(x)))
+    return members @ x, np.bincount(labels, minlength=k).astype(np.float64), inertia
+
+
+def new_centroids(sums: np.ndarray, counts: np.ndarray, old: np.ndarray) -> np.ndarray:
+    """Mean of each cluster; an empty cluster keeps its centroid."""
+    return np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], old)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The shared state of Listing 5; each field is a proxy that pickles as a reference."""
+
+    centroids: spindle.Array  # (k, dims): read by every thread at each iteration
+    sums: spindle.Array       # (k, dims): partial sums added in the server
+    counts: spindle.Array     # (k,): partial counts added in the server
+    inertia: spindle.Array    # (1,): partial inertia added in the server
+    history: spindle.List     # [inertia, time, centroid shift] per iteration
+    iteration: spindle.Counter
+    converged: spindle.Event
+    start: spindle.Barrier    # everyone loaded its fragment: the clock starts
+    step: spindle.Barrier     # everyone added its partial results: update the centroids
+
+
+def make_shared(p: Problem, tol: float) -> Shared:
+    centroids = spindle.Array((p.k, p.dims))
+    centroids.set(initial_centroids(p))
+    sums, counts, inertia = spindle.Array((p.k, p.dims)), spindle.Array(p.k), spindle.Array(1)
+    history, converged = spindle.List(), spindle.Event()
+
+    def update() -> None:  # the barrier's action: once per iteration, in the last thread
+        old = centroids.get()
+        new = new_centroids(sums.get(), counts.get(), old)
+        shift = float(np.abs(new - old).max())
+        centroids.set(new)
+        history.append([float(inertia.get()[0]), time.time(), shift])
+        sums.fill(0), counts.fill(0), inertia.fill(0)
+        if shift <= tol:
+            converged.set()
+
+    start = spindle.Barrier(p.parts, action=lambda: history.append([None, time.time(), None]))
+    return Shared(centroids, sums, counts, inertia, history, spindle.Counter(), converged,
+                  start, spindle.Barrier(p.parts, action=update))
+
+
+def kmeans_thread(p: Problem, part: int, max_iter: int, s: Shared) -> None:
+    """One cloud thread of Listing 5."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # one core per thread, like one function per vCPU
+        x = fragment(p, part)   # loadDatasetFragment()
+        sq_norms = (x * x).sum(axis=1)
+        s.start.wait()
+        it = s.iteration.get()
+        while True:
+            sums, counts, inertia = partial_step(x, sq_norms, s.centroids.get())
+            s.sums.add(sums)          # centroids.update(localCentroids, localSizes):
+            s.counts.add(counts)      # the additions run in the server
+            s.inertia.add(inertia)
+            s.step.wait()             # barrier.await(); the last one updates the centroids
+            s.iteration.compare_and_set(it, it + 1)
+            it += 1
+            if it >= max_iter or s.converged.is_set():
+                return
+
+
+def run_spindle(p: Problem, max_iter: int, tol: float) -> tuple[list[float], list[float]]:
+    """Run on cloud threads; return the inertia and the duration of each iteration."""
+    s = make_shared(p, tol)
+    threads = [spindle.Thread(target=kmeans_thread, args=(p, i, max_iter, s), name=f"kmeans-{i}")
+               for i in range(p.parts)]
+    for t in threads:
+        t.start()
+    shown = 0
+    while any(t.is_alive() for t in threads):  # report progress from the shared history
+        shown = report(s.history.copy(), shown)
+        time.sleep(0.2)
+    for t in threads:
+        t.join()  # re-raises a thread's exception
+    history = s.history.copy()
+    report(history, shown)
+    times = [b[1] - a[1] for a, b in zip(history, history[1:])]
+    return [h[0] for h in history[1:]], times
+
+
+def report(history: list, shown: int) -> int:
+    for i in range(max(shown, 1), len(history)):
+        print(f"  iteration {i}: inertia {history[i][0]:.6g}, "
+              f"{history[i][1] - history[i - 1][1]:.3f} s", file=sys.stderr, flush=True)
+    return max(shown, len(history))
+
+
+def run_local(p: Problem, max_iter: int, tol: float) -> tuple[list[float], list[float]]:
+    """The same algorithm in one NumPy process on one core: the single-machine baseline."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        x = dataset(p)
+        sq_norms = (x * x).sum(axis=1)
+        centroids = initial_centroids(p)
+        inertias, times = [], []
+        for i in range(max_iter):
+            t0 = time.perf_counter()
+            sums, counts, inertia = partial_step(x, sq_norms, centroids)
+            new = new_centroids(sums, counts, centroids)
+            shift, centroids = float(np.abs(new - centroids).max()), new
+            inertias.append(inertia)
+            times.append(time.perf_counter() - t0)
+            print(f"  iteration {i + 1}: inertia {inertia:.6g}, {times[-1]:.3f} s",
+                  file=sys.stderr, flush=True)
+            if shift <= tol:
+                break
+    return inertias, times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=int, default=500_000)
+    ap.add_argument("--dims", type=int, default=50)
+    ap.add_argument("-k", type=int, default=25, help="clusters")
+    ap.add_argument("--threads", type=int, default=2, help="cloud threads (= data fragments)")
+    ap.add_argument("--iterations", type=int, default=10, help="at most this many")
+    ap.add_argument("--tol", type=float, default=0.0, help="stop when no centroid moves more")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--local", action="store_true", help="one NumPy process instead of threads")
+    ap.add_argument("--json", action="store_true", help="also print the result as JSON")
+    args = ap.parse_args()
+
+    p = Problem(args.points, args.dims, args.k, args.threads, args.seed)
+    mode = "1 NumPy process" if args.local else f"{p.parts} cloud threads"
+    print(f"k-means: {p.points:,} points x {p.dims} dims, k={p.k}, {mode}", file=sys.stderr)
+    start = time.perf_counter()
+    if args.local:
+        inertias, times = run_local(p, args.iterations, args.tol)
+    else:
+        spindle.connect()
+        inertias, times = run_spindle(p, args.iterations, args.tol)
+    total = time.perf_counter() - start
+
+    per_iter = sum(times) / len(times)
+    print(f"{len(inertias)} iterations, final inertia {inertias[-1]:.6g}, "
+          f"{per_iter:.3f} s per iteration, {total:.2f} s in all ({mode})")
+    if args.json:
+        print(json.dumps({"iterations": len(inertias), "inertia": inertias, "times": times,
+                          "per_iteration": per_iter, "total": total, "threads": p.parts,
+                          "local": args.local}))
+
+
+if __name__ == "__main__":
+    main()
