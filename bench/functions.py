@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -126,6 +128,34 @@ def bench_lithops(calls: int, burst: int) -> dict:
     return {"lat": lat, "tput": tput}
 
 
+def _run_child(fn, calls: int, burst: int, out) -> None:
+    try:
+        out.put(("ok", fn(calls, burst)))
+    except Exception as e:  # reported by the parent
+        out.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def run_isolated(fn, calls: int, burst: int, limit_s: float) -> dict:
+    """Run a peer's benchmark in a child process, so a peer that hangs (seen with Lithops'
+    localhost backend) is stopped after `limit_s` and reported instead of stalling the run."""
+    ctx = mp.get_context("fork")  # the child keeps __main__, where the functions live
+    out = ctx.Queue()
+    child = ctx.Process(target=_run_child, args=(fn, calls, burst, out))
+    child.start()
+    try:
+        status, value = out.get(timeout=limit_s)
+    except queue.Empty:
+        child.kill()
+        raise TimeoutError(f"did not finish within {limit_s:.0f} s") from None
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    if status == "error":
+        raise RuntimeError(value)
+    return value
+
+
 def bench_pi(workers: list[int], points: int) -> dict[int, float]:
     """points/s of examples/pi.py with as many cloud threads as pool workers."""
     env = {k: v for k, v in os.environ.items() if k != "SPINDLE_ADDRESS"}
@@ -158,7 +188,7 @@ def main() -> None:
                                     args.lithops_burst)]:
         log(f"{name}: {calls} sequential calls, then {burst} at once")
         try:
-            results[name] = fn(calls, burst)
+            results[name] = fn(calls, burst) if name == "spindle" else run_isolated(fn, calls, burst, 300)
         except Exception as e:  # a peer that cannot run here is reported, never faked
             missing[name] = f"{type(e).__name__}: {e}"
             log(f"  {name} could not run: {missing[name]}")

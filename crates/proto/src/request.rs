@@ -671,7 +671,7 @@ mod tests {
         let e = error_of(v(vec![12.into(), s("frobnicate")]));
         assert_eq!(
             e.message,
-            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, invoke, cancel, worker)"
+            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker)"
         );
     }
 

@@ -1,9 +1,9 @@
 //! `Event`: `threading.Event`. `set` wakes every parked `wait`.
 
 use crate::object::args;
-use crate::{ConnId, Ctx, Error, Object, Step, Token, Value};
+use crate::{Ctx, Error, Object, Step, Value};
 
-use super::waiters::WaitQueue;
+use super::waiters::{wait_queue_methods, WaitQueue};
 
 pub struct Event {
     flag: bool,
@@ -34,9 +34,7 @@ impl Object for Event {
             "set" => {
                 args::arity(method, a, 0, 0)?;
                 self.flag = true;
-                for w in self.waiters.drain() {
-                    ctx.deliver(w.token, Ok(Value::Boolean(true)));
-                }
+                self.waiters.open_gate(ctx);
                 Value::Nil
             }
             "clear" => {
@@ -51,42 +49,14 @@ impl Object for Event {
             "wait" => {
                 args::arity(method, a, 0, 1)?;
                 let timeout = args::timeout(method, a, 0)?;
-                if self.flag {
-                    Value::Boolean(true)
-                } else if timeout == Some(0.0) {
-                    Value::Boolean(false)
-                } else {
-                    return Ok(self.waiters.park(ctx, ctx.deadline(timeout), ()));
-                }
+                return Ok(self.waiters.wait_gate(self.flag, timeout, ctx));
             }
             _ => return Err(super::unknown_method("Event", method)),
         };
         Ok(Step::Reply(v))
     }
 
-    fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Ok(Value::Boolean(false)));
-        }
-    }
-
-    fn disconnect(&mut self, conn: ConnId, _ctx: &mut Ctx) {
-        self.waiters.remove_conn(conn);
-    }
-
-    fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
-        for w in self.waiters.drain() {
-            ctx.deliver(w.token, Err(reply.clone()));
-        }
-    }
-
-    fn has_waiters(&self) -> bool {
-        !self.waiters.is_empty()
-    }
-
-    fn tracks_connections(&self) -> bool {
-        true
-    }
+    wait_queue_methods!(waiters, timeout: Ok(Value::Boolean(false)));
 }
 
 #[cfg(test)]

@@ -2,9 +2,9 @@
 //! exception once; `result`/`exception` park until then.
 
 use crate::object::args;
-use crate::{ConnId, Ctx, Error, ErrorKind, Object, Reply, Step, Token, Value};
+use crate::{Ctx, Error, ErrorKind, Object, Reply, Step, Value};
 
-use super::waiters::WaitQueue;
+use super::waiters::{wait_queue_methods, WaitQueue};
 
 enum State {
     Pending,
@@ -145,29 +145,7 @@ impl Object for Future {
         Ok(Step::Reply(v))
     }
 
-    fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Err(timed_out()));
-        }
-    }
-
-    fn disconnect(&mut self, conn: ConnId, _ctx: &mut Ctx) {
-        self.waiters.remove_conn(conn);
-    }
-
-    fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
-        for w in self.waiters.drain() {
-            ctx.deliver(w.token, Err(reply.clone()));
-        }
-    }
-
-    fn has_waiters(&self) -> bool {
-        !self.waiters.is_empty()
-    }
-
-    fn tracks_connections(&self) -> bool {
-        true
-    }
+    wait_queue_methods!(waiters, timeout: Err(timed_out()));
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! `CountDownLatch`: Java's latch. `wait` parks until the count reaches zero.
 
 use crate::object::args;
-use crate::{ConnId, Ctx, Error, Object, Step, Token, Value};
+use crate::{Ctx, Error, Object, Step, Value};
 
-use super::waiters::WaitQueue;
+use super::waiters::{wait_queue_methods, WaitQueue};
 
 pub struct CountDownLatch {
     count: u64,
@@ -38,9 +38,7 @@ impl Object for CountDownLatch {
                 if self.count > 0 {
                     self.count -= 1;
                     if self.count == 0 {
-                        for w in self.waiters.drain() {
-                            ctx.deliver(w.token, Ok(Value::Boolean(true)));
-                        }
+                        self.waiters.open_gate(ctx);
                     }
                 }
                 Value::from(self.count)
@@ -52,42 +50,14 @@ impl Object for CountDownLatch {
             "wait" => {
                 args::arity(method, a, 0, 1)?;
                 let timeout = args::timeout(method, a, 0)?;
-                if self.count == 0 {
-                    Value::Boolean(true)
-                } else if timeout == Some(0.0) {
-                    Value::Boolean(false)
-                } else {
-                    return Ok(self.waiters.park(ctx, ctx.deadline(timeout), ()));
-                }
+                return Ok(self.waiters.wait_gate(self.count == 0, timeout, ctx));
             }
             _ => return Err(super::unknown_method("CountDownLatch", method)),
         };
         Ok(Step::Reply(v))
     }
 
-    fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Ok(Value::Boolean(false)));
-        }
-    }
-
-    fn disconnect(&mut self, conn: ConnId, _ctx: &mut Ctx) {
-        self.waiters.remove_conn(conn);
-    }
-
-    fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
-        for w in self.waiters.drain() {
-            ctx.deliver(w.token, Err(reply.clone()));
-        }
-    }
-
-    fn has_waiters(&self) -> bool {
-        !self.waiters.is_empty()
-    }
-
-    fn tracks_connections(&self) -> bool {
-        true
-    }
+    wait_queue_methods!(waiters, timeout: Ok(Value::Boolean(false)));
 }
 
 #[cfg(test)]

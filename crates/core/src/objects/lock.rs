@@ -4,9 +4,9 @@
 //! the state it protects may be half-updated.
 
 use crate::object::args;
-use crate::{ConnId, Ctx, Error, Object, Step, Token, Value};
+use crate::{ConnId, Ctx, Error, Object, Step, Value};
 
-use super::waiters::WaitQueue;
+use super::waiters::{wait_queue_methods, WaitQueue};
 
 pub struct Lock {
     /// The connection holding the lock, if locked.
@@ -63,6 +63,14 @@ impl Lock {
             None => self.holder = None,
         }
     }
+
+    /// A holder whose connection ended releases the lock "abandoned".
+    fn release_if_holder(&mut self, conn: ConnId, ctx: &mut Ctx) {
+        if self.holder == Some(conn) {
+            self.abandoned = true;
+            self.release(ctx);
+        }
+    }
 }
 
 impl Object for Lock {
@@ -107,33 +115,7 @@ impl Object for Lock {
         Ok(Step::Reply(v))
     }
 
-    fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Ok(Value::Boolean(false)));
-        }
-    }
-
-    fn disconnect(&mut self, conn: ConnId, ctx: &mut Ctx) {
-        self.waiters.remove_conn(conn);
-        if self.holder == Some(conn) {
-            self.abandoned = true;
-            self.release(ctx);
-        }
-    }
-
-    fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
-        for w in self.waiters.drain() {
-            ctx.deliver(w.token, Err(reply.clone()));
-        }
-    }
-
-    fn has_waiters(&self) -> bool {
-        !self.waiters.is_empty()
-    }
-
-    fn tracks_connections(&self) -> bool {
-        true
-    }
+    wait_queue_methods!(waiters, timeout: Ok(Value::Boolean(false)), on_disconnect: release_if_holder);
 }
 
 #[cfg(test)]

@@ -248,13 +248,10 @@ impl Object for Queue {
     }
 
     fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.getters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Err(empty()));
-        } else if let Some(w) = self.putters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Err(full()));
-        } else if let Some(w) = self.joiners.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Ok(Value::Boolean(false)));
-        }
+        // A token waits in one of the three queues at most: stop at the one that answers it.
+        let _ = self.getters.expire_with(waiter, ctx, Err(empty()))
+            || self.putters.expire_with(waiter, ctx, Err(full()))
+            || self.joiners.expire_with(waiter, ctx, Ok(Value::Boolean(false)));
     }
 
     fn disconnect(&mut self, conn: ConnId, _ctx: &mut Ctx) {
@@ -265,13 +262,9 @@ impl Object for Queue {
     }
 
     fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
-        let tokens: Vec<Token> = (self.getters.drain().into_iter().map(|w| w.token))
-            .chain(self.putters.drain().into_iter().map(|w| w.token))
-            .chain(self.joiners.drain().into_iter().map(|w| w.token))
-            .collect();
-        for t in tokens {
-            ctx.deliver(t, Err(reply.clone()));
-        }
+        self.getters.fail_all(ctx, reply);
+        self.putters.fail_all(ctx, reply);
+        self.joiners.fail_all(ctx, reply);
     }
 
     fn has_waiters(&self) -> bool {

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use crate::object::args;
-use crate::{Caller, ConnId, Ctx, Error, ErrorKind, Object, Step, Token, Value};
+use crate::{Caller, ConnId, Ctx, Error, ErrorKind, Object, Step, Value};
 
 use super::lock::{acquire_args, granted};
-use super::waiters::WaitQueue;
+use super::waiters::{wait_queue_methods, WaitQueue};
 
 type Owner = (Arc<str>, u64);
 
@@ -48,6 +48,15 @@ impl RLock {
                 count: 1,
             }
         });
+    }
+
+    /// An owner whose connection ended releases the lock "abandoned", however often it
+    /// acquired it.
+    fn release_if_owner(&mut self, conn: ConnId, ctx: &mut Ctx) {
+        if self.held.as_ref().is_some_and(|h| h.conn == conn) {
+            self.abandoned = true;
+            self.hand_over(ctx);
+        }
     }
 
     fn owned_by(&self, c: &Caller) -> bool {
@@ -122,33 +131,7 @@ impl Object for RLock {
         Ok(Step::Reply(v))
     }
 
-    fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Ok(Value::Boolean(false)));
-        }
-    }
-
-    fn disconnect(&mut self, conn: ConnId, ctx: &mut Ctx) {
-        self.waiters.remove_conn(conn);
-        if self.held.as_ref().is_some_and(|h| h.conn == conn) {
-            self.abandoned = true;
-            self.hand_over(ctx);
-        }
-    }
-
-    fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
-        for w in self.waiters.drain() {
-            ctx.deliver(w.token, Err(reply.clone()));
-        }
-    }
-
-    fn has_waiters(&self) -> bool {
-        !self.waiters.is_empty()
-    }
-
-    fn tracks_connections(&self) -> bool {
-        true
-    }
+    wait_queue_methods!(waiters, timeout: Ok(Value::Boolean(false)), on_disconnect: release_if_owner);
 }
 
 #[cfg(test)]

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 
 use crate::object::args;
-use crate::{ConnId, Ctx, Error, ErrorKind, Object, Step, Token, Value};
+use crate::{ConnId, Ctx, Error, ErrorKind, Object, Step, Value};
 
 use super::lock::acquire_args;
-use super::waiters::WaitQueue;
+use super::waiters::{wait_queue_methods, WaitQueue};
 
 pub struct Semaphore {
     value: u64,
@@ -50,6 +50,17 @@ impl Semaphore {
         }
         // No waiter is left: the rest of the permits go back in one step.
         self.value = self.value.saturating_add(left);
+    }
+
+    /// A connection ended: the permits it still holds come back.
+    fn return_permits(&mut self, conn: ConnId, ctx: &mut Ctx) {
+        if let Some(mut n) = self.held.remove(&conn) {
+            if self.bounded {
+                // Signal-style releases by others may already have refilled it.
+                n = n.min(self.initial.saturating_sub(self.value));
+            }
+            self.release(n, ctx);
+        }
     }
 }
 
@@ -114,36 +125,7 @@ impl Object for Semaphore {
         Ok(Step::Reply(v))
     }
 
-    fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
-        if let Some(w) = self.waiters.take_due(waiter, ctx) {
-            ctx.deliver(w.token, Ok(Value::Boolean(false)));
-        }
-    }
-
-    fn disconnect(&mut self, conn: ConnId, ctx: &mut Ctx) {
-        self.waiters.remove_conn(conn);
-        if let Some(mut n) = self.held.remove(&conn) {
-            if self.bounded {
-                // Signal-style releases by others may already have refilled it.
-                n = n.min(self.initial.saturating_sub(self.value));
-            }
-            self.release(n, ctx);
-        }
-    }
-
-    fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
-        for w in self.waiters.drain() {
-            ctx.deliver(w.token, Err(reply.clone()));
-        }
-    }
-
-    fn has_waiters(&self) -> bool {
-        !self.waiters.is_empty()
-    }
-
-    fn tracks_connections(&self) -> bool {
-        true
-    }
+    wait_queue_methods!(waiters, timeout: Ok(Value::Boolean(false)), on_disconnect: return_permits);
 }
 
 #[cfg(test)]

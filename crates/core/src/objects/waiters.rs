@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use crate::{ConnId, Ctx, Step, Token};
+use crate::{ConnId, Ctx, Error, Reply, Step, Token, Value};
 
 /// One parked call and what the object needs to answer it later.
 #[derive(Debug)]
@@ -78,6 +78,25 @@ impl<T> WaitQueue<T> {
         }
     }
 
+    /// Answer `token` with `reply` if it is still parked here and due (see [`Self::take_due`]);
+    /// returns whether it was.
+    pub fn expire_with(&mut self, token: Token, ctx: &mut Ctx, reply: Reply) -> bool {
+        match self.take_due(token, ctx) {
+            Some(w) => {
+                ctx.deliver(w.token, reply);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Answer every waiter, oldest first, with `err`, leaving the queue empty.
+    pub fn fail_all(&mut self, ctx: &mut Ctx, err: &Error) {
+        for w in self.drain() {
+            ctx.deliver(w.token, Err(err.clone()));
+        }
+    }
+
     /// Withdraw every waiter of a connection, in arrival order.
     pub fn remove_conn(&mut self, conn: ConnId) -> Vec<Waiter<T>> {
         if !self.order.values().any(|w| w.conn == conn) {
@@ -116,3 +135,66 @@ impl<T> WaitQueue<T> {
         }
     }
 }
+
+/// A gate that stays shut until it opens for everyone (`Event`, `CountDownLatch`).
+impl WaitQueue<()> {
+    /// `wait([timeout])` on the gate: `true` at once if it is `open`, `false` at once for a
+    /// zero timeout, else park the caller until [`Self::open_gate`] or its deadline.
+    pub fn wait_gate(&mut self, open: bool, timeout: Option<f64>, ctx: &Ctx) -> Step {
+        if open {
+            Step::Reply(Value::Boolean(true))
+        } else if timeout == Some(0.0) {
+            Step::Reply(Value::Boolean(false))
+        } else {
+            self.park(ctx, ctx.deadline(timeout), ())
+        }
+    }
+
+    /// The gate opened: every waiter, oldest first, hears `true`.
+    pub fn open_gate(&mut self, ctx: &mut Ctx) {
+        for w in self.drain() {
+            ctx.deliver(w.token, Ok(Value::Boolean(true)));
+        }
+    }
+}
+
+/// The [`Object`](crate::Object) methods of a type whose parked calls all wait in the one
+/// `WaitQueue` field `$queue`: a due waiter is answered `$timeout`, a connection's end
+/// forgets its waiters (then calls `on_disconnect`, the type's own method for what else the
+/// connection gives back, if any), and deleting the object fails every waiter.
+macro_rules! wait_queue_methods {
+    ($queue:ident, timeout: $timeout:expr) => {
+        $crate::objects::waiters::wait_queue_methods!(@common $queue, $timeout);
+
+        fn disconnect(&mut self, conn: $crate::ConnId, _ctx: &mut $crate::Ctx) {
+            self.$queue.remove_conn(conn);
+        }
+    };
+    ($queue:ident, timeout: $timeout:expr, on_disconnect: $release:ident) => {
+        $crate::objects::waiters::wait_queue_methods!(@common $queue, $timeout);
+
+        fn disconnect(&mut self, conn: $crate::ConnId, ctx: &mut $crate::Ctx) {
+            self.$queue.remove_conn(conn);
+            self.$release(conn, ctx);
+        }
+    };
+    (@common $queue:ident, $timeout:expr) => {
+        fn expire(&mut self, waiter: $crate::Token, ctx: &mut $crate::Ctx) {
+            self.$queue.expire_with(waiter, ctx, $timeout);
+        }
+
+        fn drain_waiters(&mut self, ctx: &mut $crate::Ctx, reply: &$crate::Error) {
+            self.$queue.fail_all(ctx, reply);
+        }
+
+        fn has_waiters(&self) -> bool {
+            !self.$queue.is_empty()
+        }
+
+        fn tracks_connections(&self) -> bool {
+            true
+        }
+    };
+}
+
+pub(super) use wait_queue_methods;
