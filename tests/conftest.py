@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -141,6 +142,33 @@ def child_env(server: ServerProcess) -> dict:
     env["SPINDLE_ADDRESS"] = server.address
     env["PYTHONPATH"] = pythonpath_for_tests()
     return env
+
+
+def wait_until(predicate, deadline: float = 30.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it is true; ``deadline`` (seconds) only bounds a failure."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def has_parked_callers(obj: "spindle.proxy.Proxy") -> bool:
+    """Whether calls are parked on ``obj`` in the server right now.
+
+    The server refuses to move an object (``keep`` with a new name answers ``Busy``) while
+    callers are parked on it, which makes a move an exact probe. When nobody is parked the
+    object does move, to a fresh name: every proxy follows it (the old key answers
+    ``Moved``), and it now outlives its session, so delete it when done.
+    """
+    try:
+        spindle.keep(obj, f"probe.{uuid.uuid4().hex}")
+    except spindle.SpindleError as exc:
+        if "parked" in str(exc):
+            return True
+        raise
+    return False
 
 
 def free_port() -> int:

@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 import spindle
+from conftest import has_parked_callers, wait_until
 from spindle.client import Connection, frame, parse_address
 
 
@@ -28,6 +29,20 @@ def test_threads_share_objects_through_their_own_connections():
     assert counter.get() == 16_000
 
 
+class AlarmWhenParked(threading.Thread):
+    """Send SIGALRM to the main thread once a call is parked on ``obj`` in the server (or
+    after the failure deadline, so a call that never parks cannot hang the test)."""
+
+    def __init__(self, obj) -> None:
+        super().__init__(daemon=True)
+        self.obj, self.parked = obj, False
+        self.start()
+
+    def run(self) -> None:
+        self.parked = wait_until(lambda: has_parked_callers(self.obj))
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+
+
 def test_interrupted_call_discards_its_connection():
     q = spindle.Queue()
 
@@ -38,16 +53,21 @@ def test_interrupted_call_discards_its_connection():
         raise Interrupted
 
     old = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    alarm = AlarmWhenParked(q)
     try:
         with pytest.raises(Interrupted):
             q.get()  # parked in the server until the signal interrupts it
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        alarm.join()
         signal.signal(signal.SIGALRM, old)
-    time.sleep(0.2)  # let the server see the old connection close
-    q.put("x")  # on a fresh connection
-    assert q.get(timeout=30) == "x"  # the interrupted get did not take it
+    try:
+        assert alarm.parked  # the get really was parked when it was interrupted
+        assert wait_until(lambda: not has_parked_callers(q))  # and is withdrawn
+        q.put("x")
+        assert q.qsize() == 1  # the interrupted get did not take it
+        assert q.get(timeout=30) == "x"
+    finally:
+        spindle.delete(q)  # probing moved it to a name
 
 
 def raw_connection(address: str, session: str) -> Connection:
@@ -128,15 +148,17 @@ def test_an_interrupted_wait_keeps_the_threads_locks(server):
 
     assert lock.acquire()
     previous = signal.signal(signal.SIGALRM, on_alarm)
+    alarm = AlarmWhenParked(q)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
         with pytest.raises(Interrupted):
             q.get()  # parks with no timeout until the alarm interrupts it
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        alarm.join()
         signal.signal(signal.SIGALRM, previous)
+    assert alarm.parked
     assert lock.locked()
     assert not lock.acquire(blocking=False)  # still ours: nobody else got it
     q.put("kept")  # the withdrawn get took nothing, and the connection is in step
     assert q.get(timeout=5) == "kept"
     lock.release()
+    spindle.delete(q)  # probing moved it to a name

@@ -8,25 +8,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 import spindle
 import workers
-from conftest import ServerProcess
+from conftest import ServerProcess, has_parked_callers, wait_until
 
 FORK = mp.get_context("fork")
-
-
-def wait_until(predicate, deadline: float = 30.0, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``deadline`` seconds pass (a hang guard)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_lock_of_a_killed_holder_is_freed_and_reported_abandoned(uniq):
@@ -84,15 +73,21 @@ def test_client_killed_on_a_queue_does_not_steal_items():
     child.start()
     try:
         assert ready.wait(30)
-        time.sleep(0.3)  # let the get reach the server and park
+        assert wait_until(lambda: has_parked_callers(q))  # the child's get is parked
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.join()
-    time.sleep(0.2)  # let the server notice the closed connection
-    q.put("item")
-    assert q.get(timeout=30) == "item"
-    assert len(stolen) == 0
-    assert q.qsize() == 0
+    try:
+        # The server withdraws the dead connection's get...
+        assert wait_until(lambda: not has_parked_callers(q))
+        # ...so an item put now stays in the queue instead of going to the dead getter.
+        q.put("item")
+        assert q.qsize() == 1
+        assert q.get(timeout=30) == "item"
+        assert len(stolen) == 0
+        assert q.qsize() == 0
+    finally:
+        spindle.delete(q)  # probing moved it to a name
 
 
 def test_unnamed_objects_vanish_with_their_session_named_ones_stay(uniq):
@@ -127,6 +122,7 @@ def test_kept_unnamed_object_outlives_its_session(uniq):
         spindle.keep(c, name="{uniq}.kept")
         c.increment()
         print(c.key)
+        print(spindle.Counter(1).key)  # unnamed, not kept: goes with the session
         """
     )
     out = subprocess.run(
@@ -134,9 +130,20 @@ def test_kept_unnamed_object_outlives_its_session(uniq):
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"{uniq}.kept"
-    time.sleep(1.5)  # past the session TTL
+    kept_key, unnamed_key = out.stdout.split()
+    assert kept_key == f"{uniq}.kept"
+    unnamed = spindle.attach("Counter", unnamed_key)
+
+    def session_ended() -> bool:
+        try:
+            unnamed.get()
+            return False
+        except spindle.ObjectNotFound:
+            return True
+
+    assert wait_until(session_ended)  # the session TTL is 1 s
     assert spindle.Counter(name=f"{uniq}.kept").get() == 42
+    assert (f"{uniq}.kept", "Counter") in spindle.objects(uniq)
 
 
 def test_server_gone_raises_server_unavailable():

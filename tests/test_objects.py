@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import spindle
+from conftest import has_parked_callers, wait_until
 
 
 # -- names, references, errors ---------------------------------------------------------
@@ -201,6 +202,73 @@ def test_array_round_trip_with_numpy():
     assert np.array_equal(ints.get(), np.array([3, 6, 9, 12]))
     with pytest.raises(ValueError):
         a.add(np.zeros(5))
+
+
+def test_data_reprs_show_the_contents_like_the_builtins(uniq):
+    assert repr(spindle.Dict({"a": 1, (1, 2): [3]})) == "spindle.Dict({'a': 1, (1, 2): [3]})"
+    assert repr(spindle.Dict()) == "spindle.Dict({})"
+    assert repr(spindle.SortedDict({3: "c", 1: "a"})) == "spindle.SortedDict({1: 'a', 3: 'c'})"
+    assert repr(spindle.List([1, "x", (2,)])) == "spindle.List([1, 'x', (2,)])"
+    assert repr(spindle.Counter(5)) == "spindle.Counter(5)"
+    assert repr(spindle.Value("v")) == "spindle.Value('v')"
+    assert repr(spindle.Value()) == "spindle.Value(None)"
+    named = spindle.Dict({"a": 1}, name=f"{uniq}.d")
+    assert repr(named) == f"spindle.Dict({{'a': 1}}, name='{uniq}.d')"
+    assert repr(spindle.Counter(2, name=f"{uniq}.c")) == f"spindle.Counter(2, name='{uniq}.c')"
+    assert str(spindle.List([1])) == "spindle.List([1])"
+    # Nested objects show their contents; a container holding itself shows "...".
+    outer = spindle.List([spindle.Counter(3)])
+    assert repr(outer) == "spindle.List([spindle.Counter(3)])"
+    outer.append(outer)
+    assert repr(outer) == "spindle.List([spindle.Counter(3), spindle.List(...)])"
+    d = spindle.Dict()
+    d["me"] = d
+    assert repr(d) == "spindle.Dict({'me': spindle.Dict(...)})"
+    # A deleted object cannot show its contents: repr falls back to the reference.
+    spindle.delete(named)
+    assert repr(named) == f"<spindle.Dict '{uniq}.d'>"
+
+
+def test_sync_object_reprs_stay_short(uniq):
+    assert repr(spindle.Lock(name=f"{uniq}.lock")) == f"<spindle.Lock '{uniq}.lock'>"
+    event = spindle.Event()
+    assert repr(event) == f"<spindle.Event '{event.key}'>"
+    assert repr(spindle.Queue(name=f"{uniq}.q")) == f"<spindle.Queue '{uniq}.q'>"
+
+
+def test_dict_and_list_compare_with_builtins_by_contents():
+    d = spindle.Dict({"a": 1, "b": [2]})
+    assert d == {"a": 1, "b": [2]} and {"b": [2], "a": 1} == d
+    assert d != {"a": 1} and not (d == {"a": 1})
+    assert d == spindle.Dict({"b": [2], "a": 1})  # another object, same contents
+    assert d != [("a", 1), ("b", [2])] and d != spindle.Counter()
+    lst = spindle.List([1, (2, 3)])
+    assert lst == [1, (2, 3)] and [1, (2, 3)] == lst
+    assert lst != [1] and lst != [(2, 3), 1]
+    assert lst == spindle.List([1, (2, 3)])
+    assert lst != (1, (2, 3))  # like list: never equal to a tuple
+    assert lst != spindle.Dict() and lst != "12"
+
+
+def count_calls(obj):
+    """Record the server methods ``obj`` calls from now on."""
+    calls, real = [], obj._call
+
+    def counted(method, args):
+        calls.append(method)
+        return real(method, args)
+
+    obj._call = counted
+    return calls
+
+
+def test_comparisons_and_reprs_take_one_snapshot():
+    d, lst = spindle.Dict({"a": 1}), spindle.List([1, 2])
+    dict_calls, list_calls = count_calls(d), count_calls(lst)
+    assert d == {"a": 1} and lst == [1, 2]
+    assert dict_calls == ["items"] and list_calls == ["items"]
+    repr(d), repr(lst)
+    assert dict_calls == ["items"] * 2 and list_calls == ["items"] * 2
 
 
 # -- synchronization ---------------------------------------------------------------------
@@ -483,15 +551,20 @@ def test_items_of_parked_putters_count_for_task_done_and_join():
     q.put("a")
     putter = threading.Thread(target=q.put, args=("b",))  # parks: the queue is full
     putter.start()
-    while q.qsize() < 1:
-        time.sleep(0.01)
-    time.sleep(0.2)  # let the put reach the server and park
-    assert q.get() == "a"  # lets "b" in
-    putter.join(30)
-    assert q.get(timeout=30) == "b"
-    q.task_done()
-    q.task_done()  # two items were put: two task_done calls are allowed
-    assert q.join(30) is True
+    try:
+        assert wait_until(lambda: has_parked_callers(q))  # the put is parked in the server
+        assert q.qsize() == 1 and putter.is_alive()  # "b" waits outside the queue
+        assert q.get() == "a"  # lets "b" in
+        putter.join(30)
+        assert not putter.is_alive()
+        assert q.get(timeout=30) == "b"
+        q.task_done()
+        q.task_done()  # two items were put: two task_done calls are allowed
+        with pytest.raises(ValueError):
+            q.task_done()
+        assert q.join(30) is True
+    finally:
+        spindle.delete(q)  # probing moved it to a name
 
 
 def test_keep_moves_an_object_and_old_references_follow(uniq):

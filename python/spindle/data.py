@@ -7,6 +7,7 @@ Every method is one round trip and runs in the server, next to the data. Views s
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Iterable, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any, Iterator, List as _List, Optional, Tuple, Union
 
@@ -27,6 +28,34 @@ def _pairs(other: Any) -> _List[Any]:
         k, v = pair
         out.append([k, v])
     return out
+
+
+_REPRS = threading.local()
+
+
+def _contents_repr(obj: Proxy, contents: Any) -> str:
+    """``spindle.Type(<repr of contents()>[, name='...'])``, like the builtin's repr.
+
+    ``contents`` is called once (one snapshot). A value that holds a reference to an object
+    being shown is shown as ``...``, as the builtins do for recursive containers; when the
+    server cannot be reached the short reference repr is used, so ``repr`` never raises.
+    """
+    active = getattr(_REPRS, "active", None)
+    if active is None:
+        active = _REPRS.active = set()
+    ref = (obj._type, obj._key)
+    cls = f"spindle.{type(obj).__name__}"
+    if ref in active:
+        return f"{cls}(...)"
+    active.add(ref)
+    try:
+        shown = repr(contents())
+    except Exception:
+        return Proxy.__repr__(obj)
+    finally:
+        active.discard(ref)
+    name = obj.name
+    return f"{cls}({shown})" if name is None else f"{cls}({shown}, name={name!r})"
 
 
 class Counter(Proxy, type_name="Counter"):
@@ -80,6 +109,9 @@ class Counter(Proxy, type_name="Counter"):
     def __index__(self) -> int:
         return self.get()
 
+    def __repr__(self) -> str:
+        return _contents_repr(self, self.get)
+
 
 class Value(Proxy, type_name="Value"):
     """A single value of any type."""
@@ -107,6 +139,9 @@ class Value(Proxy, type_name="Value"):
     @value.setter
     def value(self, value: Any) -> None:
         self._call("set", [value])
+
+    def __repr__(self) -> str:
+        return _contents_repr(self, self.get)
 
 
 class Dict(Proxy, MutableMapping, type_name="Dict"):
@@ -150,6 +185,9 @@ class Dict(Proxy, MutableMapping, type_name="Dict"):
         return NotImplemented
 
     __hash__ = Proxy.__hash__
+
+    def __repr__(self) -> str:
+        return _contents_repr(self, self.copy)
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self._call("get", [key, default])
@@ -267,13 +305,22 @@ class List(Proxy, MutableSequence, type_name="List"):
         return self._call("contains", [value])
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Proxy) and other._type == self._type and other._key == self._key:
-            return True
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return self._call("items", []) == list(other)
+        """Contents equality with a ``list`` or another ``spindle.List`` (one snapshot each);
+        like ``list``, never equal to a tuple or another kind of sequence."""
+        if isinstance(other, List):
+            if other._type == self._type and other._key == self._key:
+                return True
+            return self._call("items", []) == other._call("items", [])
+        if isinstance(other, list):
+            return self._call("items", []) == other
+        if isinstance(other, Proxy):
+            return False
         return NotImplemented
 
     __hash__ = Proxy.__hash__
+
+    def __repr__(self) -> str:
+        return _contents_repr(self, self.copy)
 
     def __iadd__(self, values: Iterable[Any]) -> "List":
         self.extend(values)

@@ -27,6 +27,13 @@ def _exception_from(value: Any) -> BaseException:
     return SpindleError(f"{type_name}: {message}")
 
 
+def _timeout(timeout: Optional[float]) -> Optional[float]:
+    """A negative timeout waits no time, as in ``concurrent.futures`` (the server refuses it)."""
+    if timeout is not None and timeout < 0:
+        return 0
+    return timeout
+
+
 class Future(Proxy, type_name="Future"):
     """A shared future: ``set_result``/``set_exception`` once; ``result`` waits."""
 
@@ -47,13 +54,13 @@ class Future(Proxy, type_name="Future"):
     def result(self, timeout: Optional[float] = None) -> Any:
         """The result, waiting up to ``timeout``; re-raises a stored exception."""
         try:
-            return self._call("result", [timeout])
+            return self._call("result", [_timeout(timeout)])
         except RemoteFutureException as remote:
             raise _exception_from(remote.data) from None
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """The stored exception (None if the future has a result), waiting up to ``timeout``."""
-        value = self._call("exception", [timeout])
+        value = self._call("exception", [_timeout(timeout)])
         return None if value is None else _exception_from(value)
 
     def done(self) -> bool:

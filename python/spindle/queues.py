@@ -28,6 +28,8 @@ class Queue(Proxy, type_name="Queue"):
 
     def put(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         """Put ``item``, waiting for a free slot if needed; ``queue.Full`` on timeout."""
+        if block and timeout is not None and timeout < 0 and self.maxsize <= 0:
+            timeout = None  # as queue.Queue: an unbounded put never waits, nor checks timeout
         self._call("put", [item] + _block_args(block, timeout))
 
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
@@ -58,7 +60,10 @@ class Queue(Proxy, type_name="Queue"):
         self._call("task_done", [])
 
     def join(self, timeout: Optional[float] = None) -> bool:
-        """Wait until every item put was marked done; False on timeout."""
+        """Wait until every item put was marked done; False on timeout (a Spindle addition:
+        ``queue.Queue.join`` takes no timeout). A negative timeout does not wait."""
+        if timeout is not None and timeout < 0:
+            timeout = 0
         return self._call("join", [timeout])
 
 

@@ -8,6 +8,7 @@ returns ``True`` and emits :class:`spindle.AbandonedLockWarning`.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import Any, Callable, List, Optional, TypeVar, Union
@@ -18,17 +19,58 @@ from .proxy import Proxy, attach, validate_name
 T = TypeVar("T")
 
 
-def _wait_args(blocking: bool, timeout: Optional[float]) -> List[Any]:
-    """``threading``-style ``(blocking, timeout)`` as the server's ``[blocking, timeout]``."""
-    if timeout is not None and timeout == -1:
-        timeout = None
+def _message_of(call: Callable[[], Any], default: str) -> str:
+    """The message of the ``ValueError`` that ``call`` raises (CPython's wording varies by
+    version: Lock's negative timeout is "must be positive" before 3.13)."""
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return default
+
+
+_NEGATIVE_LOCK_TIMEOUT = _message_of(
+    lambda: threading.Lock().acquire(True, -2), "timeout value must be a non-negative number"
+)
+
+
+def _lock_args(blocking: bool, timeout: Any) -> List[Any]:
+    """``threading.Lock.acquire``'s ``(blocking, timeout)`` as the server's ``[blocking, timeout]``.
+
+    As in CPython: ``timeout=-1`` (the default) waits forever; a non-blocking call takes no
+    other timeout; any other negative timeout is a ``ValueError`` and ``None`` a ``TypeError``.
+    """
+    if timeout is None:
+        raise TypeError("'NoneType' object cannot be interpreted as an integer")
     if not blocking:
-        if timeout is not None:
+        if timeout != -1:
             raise ValueError("can't specify a timeout for a non-blocking call")
         return [False, None]
-    if timeout is not None and timeout < 0:
-        raise ValueError("timeout value must be a non-negative number")
+    if timeout == -1:
+        return [True, None]
+    if timeout < 0:
+        raise ValueError(_NEGATIVE_LOCK_TIMEOUT)
+    if timeout > threading.TIMEOUT_MAX:
+        raise OverflowError("timeout value is too large")
     return [True, timeout]
+
+
+def _semaphore_args(blocking: bool, timeout: Optional[float]) -> List[Any]:
+    """``threading.Semaphore.acquire``'s arguments: ``None`` waits forever and a negative
+    timeout acts as a zero one (CPython's Semaphore is written in Python, unlike its Lock)."""
+    if not blocking:
+        if timeout is not None:
+            raise ValueError("can't specify timeout for non-blocking acquire")
+        return [False, None]
+    return [True, _timeout(timeout)]
+
+
+def _timeout(timeout: Optional[float]) -> Optional[float]:
+    """A wait's timeout for the server: ``None`` (forever) stays, a negative one becomes 0,
+    as in ``threading`` (``Event.wait(-1)`` returns at once), since the server refuses it."""
+    if timeout is not None and timeout < 0:
+        return 0
+    return timeout
 
 
 def _acquired(result: Any, obj: Proxy) -> bool:
@@ -54,7 +96,7 @@ class Lock(Proxy, type_name="Lock"):
         self._init([], name)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return _acquired(self._call("acquire", _wait_args(blocking, timeout)), self)
+        return _acquired(self._call("acquire", _lock_args(blocking, timeout)), self)
 
     def release(self) -> None:
         self._call("release", [])
@@ -88,7 +130,7 @@ class Semaphore(Proxy, type_name="Semaphore"):
         self._init([value], name)
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
-        return _acquired(self._call("acquire", _wait_args(blocking, timeout)), self)
+        return _acquired(self._call("acquire", _semaphore_args(blocking, timeout)), self)
 
     def release(self, n: int = 1) -> None:
         self._call("release", [n])
@@ -127,7 +169,8 @@ class Event(Proxy, type_name="Event"):
     isSet = is_set
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._call("wait", [timeout])
+        """Wait until the flag is set (a negative timeout: do not wait); the flag."""
+        return self._call("wait", [_timeout(timeout)])
 
 
 AnyLock = Union[Lock, RLock]
@@ -201,8 +244,7 @@ class Condition(Proxy, type_name="Condition"):
         """Release the lock, wait to be notified (or time out), re-acquire; True if notified."""
         if not self._is_owned():
             raise RuntimeError("cannot wait on un-acquired lock")
-        if timeout is not None and timeout < 0:
-            timeout = 0
+        timeout = _timeout(timeout)
         ticket = self._call("register", [])
         depth = self._release_all()
         try:
@@ -274,7 +316,7 @@ class Barrier(Proxy, type_name="Barrier"):
         if parties < 1:
             raise ValueError("parties must be >= 1")
         self._action = action
-        self._init([parties, action is not None, timeout], name)
+        self._init([parties, action is not None, _timeout(timeout)], name)
 
     def _attached(self) -> None:
         self._action = None
@@ -284,7 +326,7 @@ class Barrier(Proxy, type_name="Barrier"):
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Wait for all parties; return this caller's arrival index (0 to parties - 1)."""
-        index = self._call("wait", [timeout])
+        index = self._call("wait", [_timeout(timeout)])
         if isinstance(index, list):  # [index, generation]: we arrived last, run the action
             index, generation = index
             try:
@@ -337,5 +379,5 @@ class CountDownLatch(Proxy, type_name="CountDownLatch"):
         return self._call("count", [])
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Wait for the count to reach 0; False on timeout."""
-        return self._call("wait", [timeout])
+        """Wait for the count to reach 0; False on timeout (a negative one: do not wait)."""
+        return self._call("wait", [_timeout(timeout)])
