@@ -220,7 +220,8 @@ def plot(lat: dict[str, list[float]], tput: dict[tuple[str, str], float], img: P
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", type=int, default=20000, help="sequential increments per system")
+    ap.add_argument("--ops", type=int, default=30000, help="sequential increments per system")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per measure (median of the rounds for throughput)")
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
     ap.add_argument("--clients", type=int, default=16, help="concurrent client processes")
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
@@ -231,16 +232,21 @@ def main() -> None:
     try:
         time.sleep(0.5)
         rss = {name: s.rss_mib() for name, s in servers.items()}
-        lat: dict[str, list[float]] = {}
-        for system, server in servers.items():
-            log(f"latency: {args.ops} sequential increments on {system}...")
-            lat[system] = latency(system, server.port, args.ops)
-        tput: dict[tuple[str, str], float] = {}
+        # Rounds alternate the systems, so the machine's slow spells hit both alike.
+        lat: dict[str, list[float]] = {name: [] for name in servers}
+        for r in range(args.rounds):
+            for system, server in servers.items():
+                log(f"latency, round {r + 1}/{args.rounds}: {args.ops // args.rounds} increments on {system}...")
+                lat[system] += latency(system, server.port, args.ops // args.rounds)
+        runs: dict[tuple[str, str], list[float]] = {}
         for shared in (False, True):
             workload = f"{args.clients} clients, {'one shared counter' if shared else 'a counter each'}"
-            for system, server in servers.items():
-                log(f"throughput: {workload} on {system} for {args.seconds:.0f} s...")
-                tput[(workload, system)] = throughput(system, server.port, args.clients, args.seconds, shared)
+            for r in range(args.rounds):
+                for system, server in servers.items():
+                    log(f"throughput, round {r + 1}/{args.rounds}: {workload} on {system} for {args.seconds:.0f} s...")
+                    runs.setdefault((workload, system), []).append(
+                        throughput(system, server.port, args.clients, args.seconds, shared))
+        tput = {k: statistics.median(v) for k, v in runs.items()}
     finally:
         for s in servers.values():
             s.stop()
@@ -288,7 +294,8 @@ def write_docs(rows, images: list[str], args) -> None:
         "(no persistence),",
         "Spindle release build. Both driven from Python: the Spindle SDK against redis-py `INCRBY`.",
         f"{args.ops} sequential increments for latency; {args.clients} client processes for "
-        f"{args.seconds:.0f} s for throughput.",
+        f"{args.seconds:.0f} s for throughput, the median of {args.rounds} runs. The systems take",
+        f"turns in {args.rounds} rounds so that the machine's slow spells hit both alike.",
         "",
         "| measure | spindle | redis | spindle/redis | goal |",
         "|---|---:|---:|---:|---|",
