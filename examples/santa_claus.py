@@ -118,6 +118,10 @@ def warm_pool(workers: int) -> None:
     they work: that many functions meeting at one barrier need that many workers at once."""
     import spindle
 
+    pool = spindle.status().get("max_workers", workers)
+    if pool < workers:
+        sys.exit(f"cloud mode runs {workers} threads at once, but the server's pool has "
+                 f"{pool} workers: run it with `spindle run --max-workers {workers} ...`")
     meeting = spindle.Barrier(workers)
     with spindle.Executor(echo=False) as ex:
         list(ex.map(_meet, [meeting] * workers))

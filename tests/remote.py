@@ -131,3 +131,8 @@ def raise_unpicklable() -> None:
 
 def return_a_lock() -> Any:
     return threading.Lock()
+
+
+def sleep_then_add(seconds: float, counter) -> None:
+    time.sleep(seconds)
+    counter.add(1)

@@ -162,10 +162,45 @@ def test_shutdown_cancel_futures_withdraws_calls_queued_in_the_server():
         with pytest.raises(concurrent.futures.CancelledError):
             queued[0].result()
         assert not any(f.done() for f in blockers)  # running calls are not cancelled
+        done, _ = concurrent.futures.wait(queued, timeout=60)  # cancelled counts as done
+        assert set(done) == set(queued)
     finally:
         release.set()
     assert [f.result(60) for f in blockers] == ["released"] * POOL
     next_call_succeeds()
+
+
+def test_shutdown_waiting_with_cancel_futures_returns():
+    started = spindle.Semaphore(0)
+    release = spindle.Event()
+    ex = spindle.Executor(echo=False)
+    blockers = [ex.submit(remote.block_on, started, release) for _ in range(POOL)]
+    for _ in range(POOL):
+        assert started.acquire(timeout=60)
+    queued = [ex.submit(remote.square, i) for i in range(5)]
+    assert wait_until(lambda: spindle.status().get("queued", 0) >= 5)
+    release.set()  # the running calls end; shutdown(wait=True) must not wait on cancelled ones
+    ex.shutdown(wait=True, cancel_futures=True)
+    assert all(f.done() for f in blockers + queued)
+    assert all(f.cancelled() or f.result() == i * i for i, f in enumerate(queued))
+    next_call_succeeds()
+
+
+def test_cancel_from_a_done_callback_does_not_stall_replies():
+    started = spindle.Semaphore(0)
+    release = spindle.Event()
+    with spindle.Executor(echo=False) as ex:
+        blockers = [ex.submit(remote.block_on, started, release) for _ in range(POOL)]
+        for _ in range(POOL):
+            assert started.acquire(timeout=60)
+        queued = ex.submit(remote.square, 3)
+        assert wait_until(lambda: spindle.status().get("queued", 0) >= 1)
+        blockers[0].add_done_callback(lambda _: queued.cancel())
+        release.set()
+        assert [f.result(20) for f in blockers] == ["released"] * POOL  # not stalled 30 s
+        # The freed worker may have started it before the cancel arrived; either way it ends.
+        concurrent.futures.wait([queued], timeout=20)
+        assert queued.cancelled() or queued.result() == 9
 
 
 def test_cancel_of_a_call_waiting_for_a_slot():
@@ -306,6 +341,13 @@ def test_an_exception_that_does_not_unpickle_still_reports_type_and_traceback():
     next_call_succeeds()
 
 
+def test_a_result_too_large_for_a_reply_is_a_clear_error():
+    with spindle.Executor(echo=False) as ex:
+        with pytest.raises(ValueError, match="spindle.Blob or spindle.Array"):
+            ex.submit(bytes, 70 << 20).result(60)  # over the 64 MiB frame limit
+    next_call_succeeds()
+
+
 def test_an_unpicklable_result_is_an_error():
     with spindle.Executor(echo=False) as ex:
         with pytest.raises(TypeError, match="cannot pickle the function's result"):
@@ -404,13 +446,29 @@ def test_a_client_disappearing_while_its_tasks_run(child_env, uniq):
     finally:
         child.kill()
         child.wait()
-    # Its queued calls are withdrawn; its running calls run to their end.
+    # Its queued calls are withdrawn and its running calls stopped: the pool is free again
+    # although nothing released the calls it was running.
     assert wait_until(lambda: spindle.status().get("queued", 0) == 0)
-    release.set()
     next_call_succeeds()
+    release.set()
     assert started.acquire(timeout=0.5) is False  # none of the withdrawn calls ever started
     spindle.delete(started)
     spindle.delete(release)
+
+
+def test_the_program_waits_at_exit_for_its_threads_and_executors(child_env, uniq):
+    script = textwrap.dedent(
+        f"""
+        import spindle, remote
+        done = spindle.Counter(name={uniq!r})
+        spindle.Thread(target=remote.sleep_then_add, args=(0.5, done)).start()  # never joined
+        spindle.Executor(echo=False).submit(remote.sleep_then_add, 0.5, done)  # never shut down
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], env=child_env, check=True, timeout=120)
+    done = spindle.Counter(name=uniq)
+    assert done.get() == 2  # as threading and concurrent.futures wait for their work at exit
+    spindle.delete(done)
 
 
 def test_invocations_from_a_forked_child():

@@ -37,6 +37,9 @@ from spindle.client import Connection, parse_address
 from spindle.compute.invoker import Scoped
 
 OUTPUT_LIMIT = 1 << 20  # bytes kept per stream and task (docs/protocol.md)
+# The largest pickled result a report may carry: the server's frame limit, less room for the
+# output and the rest of the report.
+MAX_RESULT = int(os.environ.get("SPINDLE_MAX_FRAME", 64 << 20)) - 2 * OUTPUT_LIMIT - (64 << 10)
 
 # Values pickled with the C pickler directly (cloudpickle is slower and not needed).
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -186,6 +189,12 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
         value = None  # drop the traceback's frames now
     stdout, stderr, truncated = capture.collect()
     capture.check_fds()
+    if ok and len(result) > MAX_RESULT:
+        exc = ValueError(
+            f"the function's result is {len(result):,} bytes, over the {MAX_RESULT:,} a reply can "
+            "carry: store it in a spindle.Blob or spindle.Array (or a file) and return that"
+        )
+        ok, error, result = False, _error_of(exc), _pickle_exception(exc)
     return {
         "ok": ok,
         "result": result,

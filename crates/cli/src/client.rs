@@ -128,13 +128,13 @@ pub fn status(address: &str) -> Result<(), String> {
         ("partitions", text("partitions")),
         ("calls", text("calls")),
         ("calls/s", text("calls_per_s")),
-        ("workers", text("workers")),
+        ("workers", format!("{} of {}", text("workers"), text("max_workers"))),
         ("busy", text("busy")),
         ("queued", text("queued")),
-        ("invokes/s", text("invocations_per_s")),
+        ("invocations/s", text("invocations_per_s")),
     ];
     for (label, value) in rows {
-        println!("{label:<12} {value}");
+        println!("{label:<14} {value}");
     }
     Ok(())
 }

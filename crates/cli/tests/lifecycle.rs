@@ -134,8 +134,8 @@ fn status_command_prints_an_aligned_summary() {
     assert_eq!(value_of("connections"), "2");
     assert!(value_of("calls/s").parse::<f64>().is_ok(), "{text}");
     assert!(value_of("uptime").ends_with('s'), "{text}");
-    let columns: HashSet<usize> = text.lines().map(|l| l.len() - l[12..].trim_start().len()).collect();
-    assert_eq!(columns, HashSet::from([13]), "values start in one column:\n{text}");
+    let columns: HashSet<usize> = text.lines().map(|l| l.len() - l[14..].trim_start().len()).collect();
+    assert_eq!(columns, HashSet::from([15]), "values start in one column:\n{text}");
 
     // The address can come from the environment.
     let output = Command::new(env!("CARGO_BIN_EXE_spindle"))

@@ -6,9 +6,10 @@ Replies arrive in the invoker's reader thread; a retry waits its backoff on a ti
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from ..errors import FunctionTimeout, WorkerCrashed
 from .invoker import (
@@ -25,6 +26,41 @@ from .invoker import (
 
 Backoff = Union[float, Callable[[int], float]]
 MAX_DELAY = 30.0
+
+# Calls the interpreter's exit waits for: non-daemon threads' and executors' (as threading's
+# and concurrent.futures' own).
+_running: Set[Invocation] = set()
+_running_lock = threading.Lock()
+_exit_hook = False
+
+
+def _wait_at_exit() -> None:
+    while True:
+        with _running_lock:
+            pending = list(_running)
+        if not pending:
+            return
+        concurrent.futures.wait(pending)
+
+
+def keep_alive(future: Invocation) -> None:
+    """Make the program's exit wait for ``future``, as it waits for a non-daemon thread or
+    for the work queued in a ``concurrent.futures`` executor."""
+    global _exit_hook
+    with _running_lock:
+        _running.add(future)
+        if not _exit_hook:
+            _exit_hook = True
+            # Runs where threading joins its own threads, before atexit handlers close the
+            # connection (concurrent.futures uses the same hook); plain atexit otherwise.
+            register = getattr(threading, "_register_atexit", atexit.register)
+            register(_wait_at_exit)
+    future.add_done_callback(_forget)
+
+
+def _forget(future: Invocation) -> None:
+    with _running_lock:
+        _running.discard(future)
 
 
 def backoff_delay(backoff: Backoff, retry: int) -> float:

@@ -26,7 +26,7 @@ import itertools
 import threading
 from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Set
 
-from .call import Backoff, Call, call_options
+from .call import Backoff, Call, call_options, keep_alive
 from .invoker import MAX_ARGUMENT, Invocation
 
 
@@ -109,6 +109,7 @@ class Executor(concurrent.futures.Executor):
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             self._futures.add(future)
+            keep_alive(future)
             bounded = self.max_workers is not None and self._in_flight >= self.max_workers
             if bounded:
                 self._waiting.append(call)

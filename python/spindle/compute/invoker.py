@@ -135,15 +135,26 @@ class Invocation(concurrent.futures.Future):
                 return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
             invoker, rid = self._invoker, self._request_id
         if self._cancel_hook is not None and self._cancel_hook(self):
-            return super().cancel()
+            return self._cancel_now()
         if rid is None or invoker is None:
-            return super().cancel()
+            return self._cancel_now()
         if invoker.cancel(rid):
-            return super().cancel()
+            return self._cancel_now()
         return self.cancelled()
 
+    def _cancel_now(self) -> bool:
+        # Notify at once: concurrent.futures.wait() and as_completed() count a future as done
+        # only once it is CANCELLED_AND_NOTIFIED (an executor would do this when it dequeues).
+        if not super().cancel():
+            return False
+        with self._condition:
+            notify = self._state == "CANCELLED"  # not yet notified (cancel may come twice)
+        if notify:
+            self.set_running_or_notify_cancel()
+        return True
+
     def _cancelled_remotely(self) -> None:
-        super().cancel()
+        self._cancel_now()
 
 
 def _attach_traceback(exc: BaseException, error: Optional[Dict[str, Any]]) -> BaseException:
@@ -210,6 +221,11 @@ class Invoker:
 
     def cancel(self, rid: int) -> bool:
         """Withdraw the queued invocation ``rid``; True if it had not started."""
+        if threading.current_thread() is self._reader:
+            # From a done-callback: only this thread reads replies, so it cannot wait for one.
+            # The server still withdraws the call, which then ends as cancelled.
+            self.send(["cancel", rid], lambda reply: None)
+            return False
         answer: "concurrent.futures.Future[bool]" = concurrent.futures.Future()
 
         def on_reply(reply: List[Any]) -> None:

@@ -8,7 +8,8 @@ t.start(); t.join()
 Differences from ``threading.Thread``: the target runs in a worker process, so its arguments
 and the target itself are pickled (shared objects travel as references); an exception raised
 by the target is re-raised by ``join`` with the remote traceback as its ``__cause__``;
-``result`` holds what the target returned.
+``result`` holds what the target returned. As with ``threading``, the program waits at exit
+for its non-daemon threads; daemon threads' calls are abandoned with the program.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Dict, Optional
 
-from .call import Backoff, Call, call_options
+from .call import Backoff, Call, call_options, keep_alive
 from .invoker import Invocation
 
 _numbers = itertools.count(1)
-
 
 class Thread:
     """A thread of control that runs as a Spindle function (see the module docstring).
@@ -78,6 +78,8 @@ class Thread:
         call = Call(future, fn, args, kwargs, options=self._options,
                     retries=self._retries, backoff=self._backoff, echo=self._echo)
         self._future = future
+        if not self.daemon:
+            keep_alive(future)
         call.start()
 
     def run(self) -> Any:

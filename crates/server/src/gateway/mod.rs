@@ -134,7 +134,8 @@ pub(crate) fn cancel(shared: &Arc<Shared>, conn: ConnId, invoke_id: u64) -> bool
 
 /// An invoking connection closed.
 pub(crate) fn connection_closed(shared: &Arc<Shared>, conn: ConnId) {
-    shared.gateway.with_pool(|p| p.connection_closed(conn));
+    let actions = shared.gateway.with_pool(|p| p.connection_closed(conn));
+    execute(shared, actions);
 }
 
 /// A connection said `worker` with `secret`. On success the connection becomes that

@@ -167,11 +167,13 @@ impl Pool {
         (true, vec![Action::Reply { conn, req, reply }])
     }
 
-    /// The invoking connection closed: its queued calls go, its running calls' results
-    /// will be dropped.
-    pub(crate) fn connection_closed(&mut self, conn: ConnId) {
+    /// The invoking connection closed: its queued calls go, and its running calls are
+    /// stopped (nobody will read their results), so a vanished client's work frees the pool
+    /// at once, as a process's daemon threads end with it.
+    pub(crate) fn connection_closed(&mut self, conn: ConnId) -> Vec<Action> {
         self.queue.retain(|i| i.conn != conn);
-        for worker in self.workers.values_mut() {
+        let mut orphaned = Vec::new();
+        for (&id, worker) in self.workers.iter_mut() {
             let running = match &mut worker.state {
                 State::Busy(r) => Some(r),
                 State::Dying { task: Some(r), .. } => Some(r),
@@ -179,8 +181,14 @@ impl Pool {
             };
             if let Some(r) = running.filter(|r| r.conn == Some(conn)) {
                 r.conn = None;
+                orphaned.push(id);
             }
         }
+        orphaned.sort_unstable();
+        orphaned
+            .into_iter()
+            .flat_map(|id| self.kill(id, "its caller went away"))
+            .collect()
     }
 
     /// The gateway started the process of `worker` (after [`Action::Spawn`]).
@@ -406,7 +414,8 @@ impl Pool {
                 started: now,
                 queued: now.saturating_duration_since(i.submitted).as_secs_f64(),
                 cold: w.tasks_run == 1,
-                deadline: i.timeout.map(|t| now + t),
+                // A timeout past what the clock can hold is no deadline at all.
+                deadline: i.timeout.and_then(|t| now.checked_add(t)),
             });
             actions.push(Action::Run {
                 worker: id,
@@ -825,12 +834,23 @@ mod tests {
         pool.submit(call(1, 2, t0), t0);
         pool.submit(call(2, 3, t0), t0);
         let (_, a) = pool.ready(1, 9, t0);
-        let (_, task, _) = runs(&a)[0];
-        pool.connection_closed(1);
+        assert_eq!(runs(&a).len(), 1);
+        let a = pool.connection_closed(1);
+        assert!(
+            matches!(a[..], [Action::Kill(1)]),
+            "its running call stops: nobody wants it"
+        );
         assert_eq!(pool.counts().queued, 1);
-        let a = pool.finished(1, task, Ok(report()), t0);
+        let killed = Exit {
+            status: None,
+            signal: Some(9),
+        };
+        let a = pool.exited(1, killed, None, t0);
         assert!(replies_is_empty(&a), "nobody listens for the result");
-        assert_eq!(runs(&a)[0].2, 3, "the other connection's call runs next");
+        assert!(
+            a.iter().any(|x| matches!(x, Action::Spawn(_))),
+            "a worker for the other call"
+        );
     }
 
     #[test]

@@ -115,6 +115,8 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
         // The worker reports each call's output itself; the gateway reads what a crashed
         // call left in the same files.
         .env("SPINDLE_CAPTURE", "fds")
+        // The largest frame the server reads: a bigger report is refused by the worker itself.
+        .env("SPINDLE_MAX_FRAME", shared.config.max_frame.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::from(capture.stdout.try_clone()?))
         .stderr(Stdio::from(capture.stderr.try_clone()?))
@@ -157,6 +159,7 @@ async fn supervise(shared: Arc<Shared>, id: WorkerId, mut child: Child, proc: Ar
             status = child.wait() => break status,
             _ = proc.kill.notified(), if !killed => {
                 killed = true;
+                kill_group(proc.pid);
                 if let Err(e) = child.start_kill() {
                     tracing::warn!(worker = id, pid = proc.pid, "cannot kill the worker: {e}");
                 }
@@ -190,6 +193,19 @@ async fn supervise(shared: Arc<Shared>, id: WorkerId, mut child: Child, proc: Ar
     let mut actions = shared.gateway.with_pool(|p| p.exited(id, exit, None, Instant::now()));
     capture.fill(&mut actions);
     super::execute(&shared, actions);
+}
+
+/// Kill the worker's whole process group (it leads one: `process_group(0)`), so the
+/// subprocesses a function started die with the call that is being stopped.
+fn kill_group(pid: u32) {
+    if let Ok(pgid) = i32::try_from(pid) {
+        if pgid > 0 {
+            // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
 }
 
 /// The process's resident memory (`VmRSS` of /proc/PID/status, which is in kB whatever the
