@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from report import IMG, ROOT, log, machine, print_table, table, update_section
+from spindle.embedded import find_binary
 
 sys.path.insert(0, str(ROOT / "python"))
 
@@ -39,16 +40,8 @@ def quantile(samples: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def spindle_binary() -> str:
-    for candidate in (os.environ.get("SPINDLE_BIN"), str(Path(sys.prefix) / "bin" / "spindle"),
-                      str(ROOT / "target" / "release" / "spindle")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    sys.exit("error: spindle binary not found; run `make setup` first")
-
-
 def start_server(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([spindle_binary(), "server", "--port", "0", "--embedded", *args],
+    proc = subprocess.Popen([find_binary(), "server", "--port", "0", "--embedded", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("spindle listening on "):
@@ -162,7 +155,7 @@ def bench_pi(workers: list[int], points: int) -> dict[int, float]:
     env["PYTHONPATH"] = str(ROOT / "python")
     rates = {}
     for w in workers:
-        out = subprocess.run([spindle_binary(), "run", "--max-workers", str(w),
+        out = subprocess.run([find_binary(), "run", "--max-workers", str(w),
                               str(ROOT / "examples" / "pi.py"), "--threads", str(w),
                               "--points", str(points), "--json"],
                              env=env, capture_output=True, text=True, check=True)

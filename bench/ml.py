@@ -33,14 +33,7 @@ from report import IMG, ROOT, log, machine, print_table, table, update_section
 sys.path.insert(0, str(ROOT / "examples"))
 import kmeans  # noqa: E402  (the examples' data generation and steps)
 import logistic_regression as logreg  # noqa: E402
-
-
-def spindle_bin() -> str:
-    for c in (os.environ.get("SPINDLE_BIN"), str(Path(sys.prefix) / "bin" / "spindle"),
-              str(ROOT / "target" / "release" / "spindle")):
-        if c and Path(c).is_file():
-            return c
-    sys.exit("error: spindle binary not found; run `make setup` first")
+from spindle.embedded import find_binary
 
 
 def example(name: str, *args: str, local: bool = False) -> dict:
@@ -49,7 +42,7 @@ def example(name: str, *args: str, local: bool = False) -> dict:
     env["PYTHONPATH"] = str(ROOT / "python")
     script = str(ROOT / "examples" / f"{name}.py")
     cmd = ([sys.executable, script, *args, "--local"] if local
-           else [spindle_bin(), "run", script, *args])
+           else [find_binary(), "run", script, *args])
     out = subprocess.run([*cmd, "--json"], env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")

@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from spindle.embedded import find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -39,14 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def spindle_binary() -> str:
-    for candidate in (os.environ.get("SPINDLE_BIN"), str(Path(sys.prefix) / "bin" / "spindle"),
-                      shutil.which("spindle"), str(ROOT / "target" / "release" / "spindle")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    sys.exit("error: spindle binary not found; run `make setup` first")
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, deadline_s: float = 10.0) -> float:
@@ -85,7 +78,7 @@ class Server:
 
 
 def spindle_cmd(port: int) -> list[str]:
-    return [spindle_binary(), "server", "--port", str(port)]
+    return [find_binary(), "server", "--port", str(port)]
 
 
 def redis_cmd(port: int) -> list[str]:

@@ -16,20 +16,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
-from pathlib import Path
 
 from report import IMG, ROOT, log, machine, print_table, table, update_section
+from spindle.embedded import find_binary
 
 MODES = ["threading", "objects", "cloud"]
-
-
-def spindle_bin() -> str:
-    for c in (os.environ.get("SPINDLE_BIN"), str(Path(sys.prefix) / "bin" / "spindle"),
-              str(ROOT / "target" / "release" / "spindle")):
-        if c and Path(c).is_file():
-            return c
-    sys.exit("error: spindle binary not found; run `make setup` first")
 
 
 def run(mode: str, scale: float) -> float:
@@ -37,7 +28,7 @@ def run(mode: str, scale: float) -> float:
     env["PYTHONPATH"] = str(ROOT / "python")
     script = [str(ROOT / "examples" / "santa_claus.py"), "--mode", mode, "--scale", str(scale),
               "--json"]
-    cmd = [spindle_bin(), "run", "--max-workers", "24", *script]
+    cmd = [find_binary(), "run", "--max-workers", "24", *script]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["deliveries"] == 15

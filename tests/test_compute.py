@@ -14,13 +14,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 import remote
 import spindle
-from conftest import POOL, ServerProcess, gateway_args, has_gateway
+from conftest import POOL, ServerProcess, gateway_args, has_gateway, wait_until
 from spindle.compute import partition
 from spindle.errors import RemoteTraceback
 
@@ -29,16 +28,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 FORK = mp.get_context("fork")
-
-
-def wait_until(predicate, deadline: float = 30.0, interval: float = 0.02) -> bool:
-    """Poll ``predicate`` until it is true or ``deadline`` seconds pass (a hang guard)."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def next_call_succeeds() -> None:
