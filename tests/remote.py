@@ -136,3 +136,8 @@ def return_a_lock() -> Any:
 def sleep_then_add(seconds: float, counter) -> None:
     time.sleep(seconds)
     counter.add(1)
+
+
+def print_then_sleep(text: str, seconds: float) -> None:
+    print(text, flush=True)
+    time.sleep(seconds)

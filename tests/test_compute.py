@@ -368,8 +368,9 @@ def test_a_worker_killed_by_a_signal_reports_it():
 def test_a_function_past_its_timeout_is_stopped():
     with spindle.Executor(timeout=0.5, echo=False) as ex:
         with pytest.raises(spindle.FunctionTimeout) as info:
-            ex.submit(remote.sleep_for, 120).result(60)
+            ex.submit(remote.print_then_sleep, "still working", 120).result(60)
     assert isinstance(info.value, TimeoutError)
+    assert info.value.stdout == b"still working\n"  # what it wrote before it was stopped
     next_call_succeeds()
 
 

@@ -92,7 +92,16 @@ class WorkerCrashed(SpindleError):
 
 
 class FunctionTimeout(SpindleTimeout):  # type: ignore[misc, valid-type]
-    """A function ran past its ``timeout``; its worker was killed and replaced."""
+    """A function ran past its ``timeout``; its worker was killed and replaced.
+    ``stdout``/``stderr`` hold what it wrote until then."""
+
+    def __init__(self, message: str = "", stdout: bytes = b"", stderr: bytes = b"") -> None:
+        super().__init__(message)
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.args[0] if self.args else "", self.stdout, self.stderr))
 
 
 class Unauthorized(SpindleError, PermissionError):
@@ -193,6 +202,9 @@ def error_from_reply(error: Any) -> BaseException:
             stdout=info.get("stdout") or b"",
             stderr=info.get("stderr") or b"",
         )
+    if kind == "FunctionTimeout":
+        info = data if isinstance(data, dict) else {}
+        return FunctionTimeout(message, info.get("stdout") or b"", info.get("stderr") or b"")
     make = _SIMPLE.get(kind)
     if make is None:
         return SpindleError(f"{kind}: {message}")

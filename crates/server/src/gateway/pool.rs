@@ -301,8 +301,13 @@ impl Pool {
             } => (reason, task, before_hello),
         };
         if let Some(r) = task {
-            let message = format!("{} ({reason})", crashed_message(w.pid, exit));
-            self.answer(r, Err(crashed(message, exit, &reason)), &mut actions);
+            let reply = if reason == TIMEOUT {
+                timed_out(&r)
+            } else {
+                let message = format!("{} ({reason})", crashed_message(w.pid, exit));
+                Err(crashed(message, exit, &reason))
+            };
+            self.answer(r, reply, &mut actions);
         } else if before_hello {
             // A worker that cannot start fails the oldest waiting call, so a broken worker
             // setup ends every call with an error instead of respawning forever.
@@ -349,22 +354,9 @@ impl Pool {
                 State::Idle { since } if now >= *since + self.limits.idle_timeout => {
                     kills.push((id, IDLE.to_string()));
                 }
+                // Answered when the killed worker is gone (milliseconds), with what it wrote.
                 State::Busy(r) if r.deadline.is_some_and(|d| now >= d) => {
-                    let State::Busy(r) = std::mem::replace(
-                        &mut w.state,
-                        State::Dying {
-                            reason: "timeout".into(),
-                            task: None,
-                            before_hello: false,
-                        },
-                    ) else {
-                        unreachable!("matched Busy above")
-                    };
-                    actions.push(Action::Kill(id));
-                    let limit = r.deadline.map_or(0.0, |d| d.duration_since(r.started).as_secs_f64());
-                    let message = format!("the function ran past its timeout of {limit} s; its worker was killed");
-                    let reply = Err(Error::new(ErrorKind::FunctionTimeout, message));
-                    deliver(&mut self.completed, r, reply, &mut actions);
+                    kills.push((id, TIMEOUT.to_string()));
                 }
                 _ => {}
             }
@@ -451,8 +443,22 @@ impl Pool {
 }
 
 const IDLE: &str = "idle";
+/// The reason of a worker killed because its call ran past its timeout.
+const TIMEOUT: &str = "timeout";
 
 /// Count a call as answered and reply to it, unless its caller left.
+/// The reply to a call whose worker was killed for running past its timeout; its output is
+/// filled in from the worker's capture files (worker.rs).
+fn timed_out(r: &Running) -> Reply {
+    let limit = r.deadline.map_or(0.0, |d| d.duration_since(r.started).as_secs_f64());
+    let message = format!("the function ran past its timeout of {limit} s; its worker was killed");
+    let output = Value::Map(vec![
+        (Value::from("stdout"), Value::Binary(Vec::new())),
+        (Value::from("stderr"), Value::Binary(Vec::new())),
+    ]);
+    Err(Error::new(ErrorKind::FunctionTimeout, message).with_data(output))
+}
+
 fn deliver(completed: &mut u64, r: Running, reply: Reply, actions: &mut Vec<Action>) {
     *completed += 1;
     if let Some(conn) = r.conn {
@@ -712,7 +718,7 @@ mod tests {
     }
 
     #[test]
-    fn a_timeout_answers_at_once_and_kills_the_worker() {
+    fn a_timeout_kills_the_worker_and_answers_when_it_is_gone() {
         let t0 = Instant::now();
         let mut pool = Pool::new(limits(1));
         let mut c = call(1, 1, t0);
@@ -723,9 +729,7 @@ mod tests {
         assert_eq!(pool.next_deadline(), Some(t0 + Duration::from_secs(2)));
         assert!(pool.tick(t0 + Duration::from_secs(1)).is_empty());
         let a = pool.tick(t0 + Duration::from_secs(2));
-        assert!(a.iter().any(|a| matches!(a, Action::Kill(1))));
-        let out = replies(a);
-        assert_eq!(out[0].2.as_ref().unwrap_err().kind, ErrorKind::FunctionTimeout);
+        assert!(matches!(a[..], [Action::Kill(1)]), "answered once the worker is gone");
         // The killed worker still counts until it exits; then a replacement starts.
         assert_eq!(pool.counts().workers, 1);
         let exit = Exit {
@@ -733,8 +737,11 @@ mod tests {
             signal: Some(9),
         };
         let a = pool.exited(1, exit, None, t0 + Duration::from_secs(2));
-        assert!(replies_is_empty(&a), "the timed-out call was answered already");
         assert_eq!(spawns(&a), vec![2]);
+        let out = replies(a);
+        let error = out[0].2.as_ref().unwrap_err();
+        assert_eq!(error.kind, ErrorKind::FunctionTimeout);
+        assert!(error.message.contains("timeout of 2 s"), "{}", error.message);
     }
 
     fn replies_is_empty(actions: &[Action]) -> bool {

@@ -57,14 +57,15 @@ impl Capture {
         }
     }
 
-    /// Put the dead worker's output into the `WorkerCrashed` replies about it.
+    /// Put the dead worker's output into the `WorkerCrashed` and `FunctionTimeout` replies
+    /// about its call.
     fn fill(&self, actions: &mut [Action]) {
         for action in actions {
             let Action::Reply { reply: Err(e), .. } = action else {
                 continue;
             };
             let Value::Map(entries) = &mut e.data else { continue };
-            if e.kind != ErrorKind::WorkerCrashed {
+            if !matches!(e.kind, ErrorKind::WorkerCrashed | ErrorKind::FunctionTimeout) {
                 continue;
             }
             for (key, value) in entries.iter_mut() {
