@@ -141,3 +141,7 @@ def sleep_then_add(seconds: float, counter) -> None:
 def print_then_sleep(text: str, seconds: float) -> None:
     print(text, flush=True)
     time.sleep(seconds)
+
+
+def raise_huge(size: int) -> None:
+    raise ValueError(b"x" * size)

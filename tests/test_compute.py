@@ -337,6 +337,15 @@ def test_a_result_too_large_for_a_reply_is_a_clear_error():
     next_call_succeeds()
 
 
+def test_an_exception_too_large_for_a_reply_still_reports_its_type():
+    with spindle.Executor(echo=False) as ex:
+        future = ex.submit(remote.raise_huge, 70 << 20)  # its message alone is over 64 MiB
+        error = future.exception(60)
+    assert not isinstance(error, spindle.WorkerCrashed)
+    assert "ValueError" in repr(error) or isinstance(error, ValueError)
+    next_call_succeeds()
+
+
 def test_an_unpicklable_result_is_an_error():
     with spindle.Executor(echo=False) as ex:
         with pytest.raises(TypeError, match="cannot pickle the function's result"):
@@ -459,6 +468,25 @@ def test_the_program_waits_at_exit_for_its_threads_and_executors(child_env, uniq
     done = spindle.Counter(name=uniq)
     assert done.get() == 2  # as threading and concurrent.futures wait for their work at exit
     spindle.delete(done)
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_threads(child_env):
+    script = textwrap.dedent(
+        """
+        import os, sys, spindle, remote
+        t = spindle.Thread(target=remote.sleep_for, args=(2,), echo=False)
+        t.start()
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # a normal exit: must not wait for the parent's call
+        _, status = os.waitpid(pid, 0)
+        t.join()
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "child exit 0", out.stderr
 
 
 def test_invocations_from_a_forked_child():

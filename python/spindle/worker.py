@@ -37,9 +37,12 @@ from spindle.client import Connection, parse_address
 from spindle.compute.invoker import Scoped
 
 OUTPUT_LIMIT = 1 << 20  # bytes kept per stream and task (docs/protocol.md)
-# The largest pickled result a report may carry: the server's frame limit, less room for the
-# output and the rest of the report.
-MAX_RESULT = int(os.environ.get("SPINDLE_MAX_FRAME", 64 << 20)) - 2 * OUTPUT_LIMIT - (64 << 10)
+# The largest report frame the server reads, and what a report needs besides result and
+# output (keys, numbers, framing).
+MAX_FRAME = int(os.environ.get("SPINDLE_MAX_FRAME", 64 << 20))
+REPORT_OVERHEAD = 4 << 10
+# An error's message and traceback are cut to this when a report would not fit otherwise.
+ERROR_TEXT_LIMIT = 8 << 10
 
 # Values pickled with the C pickler directly (cloudpickle is slower and not needed).
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -164,6 +167,10 @@ def _call(fn: Any, args: Any, kwargs: Any) -> Any:
         return fn.fn(*args, **kwargs)
 
 
+def _error_size(result: Optional[bytes], error: Dict[str, Any]) -> int:
+    return len(result or b"") + sum(len(v) for v in error.values() if isinstance(v, str))
+
+
 def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
     """Run one task and return the worker-side report."""
     capture.reset_streams()
@@ -189,12 +196,20 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
         value = None  # drop the traceback's frames now
     stdout, stderr, truncated = capture.collect()
     capture.check_fds()
-    if ok and len(result) > MAX_RESULT:
+    room = MAX_FRAME - REPORT_OVERHEAD - len(stdout) - len(stderr)
+    if ok and len(result) > room:
         exc = ValueError(
-            f"the function's result is {len(result):,} bytes, over the {MAX_RESULT:,} a reply can "
-            "carry: store it in a spindle.Blob or spindle.Array (or a file) and return that"
+            f"the function's result is {len(result):,} bytes, over the {max(room, 0):,} a reply "
+            "can carry: store it in a spindle.Blob or spindle.Array (or a file) and return that"
         )
         ok, error, result = False, _error_of(exc), _pickle_exception(exc)
+    if not ok and _error_size(result, error) > room:
+        # Too big to send whole (a huge exception): the type and the cut text still go.
+        result = None
+        error = {k: (v[:ERROR_TEXT_LIMIT] + " ... (cut)" if isinstance(v, str) and len(v) > ERROR_TEXT_LIMIT
+                     else v) for k, v in error.items()}
+        if _error_size(result, error) > room:  # even that does not fit: drop the output
+            stdout, stderr = b"", b""
     return {
         "ok": ok,
         "result": result,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
@@ -48,19 +49,34 @@ def keep_alive(future: Invocation) -> None:
     for the work queued in a ``concurrent.futures`` executor."""
     global _exit_hook
     with _running_lock:
-        _running.add(future)
         if not _exit_hook:
-            _exit_hook = True
             # Runs where threading joins its own threads, before atexit handlers close the
             # connection (concurrent.futures uses the same hook); plain atexit otherwise.
             register = getattr(threading, "_register_atexit", atexit.register)
-            register(_wait_at_exit)
+            try:
+                register(_wait_at_exit)
+            except RuntimeError:  # the interpreter is exiting already: it waits for nothing more
+                return
+            _exit_hook = True
+        _running.add(future)
     future.add_done_callback(_forget)
 
 
 def _forget(future: Invocation) -> None:
     with _running_lock:
         _running.discard(future)
+
+
+def _forget_all_after_fork() -> None:
+    # A forked child inherits the parent's calls but not the thread that receives their
+    # replies: it must not wait for them at its exit.
+    global _running_lock
+    _running_lock = threading.Lock()
+    _running.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_after_fork)
 
 
 def backoff_delay(backoff: Backoff, retry: int) -> float:

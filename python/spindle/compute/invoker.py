@@ -150,7 +150,10 @@ class Invocation(concurrent.futures.Future):
         with self._condition:
             notify = self._state == "CANCELLED"  # not yet notified (cancel may come twice)
         if notify:
-            self.set_running_or_notify_cancel()
+            try:
+                self.set_running_or_notify_cancel()
+            except RuntimeError:  # another thread's cancel notified first
+                pass
         return True
 
     def _cancelled_remotely(self) -> None:
@@ -224,7 +227,10 @@ class Invoker:
         if threading.current_thread() is self._reader:
             # From a done-callback: only this thread reads replies, so it cannot wait for one.
             # The server still withdraws the call, which then ends as cancelled.
-            self.send(["cancel", rid], lambda reply: None)
+            try:
+                self.send(["cancel", rid], lambda reply: None)
+            except Exception:  # the connection is gone: so is the call
+                pass
             return False
         answer: "concurrent.futures.Future[bool]" = concurrent.futures.Future()
 

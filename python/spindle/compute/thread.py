@@ -15,6 +15,7 @@ for its non-daemon threads; daemon threads' calls are abandoned with the program
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Any, Callable, Dict, Optional
 
 from .call import Backoff, Call, call_options, keep_alive
@@ -54,7 +55,8 @@ class Thread:
         self._name = str(name) if name is not None else f"Thread-{next(_numbers)}"
         self._args = tuple(args)
         self._kwargs = dict(kwargs or {})
-        self.daemon = bool(daemon)
+        # As in threading: a thread inherits its creator's daemon status unless told.
+        self.daemon = threading.current_thread().daemon if daemon is None else bool(daemon)
         self._options = call_options(timeout, memory_mb, self._name)
         self._retries = retries
         self._backoff = backoff

@@ -446,7 +446,6 @@ const IDLE: &str = "idle";
 /// The reason of a worker killed because its call ran past its timeout.
 const TIMEOUT: &str = "timeout";
 
-/// Count a call as answered and reply to it, unless its caller left.
 /// The reply to a call whose worker was killed for running past its timeout; its output is
 /// filled in from the worker's capture files (worker.rs).
 fn timed_out(r: &Running) -> Reply {
@@ -459,6 +458,7 @@ fn timed_out(r: &Running) -> Reply {
     Err(Error::new(ErrorKind::FunctionTimeout, message).with_data(output))
 }
 
+/// Count a call as answered and reply to it, unless its caller left.
 fn deliver(completed: &mut u64, r: Running, reply: Reply, actions: &mut Vec<Action>) {
     *completed += 1;
     if let Some(conn) = r.conn {
