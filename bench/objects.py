@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import shutil
 import socket
 import statistics
@@ -26,14 +25,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from report import IMG, log, machine, update_section
 from spindle.embedded import find_binary
-
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs"
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def free_port() -> int:
@@ -265,26 +258,17 @@ def main() -> None:
 
     if args.no_docs:
         return
-    images = plot(lat, tput, DOCS / "img")
+    images = plot(lat, tput, IMG)
     write_docs(rows, images, args)
-    log(f"wrote {DOCS / 'benchmarks.md'}")
 
 
 def write_docs(rows, images: list[str], args) -> None:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
     redis_version = subprocess.run([shutil.which("redis-server") or "redis-server", "--version"],
                                    capture_output=True, text=True).stdout.split()[2:3]
     lines = [
-        "# Benchmarks",
-        "",
-        "Every figure is measured side by side with the real peer in one run on one machine,",
-        "and reported as a ratio. Regenerate with `make bench` (it installs `redis-server`).",
-        "",
         "## Shared objects vs Redis (`bench/objects.py`)",
         "",
-        f"Machine: {os.cpu_count()} cores, {cpu}. Redis {' '.join(redis_version)} "
-        "(no persistence),",
+        f"Machine: {machine()}. Redis {' '.join(redis_version)} (no persistence),",
         "Spindle release build. Both driven from Python: the Spindle SDK against redis-py `INCRBY`.",
         f"{args.ops} sequential increments for latency; {args.clients} client processes for "
         f"{args.seconds:.0f} s for throughput, the median of {args.rounds} runs. The systems take",
@@ -307,10 +291,7 @@ def write_docs(rows, images: list[str], args) -> None:
         *[f"![{Path(i).stem}]({i})" for i in images],
         "",
     ]
-    # Only this benchmark's section: the other benches own theirs (bench/report.py).
-    from report import update_section
-
-    update_section("objects", "\n".join(lines[5:]))
+    update_section("objects", "\n".join(lines))
 
 
 if __name__ == "__main__":
