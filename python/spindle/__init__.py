@@ -13,6 +13,9 @@ arguments of its standard-library twin, ``name=`` is keyword-only, and errors ar
 exceptions the program already catches (``queue.Empty``, ``threading.BrokenBarrierError``,
 ``KeyError``...). Using any object connects implicitly.
 
+``@spindle.shared`` makes a class's instances shared objects whose methods run in the server
+(in object hosts it supervises), one round trip per call.
+
 Functions run on the server's worker pool: ``spindle.Thread`` (like ``threading.Thread``),
 ``spindle.Executor`` (a ``concurrent.futures.Executor``) and ``spindle.parallel_for``.
 
@@ -26,7 +29,9 @@ from .compute import Executor, Invocation, Thread, parallel_for
 from .data import Array, Blob, Counter, Dict, List, SortedDict, Value
 from .errors import (
     AbandonedLockWarning,
+    BlockingCallError,
     FunctionTimeout,
+    ObjectLost,
     ObjectNotFound,
     ProtocolError,
     RemoteError,
@@ -41,6 +46,7 @@ from .errors import (
 from .futures import Future
 from .proxy import Proxy, attach, call, delete, keep, objects, status
 from .queues import LifoQueue, PriorityQueue, Queue
+from .shared import shared
 from .sync import (
     Barrier,
     BoundedSemaphore,
@@ -59,6 +65,7 @@ __all__ = [
     "Array",
     "Barrier",
     "Blob",
+    "BlockingCallError",
     "BoundedSemaphore",
     "Client",
     "Condition",
@@ -73,6 +80,7 @@ __all__ = [
     "LifoQueue",
     "List",
     "Lock",
+    "ObjectLost",
     "ObjectNotFound",
     "PriorityQueue",
     "ProtocolError",
@@ -99,6 +107,7 @@ __all__ = [
     "keep",
     "objects",
     "parallel_for",
+    "shared",
     "status",
 ]
 

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Set, Tuple
 
 from .codec import packb, unpackb
 from .errors import ServerUnavailable, error_from_reply
@@ -121,9 +121,9 @@ class Connection:
     __del__ = close  # a finished thread's connection closes with it
 
 
-def frame(request: List[Any]) -> bytes:
-    """A request as one length-prefixed frame."""
-    body = packb(request)
+def frame(request: List[Any], ship: bool = False) -> bytes:
+    """A request as one length-prefixed frame (``ship``: see ``codec.packb``)."""
+    body = packb(request, ship)
     return len(body).to_bytes(4, "big") + body
 
 
@@ -144,6 +144,8 @@ class Client:
         self.host, self.port = parse_address(address)
         self.server = server
         self.token = os.environ.get("SPINDLE_TOKEN") or None
+        # (type, version) of the user-defined classes this client has sent with `define`.
+        self.defined: Set[Tuple[str, str]] = set()
         self._new_session()
 
     def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
@@ -182,14 +184,23 @@ class Client:
 
     # -- requests --------------------------------------------------------------------------
 
-    def call(self, type_name: str, key: str, method: str, args: List[Any]) -> Any:
-        """Call ``method`` on the object ``(type_name, key)``."""
+    def call(self, type_name: str, key: str, method: str, args: List[Any], ship: bool = False) -> Any:
+        """Call ``method`` on the object ``(type_name, key)``; ``ship``: the arguments go to a
+        shared object's method (see ``codec.packb``)."""
         seq = next(self._seq)
-        return self.request([seq, "call", seq, _get_ident(), type_name, key, method, args], seq)
+        request = [seq, "call", seq, _get_ident(), type_name, key, method, args]
+        return self.request(request, seq, ship)
 
-    def create(self, type_name: str, key: str, args: List[Any], owned: bool) -> bool:
+    def create(self, type_name: str, key: str, args: List[Any], owned: bool,
+               ship: bool = False) -> bool:
         seq = next(self._seq)
-        return self.request([seq, "create", seq, _get_ident(), type_name, key, args, owned], seq)
+        request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
+        return self.request(request, seq, ship)
+
+    def define(self, type_name: str, version: str, code: bytes) -> bool:
+        """Register the code of a user-defined type (``py:...``) under ``version``."""
+        rid = next(self._seq)
+        return self.request([rid, "define", type_name, version, code], rid)
 
     def delete(self, key: str) -> bool:
         seq = next(self._seq)
@@ -211,9 +222,9 @@ class Client:
         rid = next(self._seq)
         return self.request([rid, "ping"], rid)
 
-    def request(self, request: List[Any], req_id: int) -> Any:
+    def request(self, request: List[Any], req_id: int, ship: bool = False) -> Any:
         """Send ``request`` on this thread's connection; resend it after a lost connection."""
-        data = frame(request)
+        data = frame(request, ship)
         local = self._local
         delay = FIRST_BACKOFF
         attempt = 0

@@ -5,7 +5,9 @@
   tuple (the server compares and hashes it by its items). Arrays written by other clients
   come back as lists, or as tuples where a value must be hashable (dictionary keys).
 - A value with no MessagePack form (exact types only: a subclass such as a namedtuple or an
-  IntEnum keeps its type this way) is pickled into ext type 1.
+  IntEnum keeps its type this way) is pickled into ext type 1. Values for and from shared
+  objects' methods (``ship``) fall back to cloudpickle, by value, for classes of ``__main__``
+  and classes that do not pickle by reference.
 - A Spindle proxy travels as ext type 2 whose body is ``[type, key]`` and comes back as a
   proxy attached to the same object.
 - NumPy arrays for ``Array`` objects travel as the map
@@ -40,17 +42,43 @@ class Unpicklable:
         return f"<spindle.codec.Unpicklable {len(self.data)} bytes: {self.error!r}>"
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: Any, ship: bool = False) -> Any:
     from .proxy import Proxy
 
     if type(obj) is tuple:
-        return msgpack.ExtType(EXT_TUPLE, packb(list(obj)))
+        return msgpack.ExtType(EXT_TUPLE, packb(list(obj), ship))
     if isinstance(obj, Proxy):
         return msgpack.ExtType(EXT_REF, msgpack.packb([obj._type, obj._key]))
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.generic):
         return obj.item()
+    if ship:
+        return msgpack.ExtType(EXT_PICKLE, _pickle_to_ship(obj))
     return msgpack.ExtType(EXT_PICKLE, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _default_ship(obj: Any) -> Any:
+    return _default(obj, True)
+
+
+def _pickle_to_ship(obj: Any) -> bytes:
+    """``obj`` pickled for a shared object's method in another process (or back from it).
+
+    Plain pickle first (fast, and enough for importable classes). An instance of a class of
+    ``__main__`` pickles by reference but would mean another class in the object host (whose
+    ``__main__`` is Spindle's), and a class defined in a function, or shipped by value (a
+    shared object's class, in its host), does not pickle by reference at all: those go by
+    value with cloudpickle, which also gives them back as the very class they were in the
+    process that sent that class first.
+    """
+    if type(obj).__module__ != "__main__":
+        try:
+            return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            pass
+    import cloudpickle
+
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -83,9 +111,11 @@ def _pairs_hook(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
         return {hashable(k): v for k, v in pairs}
 
 
-def packb(value: Any) -> bytes:
-    """Encode ``value`` as MessagePack."""
-    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+def packb(value: Any, ship: bool = False) -> bytes:
+    """Encode ``value`` as MessagePack; ``ship``: for a shared object's method (see
+    :func:`_pickle_to_ship`)."""
+    return msgpack.packb(value, default=_default_ship if ship else _default, use_bin_type=True,
+                         strict_types=True)
 
 
 def unpackb(body: bytes) -> Any:

@@ -108,8 +108,38 @@ class Unauthorized(SpindleError, PermissionError):
     """The server runs code only for sessions that give its token (``$SPINDLE_TOKEN``)."""
 
 
+class ObjectLost(SpindleError):
+    """A user-defined object (``@spindle.shared``) was lost with its host process.
+
+    The host died (``os._exit``, a signal, out of memory) or was restarted because a call ran
+    past the server's ``--object-call-timeout``. The object's state is gone: every call on it
+    fails with this error until it is deleted or constructed again. ``reason`` is the
+    server's explanation.
+    """
+
+    def __init__(self, message: str = "the object's host died", reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.args[0] if self.args else "", self.reason))
+
+
+class BlockingCallError(SpindleError, RuntimeError):
+    """A method of a shared object made a call that could wait (docs/protocol.md,
+    "Methods do not wait").
+
+    An object's host runs one call at a time, so a method waiting for something another
+    call must do (a lock release, a queue item, a barrier party) would wait forever. Such
+    calls are refused before anything is sent: blocking acquires and waits, calls on other
+    user-defined objects, and starting functions. Non-waiting forms (``block=False``,
+    ``timeout=0``, ``Counter.add``...) stay allowed.
+    """
+
+
 class RemoteError(SpindleError):
-    """A function raised an exception that could not be brought back (it does not pickle).
+    """A function or a shared object's method raised an exception that could not be brought
+    back (it does not pickle, or its class cannot be imported here).
 
     ``type_name`` and ``message`` describe it; the remote traceback is the ``__cause__``.
     """
@@ -130,6 +160,23 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + '"""\n' + self.tb.rstrip("\n") + '\n"""'
+
+
+def remote_exception(
+    exc: Any, type_name: Optional[str], message: Optional[str], tb: Optional[str]
+) -> BaseException:
+    """The exception to raise for one raised remotely (a function's, a method's).
+
+    ``exc`` is the unpickled exception, or anything else when it could not be brought back
+    (then a :class:`RemoteError` naming its type and message stands in). The remote
+    traceback becomes its ``__cause__``, as ``ProcessPoolExecutor`` does, so the printed
+    error shows where it happened on the other side.
+    """
+    if not isinstance(exc, BaseException):
+        exc = RemoteError(type_name or "Exception", message or "")
+    if tb:
+        exc.__cause__ = RemoteTraceback(tb)
+    return exc
 
 
 class Moved(Exception):
@@ -205,6 +252,15 @@ def error_from_reply(error: Any) -> BaseException:
     if kind == "FunctionTimeout":
         info = data if isinstance(data, dict) else {}
         return FunctionTimeout(message, info.get("stdout") or b"", info.get("stderr") or b"")
+    if kind == "Raised":  # a shared object's method (or constructor) raised
+        info = data if isinstance(data, dict) else {}
+        return remote_exception(
+            info.get("exception"), info.get("type"), info.get("message") or message,
+            info.get("traceback"),
+        )
+    if kind == "ObjectLost":
+        info = data if isinstance(data, dict) else {}
+        return ObjectLost(message, info.get("reason") or "")
     make = _SIMPLE.get(kind)
     if make is None:
         return SpindleError(f"{kind}: {message}")

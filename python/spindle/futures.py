@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from .codec import pickled
 from .errors import RemoteFutureException, SpindleError
-from .proxy import Proxy
+from .proxy import Proxy, refuse_waiting
 
 
 def _exception_from(value: Any) -> BaseException:
@@ -54,13 +54,15 @@ class Future(Proxy, type_name="Future"):
     def result(self, timeout: Optional[float] = None) -> Any:
         """The result, waiting up to ``timeout``; re-raises a stored exception."""
         try:
-            return self._call("result", [_timeout(timeout)])
+            timeout = _timeout(timeout)
+            return self._call("result", [timeout], timeout != 0)
         except RemoteFutureException as remote:
             raise _exception_from(remote.data) from None
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """The stored exception (None if the future has a result), waiting up to ``timeout``."""
-        value = self._call("exception", [_timeout(timeout)])
+        timeout = _timeout(timeout)
+        value = self._call("exception", [timeout], timeout != 0)
         return None if value is None else _exception_from(value)
 
     def done(self) -> bool:
@@ -81,6 +83,8 @@ class Future(Proxy, type_name="Future"):
         if self.done():
             fn(self)
             return
+        # Its helper thread would wait for the future: refused in a shared object's method.
+        refuse_waiting("spindle.Future.add_done_callback() of a pending future")
 
         def wait_then_call() -> None:
             try:

@@ -10,11 +10,34 @@ from __future__ import annotations
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 from . import client as _client_mod
-from .errors import Moved
+from .errors import BlockingCallError, Moved
 
 P = TypeVar("P", bound="Proxy")
 
 _TYPES: Dict[str, Type["Proxy"]] = {}
+
+# The shared object's method running in this process, set by ``spindle.host`` around each
+# constructor and method call (None elsewhere, so the check costs one global read).
+running_method: Optional[str] = None
+
+
+def refuse_waiting(what: str) -> None:
+    """Raise :class:`BlockingCallError` if a shared object's method is running here.
+
+    Every SDK call that could wait calls this first (docs/protocol.md, "Methods do not
+    wait"): a host runs one call at a time, so a method waiting for another call (a lock's
+    release, a queue's item, another object's host) could wait forever; refusing before
+    anything is sent turns a hang until the call timeout into an error at the line at fault.
+    """
+    method = running_method
+    if method is not None:
+        raise BlockingCallError(
+            f"{what} is refused inside {method}, a method of a shared object: it could wait, "
+            "and the object's host runs one call at a time, so a method must not wait for "
+            "other calls (nor call other shared objects or start functions). Use a "
+            "non-waiting form (blocking=False, block=False, timeout=0...) or do the waiting "
+            "in the caller."
+        )
 
 
 def validate_name(name: Any) -> str:
@@ -63,7 +86,11 @@ class Proxy:
     def _attached(self) -> None:
         """Hook: set up local state of a proxy made by :meth:`_attach`."""
 
-    def _call(self, method: str, args: List[Any]) -> Any:
+    def _call(self, method: str, args: List[Any], waits: bool = False) -> Any:
+        """Call ``method`` in the server; ``waits``: this call could park (see
+        :func:`refuse_waiting`)."""
+        if waits and running_method is not None:
+            refuse_waiting(f"spindle.{type(self).__name__}.{method}()")
         client = _client_mod._client
         if client is None:
             client = _client_mod.connect()
@@ -102,12 +129,19 @@ def attach(type_name: str, key: str) -> Proxy:
     """A proxy for the object ``(type_name, key)``, without creating it."""
     cls = _TYPES.get(type_name)
     if cls is None:
-        cls = type(type_name, (Proxy,), {"_type": type_name})
+        if type_name.startswith("py:"):  # a user-defined type whose class is not here
+            from .shared import generic_proxy_class
+
+            cls = generic_proxy_class(type_name)
+        else:
+            cls = type(type_name, (Proxy,), {"_type": type_name})
     return cls._attach(key)
 
 
 def call(obj: Proxy, method: str, *args: Any) -> Any:
     """Call a server method by name (for methods the proxy class does not wrap)."""
+    if obj._type.startswith("py:"):  # a user-defined object's method: [args, kwargs]
+        return obj._call(method, [list(args), {}])
     return obj._call(method, list(args))
 
 

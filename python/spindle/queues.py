@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
+from . import proxy as _proxy
 from .proxy import Proxy
 
 
@@ -30,11 +31,15 @@ class Queue(Proxy, type_name="Queue"):
         """Put ``item``, waiting for a free slot if needed; ``queue.Full`` on timeout."""
         if block and timeout is not None and timeout < 0 and self.maxsize <= 0:
             timeout = None  # as queue.Queue: an unbounded put never waits, nor checks timeout
-        self._call("put", [item] + _block_args(block, timeout))
+        # In a shared object's method, only a put that could really wait is refused: one into
+        # a bounded queue (an unbounded queue always has room).
+        waits = (block and timeout != 0 and _proxy.running_method is not None
+                 and self.maxsize > 0)
+        self._call("put", [item] + _block_args(block, timeout), waits)
 
     def get(self, block: bool = True, timeout: Optional[float] = None) -> Any:
         """Remove and return an item, waiting if needed; ``queue.Empty`` on timeout."""
-        return self._call("get", _block_args(block, timeout))
+        return self._call("get", _block_args(block, timeout), block and timeout != 0)
 
     def put_nowait(self, item: Any) -> None:
         self._call("put", [item, False, None])
@@ -64,7 +69,7 @@ class Queue(Proxy, type_name="Queue"):
         ``queue.Queue.join`` takes no timeout). A negative timeout does not wait."""
         if timeout is not None and timeout < 0:
             timeout = 0
-        return self._call("join", [timeout])
+        return self._call("join", [timeout], timeout != 0)
 
 
 class LifoQueue(Queue, type_name="LifoQueue"):

@@ -14,7 +14,7 @@ import warnings
 from typing import Any, Callable, List, Optional, TypeVar, Union
 
 from .errors import AbandonedLockWarning
-from .proxy import Proxy, attach, validate_name
+from .proxy import Proxy, attach, refuse_waiting, validate_name
 
 T = TypeVar("T")
 
@@ -73,6 +73,15 @@ def _timeout(timeout: Optional[float]) -> Optional[float]:
     return timeout
 
 
+def _parks(args: List[Any]) -> bool:
+    """Whether an ``acquire``/``wait`` with these ``[blocking, timeout]`` (or ``[timeout]``)
+    arguments could park in the server: blocking, and a timeout other than zero."""
+    if len(args) == 2 and not args[0]:
+        return False
+    timeout = args[-1]
+    return timeout is None or timeout > 0
+
+
 def _acquired(result: Any, obj: Proxy) -> bool:
     if result == "abandoned":
         warnings.warn(
@@ -96,7 +105,8 @@ class Lock(Proxy, type_name="Lock"):
         self._init([], name)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return _acquired(self._call("acquire", _lock_args(blocking, timeout)), self)
+        args = _lock_args(blocking, timeout)
+        return _acquired(self._call("acquire", args, _parks(args)), self)
 
     def release(self) -> None:
         self._call("release", [])
@@ -105,7 +115,7 @@ class Lock(Proxy, type_name="Lock"):
         return self._call("locked", [])
 
     def __enter__(self) -> bool:
-        return _acquired(self._call("acquire", [True, None]), self)
+        return _acquired(self._call("acquire", [True, None], True), self)
 
     def __exit__(self, *exc: Any) -> None:
         self._call("release", [])
@@ -130,7 +140,8 @@ class Semaphore(Proxy, type_name="Semaphore"):
         self._init([value], name)
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
-        return _acquired(self._call("acquire", _semaphore_args(blocking, timeout)), self)
+        args = _semaphore_args(blocking, timeout)
+        return _acquired(self._call("acquire", args, _parks(args)), self)
 
     def release(self, n: int = 1) -> None:
         self._call("release", [n])
@@ -141,7 +152,7 @@ class Semaphore(Proxy, type_name="Semaphore"):
         return self._call("value", [])
 
     def __enter__(self) -> bool:
-        return _acquired(self._call("acquire", [True, None]), self)
+        return _acquired(self._call("acquire", [True, None], True), self)
 
     def __exit__(self, *exc: Any) -> None:
         self._call("release", [1])
@@ -170,7 +181,8 @@ class Event(Proxy, type_name="Event"):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait until the flag is set (a negative timeout: do not wait); the flag."""
-        return self._call("wait", [_timeout(timeout)])
+        args = [_timeout(timeout)]
+        return self._call("wait", args, _parks(args))
 
 
 AnyLock = Union[Lock, RLock]
@@ -242,6 +254,9 @@ class Condition(Proxy, type_name="Condition"):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Release the lock, wait to be notified (or time out), re-acquire; True if notified."""
+        # Refused in a shared object's method even with a zero timeout: it re-acquires the
+        # lock, which may wait.
+        refuse_waiting("spindle.Condition.wait()")
         if not self._is_owned():
             raise RuntimeError("cannot wait on un-acquired lock")
         timeout = _timeout(timeout)
@@ -326,7 +341,7 @@ class Barrier(Proxy, type_name="Barrier"):
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Wait for all parties; return this caller's arrival index (0 to parties - 1)."""
-        index = self._call("wait", [_timeout(timeout)])
+        index = self._call("wait", [_timeout(timeout)], True)
         if isinstance(index, list):  # [index, generation]: we arrived last, run the action
             index, generation = index
             try:
@@ -380,4 +395,5 @@ class CountDownLatch(Proxy, type_name="CountDownLatch"):
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait for the count to reach 0; False on timeout (a negative one: do not wait)."""
-        return self._call("wait", [_timeout(timeout)])
+        args = [_timeout(timeout)]
+        return self._call("wait", args, _parks(args))

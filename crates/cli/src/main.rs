@@ -10,7 +10,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use spindle_server::config::{default_max_workers, default_partitions, default_python, FunctionsConfig};
+use spindle_server::config::{
+    default_max_workers, default_object_hosts, default_partitions, default_python, FunctionsConfig, HostsConfig,
+};
 use spindle_server::{Config, Server};
 use tracing::{error, info};
 
@@ -64,6 +66,36 @@ struct ServerArgs {
     embedded: bool,
     #[command(flatten)]
     functions: FunctionArgs,
+    #[command(flatten)]
+    hosts: HostArgs,
+}
+
+/// The object hosts' flags (user-defined `@spindle.shared` objects), shared by `server` and
+/// `run`.
+#[derive(Args, Clone)]
+pub(crate) struct HostArgs {
+    /// Object host processes that run the methods of user-defined objects; each object lives
+    /// on one, chosen by a hash of its key, and hosts start on first use. Calls on objects of
+    /// different hosts run in parallel [default: number of cores].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    object_hosts: Option<u16>,
+    /// Seconds one call on a user-defined object may run. A longer call gets its host killed
+    /// and restarted; every object that host held is lost (its calls raise ObjectLost).
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    object_call_timeout: f64,
+}
+
+impl HostArgs {
+    pub(crate) fn config(&self) -> Result<HostsConfig, String> {
+        let call_timeout = Duration::try_from_secs_f64(self.object_call_timeout)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .ok_or("--object-call-timeout must be a positive number of seconds")?;
+        Ok(HostsConfig {
+            count: self.object_hosts.map_or_else(default_object_hosts, usize::from),
+            call_timeout,
+        })
+    }
 }
 
 /// The function gateway's flags, shared by `server` and `run`.
@@ -154,8 +186,8 @@ fn run_server(args: ServerArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let functions = match args.functions.config() {
-        Ok(functions) => functions,
+    let (functions, hosts) = match args.functions.config().and_then(|f| Ok((f, args.hosts.config()?))) {
+        Ok(configs) => configs,
         Err(message) => {
             eprintln!("spindle: {message}");
             return ExitCode::from(USAGE);
@@ -168,6 +200,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
         max_frame: args.max_frame,
         session_ttl,
         functions,
+        hosts,
     };
     if let Err(message) = config.check() {
         error!("{message}");

@@ -10,12 +10,14 @@ use clap::Args;
 use spindle_server::{Config, Server};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::FunctionArgs;
+use crate::{FunctionArgs, HostArgs};
 
 #[derive(Args)]
 pub(crate) struct RunArgs {
     #[command(flatten)]
     functions: FunctionArgs,
+    #[command(flatten)]
+    hosts: HostArgs,
     /// The Python program to run.
     script: PathBuf,
     /// Its arguments.
@@ -35,6 +37,7 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
 
 fn run_program(args: RunArgs) -> Result<ExitStatus, String> {
     let functions = args.functions.config()?;
+    let hosts = args.hosts.config()?;
     let program = |python: &PathBuf| {
         let mut command = tokio::process::Command::new(python);
         command.arg(&args.script).args(&args.args);
@@ -58,6 +61,7 @@ fn run_program(args: RunArgs) -> Result<ExitStatus, String> {
         host: "127.0.0.1".into(),
         port: 0,
         functions,
+        hosts,
         ..Config::default()
     };
     let status = runtime.block_on(async move {

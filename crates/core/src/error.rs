@@ -36,11 +36,15 @@ pub enum ErrorKind {
     FunctionTimeout,
     /// Code execution without the server's token.
     Unauthorized,
+    /// A user-defined object's method (or constructor) raised.
+    Raised,
+    /// A user-defined object's host died or was restarted.
+    ObjectLost,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 26] = [
+    pub const ALL: [ErrorKind; 28] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -67,6 +71,8 @@ impl ErrorKind {
         ErrorKind::WorkerCrashed,
         ErrorKind::FunctionTimeout,
         ErrorKind::Unauthorized,
+        ErrorKind::Raised,
+        ErrorKind::ObjectLost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -97,6 +103,8 @@ impl ErrorKind {
             ErrorKind::WorkerCrashed => "WorkerCrashed",
             ErrorKind::FunctionTimeout => "FunctionTimeout",
             ErrorKind::Unauthorized => "Unauthorized",
+            ErrorKind::Raised => "Raised",
+            ErrorKind::ObjectLost => "ObjectLost",
         }
     }
 

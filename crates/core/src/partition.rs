@@ -1,11 +1,17 @@
 //! One partition of the object space: its objects, parked-call timers, and the reply log
 //! that makes retried calls exactly-once. A pure state machine: every entry point takes the
 //! current time and returns the replies to send.
+//!
+//! User-defined objects (`py:` types) run in object hosts: their calls park here and leave as
+//! [`Forward`]s, which the server drains with [`Partition::take_forwards`] right after each
+//! entry point (so a host sees one object's calls in the order applied here); the host's
+//! answers come back through [`Partition::complete`] and [`Partition::lose`].
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::objects::user::{self, Forward, UserObject, UserState};
 use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
@@ -16,9 +22,30 @@ const REPLY_LOG_LEN: usize = 4096;
 pub const UNNAMED_PREFIX: char = '~';
 
 struct Entry {
-    obj: Box<dyn Object>,
+    body: Body,
     /// The session an unnamed object lives and dies with; `None` for named or kept objects.
     owner: Option<Arc<str>>,
+}
+
+enum Body {
+    Builtin(Box<dyn Object>),
+    User(UserObject),
+}
+
+impl Body {
+    fn type_name(&self) -> &str {
+        match self {
+            Body::Builtin(obj) => obj.type_name(),
+            Body::User(u) => &u.type_name,
+        }
+    }
+
+    fn builtin(&mut self) -> Option<&mut Box<dyn Object>> {
+        match self {
+            Body::Builtin(obj) => Some(obj),
+            Body::User(_) => None,
+        }
+    }
 }
 
 /// An object taken out of its partition by `keep`, on its way to another key.
@@ -90,6 +117,14 @@ pub struct Partition {
     logs: HashMap<Arc<str>, ReplyLog>,
     /// Keys of connection-tracking objects each connection has used (for disconnect clean-up).
     conn_keys: HashMap<ConnId, HashSet<String>>,
+    /// Requests for object hosts, in the order applied, until the server takes them.
+    forwards: Vec<Forward>,
+    /// Calls (and creates) of user-defined objects waiting for their host. They outlive
+    /// their connection: the host runs them anyway, so a retry must find their reply.
+    hosted: HashSet<Token>,
+    /// User-defined objects by `(type, version)`, for `define` (one version at a time).
+    versions: HashMap<(String, String), usize>,
+    next_object_id: u64,
 }
 
 fn system_caller() -> Caller {
@@ -114,13 +149,31 @@ impl Partition {
         self.objects.is_empty()
     }
 
+    /// User-defined objects alive (constructing or constructed; not lost).
+    pub fn hosted_objects(&self) -> usize {
+        self.versions.values().sum()
+    }
+
+    /// User-defined objects of `type_name` at `version` alive (lost ones hold no instance).
+    pub fn count_version(&self, type_name: &str, version: &str) -> usize {
+        self.versions
+            .get(&(type_name.to_string(), version.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Named objects whose name starts with `prefix`, as `(name, type)`.
-    pub fn objects(&self, prefix: &str) -> Vec<(String, &'static str)> {
+    pub fn objects(&self, prefix: &str) -> Vec<(String, String)> {
         self.objects
             .iter()
             .filter(|(k, _)| !k.starts_with(UNNAMED_PREFIX) && k.starts_with(prefix))
-            .map(|(k, e)| (k.clone(), e.obj.type_name()))
+            .map(|(k, e)| (k.clone(), e.body.type_name().to_string()))
             .collect()
+    }
+
+    /// The requests for object hosts produced since the last call, in order.
+    pub fn take_forwards(&mut self) -> Vec<Forward> {
+        std::mem::take(&mut self.forwards)
     }
 
     /// Apply one call. `seq` is the caller's sequence number (0: do not deduplicate).
@@ -135,6 +188,9 @@ impl Partition {
                 });
                 return out;
             }
+            if !matches!(op, Op::Delete { .. }) && self.take_over(&caller.client, token, seq, op.key()) {
+                return out;
+            }
         }
         let (reply, record) = match op {
             Op::Create {
@@ -142,14 +198,14 @@ impl Partition {
                 key,
                 args,
                 owned,
-            } => (self.create(caller, &type_name, key, &args, owned), true),
+            } => (self.create(caller, token, type_name, key, args, owned), true),
             Op::Delete { key } => (Ok(Some(Value::Boolean(self.delete(&key, now, &mut out)))), true),
             Op::Call {
                 type_name,
                 key,
                 method,
                 args,
-            } => self.call(caller, token, &type_name, &key, &method, &args, now, &mut out),
+            } => self.call(caller, token, &type_name, &key, &method, args, now, &mut out),
         };
         match reply {
             Ok(None) => {
@@ -162,6 +218,32 @@ impl Partition {
         }
         self.settle(&out);
         out
+    }
+
+    /// A call resent (same client and seq) while the first is still with the object's host
+    /// must not run twice: the resent one takes the first one's place and gets its reply.
+    fn take_over(&mut self, client: &Arc<str>, token: Token, seq: u64, key: &str) -> bool {
+        let Some(Entry {
+            body: Body::User(u), ..
+        }) = self.objects.get_mut(key)
+        else {
+            return false;
+        };
+        let parked_seqs = &self.parked_seqs;
+        let Some(slot) = u
+            .calls
+            .iter_mut()
+            .find(|t| parked_seqs.get(t).is_some_and(|(c, s)| *s == seq && **c == **client))
+        else {
+            return false;
+        };
+        let old = std::mem::replace(slot, token);
+        if let Some(record) = self.parked_seqs.remove(&old) {
+            self.parked_seqs.insert(token, record);
+        }
+        self.hosted.remove(&old);
+        self.hosted.insert(token);
+        true
     }
 
     fn reply(&mut self, caller: &Caller, token: Token, seq: u64, record: bool, reply: Reply, out: &mut Vec<Delivery>) {
@@ -181,6 +263,7 @@ impl Partition {
             if let Some(at) = self.timer_of.remove(&d.token) {
                 self.timers.remove(&at);
             }
+            self.hosted.remove(&d.token);
             if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
                 self.logs.entry(client).or_default().record(seq, d.reply.clone());
             }
@@ -190,25 +273,93 @@ impl Partition {
     fn create(
         &mut self,
         caller: &Caller,
-        type_name: &str,
+        token: Token,
+        type_name: String,
         key: String,
-        args: &[Value],
+        args: Vec<Value>,
         owned: bool,
     ) -> Result<Option<Value>, Error> {
         if key.is_empty() {
             return Err(Error::bad_args("an object name must not be empty"));
         }
+        let (args, user_args) = match user::is_user_type(&type_name) {
+            true => {
+                user::check_type_name(&type_name)?;
+                (Vec::new(), Some(user::parse_create_args(&type_name, args)?))
+            }
+            false => (args, None),
+        };
         if let Some(e) = self.objects.get(&key) {
-            check_type(&key, e.obj.type_name(), type_name)?;
-            return Ok(Some(Value::Boolean(false)));
-        }
-        if let Some((new_key, _)) = self.moved.get(&key) {
+            check_type(&key, e.body.type_name(), &type_name)?;
+            match (&e.body, &user_args) {
+                // A lost object's key gets a fresh instance, of whatever version is defined now.
+                (Body::User(u), Some(_)) if matches!(u.state, UserState::Lost(_)) => {}
+                (Body::User(u), Some((version, ..))) if u.version != *version => {
+                    return Err(Error::new(
+                        ErrorKind::TypeMismatch,
+                        format!(
+                            "'{key}' is a {type_name} of version {}, not of version {version}",
+                            u.version
+                        ),
+                    ));
+                }
+                _ => return Ok(Some(Value::Boolean(false))),
+            }
+        } else if let Some((new_key, _)) = self.moved.get(&key) {
             return Err(moved(&key, new_key));
         }
-        let obj = objects::create(type_name, args)?;
         let owner = owned.then(|| caller.client.clone());
-        self.objects.insert(key, Entry { obj, owner });
-        Ok(Some(Value::Boolean(true)))
+        let Some((version, args, kwargs)) = user_args else {
+            let obj = objects::create(&type_name, &args)?;
+            self.objects.insert(
+                key,
+                Entry {
+                    body: Body::Builtin(obj),
+                    owner,
+                },
+            );
+            return Ok(Some(Value::Boolean(true)));
+        };
+        self.remove(&key);
+        self.next_object_id += 1;
+        let object_id = self.next_object_id;
+        self.forwards.push(Forward::Construct {
+            key: key.clone(),
+            object_id,
+            type_name: type_name.clone(),
+            version: version.clone(),
+            args,
+            kwargs,
+        });
+        *self.versions.entry((type_name.clone(), version.clone())).or_default() += 1;
+        self.hosted.insert(token);
+        let u = UserObject {
+            type_name,
+            version,
+            id: object_id,
+            state: UserState::Constructing,
+            calls: VecDeque::from([token]),
+        };
+        self.objects.insert(
+            key,
+            Entry {
+                body: Body::User(u),
+                owner,
+            },
+        );
+        // Answered when the constructor returns (`complete`).
+        Ok(None)
+    }
+
+    /// Take an object out of the map, keeping the version counts right.
+    fn remove(&mut self, key: &str) -> Option<Entry> {
+        let e = self.objects.remove(key)?;
+        if let Body::User(u) = &e.body {
+            if !matches!(u.state, UserState::Lost(_)) {
+                uncount(&mut self.versions, u);
+            }
+        }
+        Some(e)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -219,7 +370,7 @@ impl Partition {
         type_name: &str,
         key: &str,
         method: &str,
-        args: &[Value],
+        args: Vec<Value>,
         now: Instant,
         out: &mut Vec<Delivery>,
     ) -> (Result<Option<Value>, Error>, bool) {
@@ -235,13 +386,24 @@ impl Partition {
             };
             return (Err(err), false);
         };
-        if let Err(e) = check_type(key, entry.obj.type_name(), type_name) {
+        if let Err(e) = check_type(key, entry.body.type_name(), type_name) {
             return (Err(e), false);
         }
-        let record = entry.obj.is_mutating(method);
+        let obj = match &mut entry.body {
+            Body::Builtin(obj) => obj,
+            Body::User(u) => {
+                let forwarded = forward_call(u, token, key, method, args, &mut self.forwards);
+                if forwarded.is_ok() {
+                    self.hosted.insert(token);
+                }
+                // Every method may change the object: its reply is recorded.
+                return (forwarded.map(|()| None), true);
+            }
+        };
+        let record = obj.is_mutating(method);
         let mut ctx = Ctx::new(caller, token, now, out);
-        let step = entry.obj.apply(method, args, &mut ctx);
-        if entry.obj.tracks_connections() {
+        let step = obj.apply(method, &args, &mut ctx);
+        if obj.tracks_connections() {
             self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
         }
         match step {
@@ -263,18 +425,115 @@ impl Partition {
 
     fn delete(&mut self, key: &str, now: Instant, out: &mut Vec<Delivery>) -> bool {
         self.moved.remove(key);
-        match self.objects.remove(key) {
-            Some(mut e) => {
+        let Some(e) = self.remove(key) else {
+            return false;
+        };
+        let err = Error::new(
+            ErrorKind::NotFound,
+            format!("{} '{key}' was deleted", e.body.type_name()),
+        );
+        match e.body {
+            Body::Builtin(mut obj) => {
                 let caller = system_caller();
-                let err = Error::new(
-                    ErrorKind::NotFound,
-                    format!("{} '{key}' was deleted", e.obj.type_name()),
-                );
                 let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, out);
-                e.obj.drain_waiters(&mut ctx, &err);
-                true
+                obj.drain_waiters(&mut ctx, &err);
             }
-            None => false,
+            Body::User(u) => {
+                out.extend(u.calls.into_iter().map(|token| Delivery {
+                    token,
+                    reply: Err(err.clone()),
+                }));
+                self.forwards.push(Forward::Drop {
+                    key: key.to_string(),
+                    object_id: u.id,
+                });
+            }
+        }
+        true
+    }
+
+    /// The host of user-defined object `object_id` at `key` answered its oldest call (or its
+    /// constructor). A reply about an object that is gone (deleted, lost, recreated) is
+    /// dropped.
+    pub fn complete(&mut self, key: &str, object_id: u64, reply: Reply, _now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let Some(u) = self.user_mut(key, object_id) else {
+            return out;
+        };
+        let Some(token) = u.calls.pop_front() else {
+            return out;
+        };
+        match (&u.state, reply) {
+            (UserState::Constructing, Ok(_)) => {
+                u.state = UserState::Ready;
+                out.push(Delivery {
+                    token,
+                    reply: Ok(Value::Boolean(true)),
+                });
+            }
+            (UserState::Constructing, Err(e)) => {
+                // No object is left; what was queued behind the constructor finds none.
+                let type_name = u.type_name.clone();
+                let message = format!(
+                    "{type_name} '{key}' does not exist: its constructor failed ({}: {})",
+                    e.kind.as_str(),
+                    e.message
+                );
+                out.push(Delivery { token, reply: Err(e) });
+                if let Some(Entry {
+                    body: Body::User(u), ..
+                }) = self.remove(key)
+                {
+                    let err = Error::new(ErrorKind::NotFound, message);
+                    out.extend(u.calls.into_iter().map(|token| Delivery {
+                        token,
+                        reply: Err(err.clone()),
+                    }));
+                }
+            }
+            (_, reply) => out.push(Delivery { token, reply }),
+        }
+        self.settle(&out);
+        out
+    }
+
+    /// The host of user-defined object `object_id` at `key` died: every call waiting for it
+    /// is answered `ObjectLost`, and so is every later call until the key is deleted or
+    /// constructed again. An object lost while constructing is gone, as if its constructor
+    /// had raised.
+    pub fn lose(&mut self, key: &str, object_id: u64, reason: &str, _now: Instant) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let u = match self.objects.get_mut(key) {
+            Some(Entry {
+                body: Body::User(u), ..
+            }) if u.id == object_id => u,
+            _ => return out,
+        };
+        let err = user::lost(&u.type_name, key, reason);
+        let calls = std::mem::take(&mut u.calls);
+        let constructing = u.state == UserState::Constructing;
+        if !constructing {
+            // No instance is left anywhere: it no longer holds its version back from `define`.
+            uncount(&mut self.versions, u);
+            u.state = UserState::Lost(reason.to_string());
+        }
+        if constructing {
+            self.remove(key);
+        }
+        out.extend(calls.into_iter().map(|token| Delivery {
+            token,
+            reply: Err(err.clone()),
+        }));
+        self.settle(&out);
+        out
+    }
+
+    fn user_mut(&mut self, key: &str, object_id: u64) -> Option<&mut UserObject> {
+        match self.objects.get_mut(key) {
+            Some(Entry {
+                body: Body::User(u), ..
+            }) if u.id == object_id => Some(u),
+            _ => None,
         }
     }
 
@@ -293,9 +552,9 @@ impl Partition {
             }
             let (key, token) = entry.remove();
             self.timer_of.remove(&token);
-            if let Some(e) = self.objects.get_mut(&key) {
+            if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
                 let mut ctx = Ctx::new(&caller, token, now, &mut out);
-                e.obj.expire(token, &mut ctx);
+                obj.expire(token, &mut ctx);
             }
         }
         self.settle(&out);
@@ -305,14 +564,14 @@ impl Partition {
     /// The caller of a parked call gave up waiting (an interrupted client): answer the call now
     /// with its timeout result, as if its deadline had passed, so the connection stays in step
     /// and keeps what it holds. Returns the replies, the withdrawn call's among them if it was
-    /// still parked on `key`.
+    /// still parked on `key`. A call running in an object host cannot be withdrawn.
     pub fn withdraw(&mut self, token: Token, key: &str, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
         let caller = system_caller();
-        if let Some(e) = self.objects.get_mut(key) {
+        if let Some(obj) = self.objects.get_mut(key).and_then(|e| e.body.builtin()) {
             let mut ctx = Ctx::new(&caller, token, now, &mut out);
             ctx.withdrawing = true;
-            e.obj.expire(token, &mut ctx);
+            obj.expire(token, &mut ctx);
         }
         self.settle(&out);
         out
@@ -323,12 +582,14 @@ impl Partition {
         let mut out = Vec::new();
         let caller = system_caller();
         for key in self.conn_keys.remove(&conn).unwrap_or_default() {
-            if let Some(e) = self.objects.get_mut(&key) {
+            if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
                 let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
-                e.obj.disconnect(conn, &mut ctx);
+                obj.disconnect(conn, &mut ctx);
             }
         }
-        self.parked_seqs.retain(|t, _| t.conn != conn);
+        // Calls with an object host still run there: a retry must get their reply.
+        let hosted = &self.hosted;
+        self.parked_seqs.retain(|t, _| t.conn != conn || hosted.contains(t));
         let timers = &mut self.timers;
         self.timer_of.retain(|t, at| {
             let keep = t.conn != conn;
@@ -367,18 +628,27 @@ impl Partition {
             .objects
             .get(key)
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
-        check_type(key, e.obj.type_name(), type_name)?;
-        if e.obj.has_waiters() {
+        check_type(key, e.body.type_name(), type_name)?;
+        let obj = match &e.body {
+            Body::Builtin(obj) => obj,
+            Body::User(_) => {
+                return Err(Error::value(format!(
+                    "a user-defined object stays under its key: {type_name} '{key}' cannot be kept \
+                     under a new name; construct it with name= instead"
+                )))
+            }
+        };
+        if obj.has_waiters() {
             return Err(Error::new(
                 ErrorKind::Busy,
                 format!("{type_name} '{key}' has parked callers; keep it when none are waiting"),
             ));
         }
-        let e = self.objects.remove(key).expect("checked");
-        Ok(Detached {
-            obj: e.obj,
-            owner: e.owner,
-        })
+        let e = self.remove(key).expect("checked");
+        let Body::Builtin(obj) = e.body else {
+            unreachable!("checked above")
+        };
+        Ok(Detached { obj, owner: e.owner })
     }
 
     /// Put a detached object under `key`, owned by nobody. Gives it back if `key` is taken.
@@ -386,7 +656,7 @@ impl Partition {
         if let Some(e) = self.objects.get(key) {
             let err = Error::new(
                 ErrorKind::TypeMismatch,
-                format!("'{key}' is already a {}", e.obj.type_name()),
+                format!("'{key}' is already a {}", e.body.type_name()),
             );
             return Err((err, d));
         }
@@ -394,7 +664,7 @@ impl Partition {
         self.objects.insert(
             key.to_string(),
             Entry {
-                obj: d.obj,
+                body: Body::Builtin(d.obj),
                 owner: None,
             },
         );
@@ -406,7 +676,7 @@ impl Partition {
         self.objects.insert(
             key.to_string(),
             Entry {
-                obj: d.obj,
+                body: Body::Builtin(d.obj),
                 owner: d.owner,
             },
         );
@@ -423,7 +693,7 @@ impl Partition {
             .objects
             .get_mut(key)
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
-        check_type(key, e.obj.type_name(), type_name)?;
+        check_type(key, e.body.type_name(), type_name)?;
         e.owner = None;
         Ok(())
     }
@@ -433,6 +703,51 @@ impl Detached {
     pub fn owner(&self) -> Option<Arc<str>> {
         self.owner.clone()
     }
+}
+
+/// One user-defined object of its version less (deleted, or lost with its host).
+fn uncount(versions: &mut HashMap<(String, String), usize>, u: &UserObject) {
+    let key = (u.type_name.clone(), u.version.clone());
+    if let Some(n) = versions.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            versions.remove(&key);
+        }
+    }
+}
+
+/// Queue a call on a user-defined object for its host.
+fn forward_call(
+    u: &mut UserObject,
+    token: Token,
+    key: &str,
+    method: &str,
+    args: Vec<Value>,
+    forwards: &mut Vec<Forward>,
+) -> Result<(), Error> {
+    if method.starts_with('_') {
+        return Err(Error::new(
+            ErrorKind::UnknownMethod,
+            format!(
+                "{} has no shared method '{method}': private and special methods are not shared",
+                u.type_name
+            ),
+        ));
+    }
+    let (args, kwargs) = user::parse_call_args(&u.type_name, method, args)?;
+    if let UserState::Lost(reason) = &u.state {
+        return Err(user::lost(&u.type_name, key, reason));
+    }
+    u.calls.push_back(token);
+    forwards.push(Forward::Call {
+        key: key.to_string(),
+        object_id: u.id,
+        type_name: u.type_name.clone(),
+        method: method.to_string(),
+        args,
+        kwargs,
+    });
+    Ok(())
 }
 
 fn check_type(key: &str, actual: &str, wanted: &str) -> Result<(), Error> {
@@ -569,5 +884,337 @@ mod tests {
         assert_eq!(error_of(&h.withdraw(wait, "b"), wait).kind, ErrorKind::BrokenBarrier);
         let lock_wait = h.park(3, "Lock", "l", "acquire", vec![]);
         assert_eq!(value_of(&h.withdraw(lock_wait, "l"), lock_wait), Value::Boolean(false));
+    }
+
+    mod user_objects {
+        use super::*;
+        use crate::objects::user::Forward;
+
+        const T: &str = "py:__main__.Centroids";
+
+        fn ctor(version: &str, args: Vec<Value>) -> Vec<Value> {
+            vec![version.into(), Value::Array(args), Value::Map(vec![])]
+        }
+
+        fn margs(args: Vec<Value>) -> Vec<Value> {
+            vec![Value::Array(args), Value::Map(vec![])]
+        }
+
+        /// Send `create` of a user-defined object; returns its token and immediate replies.
+        fn create(
+            h: &mut Harness,
+            caller: &Caller,
+            seq: u64,
+            key: &str,
+            args: Vec<Value>,
+            owned: bool,
+        ) -> (Token, Vec<Delivery>) {
+            let token = h.token(caller.conn);
+            let op = Op::Create {
+                type_name: T.into(),
+                key: key.into(),
+                args,
+                owned,
+            };
+            let out = h.p.apply(caller, token, seq, op, h.now);
+            (token, out)
+        }
+
+        /// Construct `key` (version v1) and let its host succeed; returns its object id.
+        fn constructed(h: &mut Harness, key: &str) -> u64 {
+            let (t, out) = create(h, &who(1), 0, key, ctor("v1", vec![]), false);
+            assert!(out.is_empty(), "create parks until the host answers");
+            let id = match h.p.take_forwards().as_slice() {
+                [Forward::Construct { object_id, .. }] => *object_id,
+                other => panic!("expected one Construct, got {other:?}"),
+            };
+            let out = h.p.complete(key, id, Ok(Value::Nil), h.now);
+            assert_eq!(value_of(&out, t), Value::Boolean(true));
+            id
+        }
+
+        #[test]
+        fn create_and_calls_go_to_the_host_in_order() {
+            let mut h = Harness::new();
+            let (create_t, out) = create(&mut h, &who(1), 1, "c", ctor("v1", vec![3.into()]), false);
+            assert!(out.is_empty());
+            // A call while constructing queues behind the constructor.
+            let (call_t, out) = h.call(&who(2), 1, T, "c", "update", margs(vec![1.into()]));
+            assert!(out.is_empty());
+            let forwards = h.p.take_forwards();
+            let id = forwards[0].object_id();
+            assert_eq!(
+                forwards,
+                vec![
+                    Forward::Construct {
+                        key: "c".into(),
+                        object_id: id,
+                        type_name: T.into(),
+                        version: "v1".into(),
+                        args: vec![3.into()],
+                        kwargs: Value::Map(vec![]),
+                    },
+                    Forward::Call {
+                        key: "c".into(),
+                        object_id: id,
+                        type_name: T.into(),
+                        method: "update".into(),
+                        args: vec![1.into()],
+                        kwargs: Value::Map(vec![]),
+                    },
+                ]
+            );
+            assert!(h.p.take_forwards().is_empty());
+            assert_eq!(
+                value_of(&h.p.complete("c", id, Ok(Value::Nil), h.now), create_t),
+                Value::Boolean(true)
+            );
+            assert_eq!(
+                value_of(&h.p.complete("c", id, Ok(7.into()), h.now), call_t),
+                Value::from(7)
+            );
+            // Nothing in flight: a stray reply is dropped.
+            assert!(h.p.complete("c", id, Ok(8.into()), h.now).is_empty());
+            assert_eq!(h.p.objects(""), vec![("c".to_string(), T.to_string())]);
+            assert_eq!(
+                (
+                    h.p.hosted_objects(),
+                    h.p.count_version(T, "v1"),
+                    h.p.count_version(T, "v2")
+                ),
+                (1, 1, 0)
+            );
+            // The create was recorded: a retry says `true` again without constructing.
+            let (t, out) = create(&mut h, &who(1), 1, "c", ctor("v1", vec![]), false);
+            assert_eq!(value_of(&out, t), Value::Boolean(true));
+            assert!(h.p.take_forwards().is_empty());
+        }
+
+        #[test]
+        fn create_of_an_existing_key() {
+            let mut h = Harness::new();
+            let (_, out) = create(&mut h, &who(1), 0, "c", ctor("v1", vec![]), false);
+            assert!(out.is_empty());
+            h.p.take_forwards();
+            // While constructing, as after: `false` at once, nothing forwarded.
+            let (t, out) = create(&mut h, &who(2), 0, "c", ctor("v1", vec![]), false);
+            assert_eq!(value_of(&out, t), Value::Boolean(false));
+            let (t, out) = create(&mut h, &who(2), 0, "c", ctor("v2", vec![]), false);
+            let e = error_of(&out, t);
+            assert_eq!(e.kind, ErrorKind::TypeMismatch);
+            assert_eq!(e.message, format!("'c' is a {T} of version v1, not of version v2"));
+            assert!(h.p.take_forwards().is_empty());
+            h.create_ok("Counter", "n", vec![]);
+            let (t, out) = create(&mut h, &who(2), 0, "n", ctor("v1", vec![]), false);
+            assert_eq!(error_of(&out, t).kind, ErrorKind::TypeMismatch);
+            assert_eq!(h.err(T, "n", "get", margs(vec![])).kind, ErrorKind::TypeMismatch);
+            assert_eq!(h.err("Counter", "c", "get", vec![]).kind, ErrorKind::TypeMismatch);
+            for bad in [
+                vec![],
+                vec!["v1".into()],
+                vec!["v1".into(), Value::Nil, Value::Map(vec![])],
+            ] {
+                let (t, out) = create(&mut h, &who(2), 0, "d", bad, false);
+                assert_eq!(error_of(&out, t).kind, ErrorKind::BadArguments);
+            }
+            assert!(h.p.take_forwards().is_empty());
+        }
+
+        #[test]
+        fn a_failed_constructor_leaves_no_object() {
+            let mut h = Harness::new();
+            let (create_t, _) = create(&mut h, &who(1), 0, "c", ctor("v1", vec![]), false);
+            let (call_t, _) = h.call(&who(2), 3, T, "c", "update", margs(vec![]));
+            let id = h.p.take_forwards()[0].object_id();
+            let raised = Error::new(ErrorKind::Raised, "ValueError: k must be positive");
+            let out = h.p.complete("c", id, Err(raised.clone()), h.now);
+            assert_eq!(error_of(&out, create_t), raised);
+            let e = error_of(&out, call_t);
+            assert_eq!(e.kind, ErrorKind::NotFound);
+            assert!(
+                e.message
+                    .contains("its constructor failed (Raised: ValueError: k must be positive)"),
+                "{e}"
+            );
+            assert!(h.p.is_empty());
+            assert_eq!(h.p.hosted_objects(), 0);
+            // The host still answers the queued call (it holds no such key): dropped.
+            assert!(h
+                .p
+                .complete("c", id, Err(Error::new(ErrorKind::NotFound, "no")), h.now)
+                .is_empty());
+            assert_eq!(h.err(T, "c", "update", margs(vec![])).kind, ErrorKind::NotFound);
+        }
+
+        #[test]
+        fn private_methods_and_bad_arguments_never_reach_the_host() {
+            let mut h = Harness::new();
+            constructed(&mut h, "c");
+            let e = h.err(T, "c", "_secret", margs(vec![]));
+            assert_eq!(e.kind, ErrorKind::UnknownMethod);
+            assert!(e.message.contains("private and special methods are not shared"), "{e}");
+            assert_eq!(
+                h.err(T, "c", "__reduce__", margs(vec![])).kind,
+                ErrorKind::UnknownMethod
+            );
+            assert_eq!(h.err(T, "c", "update", vec![]).kind, ErrorKind::BadArguments);
+            assert!(h.p.take_forwards().is_empty());
+        }
+
+        #[test]
+        fn a_lost_object_answers_object_lost_until_constructed_again() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let (a, _) = h.call(&who(1), 0, T, "c", "update", margs(vec![]));
+            let (b, _) = h.call(&who(2), 4, T, "c", "update", margs(vec![]));
+            assert_eq!(h.p.take_forwards().len(), 2);
+            let reason = "its object host exited with status 3";
+            let out = h.p.lose("c", id, reason, h.now);
+            assert_eq!(tokens(&out), vec![a, b]);
+            let e = error_of(&out, b);
+            assert_eq!(e.kind, ErrorKind::ObjectLost);
+            assert_eq!(e.data, Value::Map(vec![("reason".into(), reason.into())]));
+            // Later calls are not forwarded; the retry of b gets its recorded reply.
+            assert_eq!(h.err(T, "c", "update", margs(vec![])).kind, ErrorKind::ObjectLost);
+            let (t, out) = h.call(&who(2), 4, T, "c", "update", margs(vec![]));
+            assert_eq!(error_of(&out, t).kind, ErrorKind::ObjectLost);
+            assert!(h.p.take_forwards().is_empty());
+            assert_eq!(h.p.len(), 1, "a lost object keeps its key");
+            assert_eq!(
+                (h.p.hosted_objects(), h.p.count_version(T, "v1")),
+                (0, 0),
+                "but holds no instance"
+            );
+            // A create constructs a fresh object under a new id (of the version defined now);
+            // the old id's replies are dropped.
+            let (t, out) = create(&mut h, &who(1), 0, "c", ctor("v2", vec![]), false);
+            assert!(out.is_empty());
+            let new_id = h.p.take_forwards()[0].object_id();
+            assert_ne!(new_id, id);
+            assert!(h.p.complete("c", id, Ok(Value::Nil), h.now).is_empty());
+            assert!(h.p.lose("c", id, "late", h.now).is_empty());
+            assert_eq!(
+                value_of(&h.p.complete("c", new_id, Ok(Value::Nil), h.now), t),
+                Value::Boolean(true)
+            );
+            assert_eq!((h.p.hosted_objects(), h.p.count_version(T, "v2")), (1, 1));
+            // Deleting it after it was lost again counts nothing twice.
+            h.p.lose("c", new_id, "gone", h.now);
+            h.delete("c");
+            assert_eq!((h.p.len(), h.p.hosted_objects()), (0, 0));
+        }
+
+        #[test]
+        fn an_object_lost_while_constructing_is_gone() {
+            let mut h = Harness::new();
+            let (create_t, _) = create(&mut h, &who(1), 0, "c", ctor("v1", vec![]), false);
+            let (call_t, _) = h.call(&who(2), 0, T, "c", "update", margs(vec![]));
+            let id = h.p.take_forwards()[0].object_id();
+            let out = h.p.lose("c", id, "its object host did not connect within 30 s", h.now);
+            assert_eq!(error_of(&out, create_t).kind, ErrorKind::ObjectLost);
+            assert_eq!(error_of(&out, call_t).kind, ErrorKind::ObjectLost);
+            assert!(h.p.is_empty());
+            assert_eq!(h.p.hosted_objects(), 0);
+        }
+
+        #[test]
+        fn a_call_resent_while_in_flight_runs_once() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let first = Caller { conn: 1, ..who(5) };
+            let (t1, out) = h.call(&first, 9, T, "c", "update", margs(vec![]));
+            assert!(out.is_empty());
+            assert_eq!(h.p.take_forwards().len(), 1);
+            // The client reconnects and resends: not forwarded again.
+            let again = Caller { conn: 2, ..who(5) };
+            let (t2, out) = h.call(&again, 9, T, "c", "update", margs(vec![]));
+            assert!(out.is_empty());
+            assert!(h.p.take_forwards().is_empty());
+            let out = h.p.complete("c", id, Ok(42.into()), h.now);
+            assert_eq!(tokens(&out), vec![t2], "the resent call takes the first one's place");
+            assert_ne!(t1, t2);
+            let (t3, out) = h.call(&again, 9, T, "c", "update", margs(vec![]));
+            assert_eq!(value_of(&out, t3), Value::from(42));
+            // A retried create while constructing takes over the same way.
+            let (c1, _) = create(&mut h, &first, 10, "d", ctor("v1", vec![]), false);
+            let (c2, out) = create(&mut h, &again, 10, "d", ctor("v1", vec![]), false);
+            assert!(out.is_empty());
+            let d = h.p.take_forwards()[0].object_id();
+            assert_eq!(tokens(&h.p.complete("d", d, Ok(Value::Nil), h.now)), vec![c2]);
+            assert_ne!(c1, c2);
+        }
+
+        #[test]
+        fn a_disconnect_keeps_the_reply_of_a_call_the_host_runs() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let (_, out) = h.call(&who(3), 9, T, "c", "update", margs(vec![]));
+            assert!(out.is_empty());
+            assert_eq!(h.p.take_forwards().len(), 1);
+            assert!(h.disconnect(3).is_empty());
+            // The reply goes to the closed connection (the server drops it) and is recorded.
+            assert_eq!(h.p.complete("c", id, Ok(5.into()), h.now).len(), 1);
+            let back = Caller { conn: 4, ..who(3) };
+            let (t, out) = h.call(&back, 9, T, "c", "update", margs(vec![]));
+            assert_eq!(value_of(&out, t), Value::from(5));
+            assert!(h.p.take_forwards().is_empty());
+        }
+
+        #[test]
+        fn delete_and_session_end_drain_calls_and_drop_the_instance() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let (t, _) = h.call(&who(2), 0, T, "c", "update", margs(vec![]));
+            h.p.take_forwards();
+            let out = h.delete("c");
+            assert_eq!(error_of(&out, t).kind, ErrorKind::NotFound);
+            assert_eq!(
+                h.p.take_forwards(),
+                vec![Forward::Drop {
+                    key: "c".into(),
+                    object_id: id
+                }]
+            );
+            assert_eq!(h.p.hosted_objects(), 0);
+            // The host's late answer about the deleted object is dropped.
+            assert!(h.p.complete("c", id, Ok(1.into()), h.now).is_empty());
+            // An unnamed object goes with its session, constructing or not.
+            let (t, _) = create(&mut h, &who(1), 0, "~c1.1", ctor("v1", vec![]), true);
+            let id = h.p.take_forwards()[0].object_id();
+            let out = h.p.end_session("c1", h.now);
+            assert_eq!(error_of(&out, t).kind, ErrorKind::NotFound);
+            assert_eq!(
+                h.p.take_forwards(),
+                vec![Forward::Drop {
+                    key: "~c1.1".into(),
+                    object_id: id
+                }]
+            );
+            assert!(h.p.is_empty());
+        }
+
+        #[test]
+        fn keep_detaches_but_never_renames() {
+            let mut h = Harness::new();
+            let (t, _) = create(&mut h, &who(1), 0, "~c1.1", ctor("v1", vec![]), true);
+            let id = h.p.take_forwards()[0].object_id();
+            h.p.complete("~c1.1", id, Ok(Value::Nil), h.now);
+            let e = h.p.detach(T, "~c1.1").err().expect("refused");
+            assert_eq!(e.kind, ErrorKind::ValueError);
+            assert!(e.message.contains("construct it with name= instead"), "{e}");
+            assert_eq!(h.p.disown(T, "~c1.1"), Ok(()));
+            assert!(h.p.end_session("c1", h.now).is_empty());
+            assert_eq!(h.p.len(), 1, "kept: it outlives its session");
+            assert_ne!(t.req, 0);
+        }
+
+        #[test]
+        fn withdraw_does_not_touch_hosted_calls() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let (t, _) = h.call(&who(2), 0, T, "c", "update", margs(vec![]));
+            assert!(h.withdraw(t, "c").is_empty());
+            assert_eq!(value_of(&h.p.complete("c", id, Ok(1.into()), h.now), t), Value::from(1));
+        }
     }
 }

@@ -6,7 +6,8 @@ use spindle_core::value::type_of;
 /// The protocol version this crate speaks (the `protocol` field of `hello`).
 pub const PROTOCOL_VERSION: u64 = 1;
 
-const OPS: &str = "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker";
+const OPS: &str =
+    "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host";
 
 /// One request, with its operands checked and moved out of the MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,6 +86,19 @@ pub enum Request {
         pid: Option<u64>,
         runtime: String,
     },
+    /// Register the code of a user-defined type (`py:...`) under its version.
+    Define {
+        id: u64,
+        type_name: String,
+        version: String,
+        code: Vec<u8>,
+    },
+    /// An object host process announcing itself with the secret the server gave it.
+    Host {
+        id: u64,
+        host: String,
+        pid: Option<u64>,
+    },
 }
 
 impl Request {
@@ -101,7 +115,9 @@ impl Request {
             | Request::Withdraw { id, .. }
             | Request::Invoke { id, .. }
             | Request::Cancel { id, .. }
-            | Request::Worker { id, .. } => *id,
+            | Request::Worker { id, .. }
+            | Request::Define { id, .. }
+            | Request::Host { id, .. } => *id,
         }
     }
 
@@ -119,6 +135,8 @@ impl Request {
             Request::Invoke { .. } => "invoke",
             Request::Cancel { .. } => "cancel",
             Request::Worker { .. } => "worker",
+            Request::Define { .. } => "define",
+            Request::Host { .. } => "host",
         }
     }
 }
@@ -290,6 +308,19 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             p.arity("[id, \"worker\", {\"id\": str, \"pid\": int, \"runtime\": str}]", 1)?;
             p.worker()?
         }
+        "define" => {
+            p.arity("[id, \"define\", type, version, code]", 3)?;
+            Request::Define {
+                id,
+                type_name: p.string("type")?,
+                version: p.string("version")?,
+                code: p.binary("code")?,
+            }
+        }
+        "host" => {
+            p.arity("[id, \"host\", {\"id\": str, \"pid\": int}]", 1)?;
+            p.host()?
+        }
         other => return Err(bad(id, format!("unknown op '{other}' (known: {OPS})"))),
     };
     Ok(request)
@@ -435,6 +466,28 @@ impl Operands<'_> {
         })
     }
 
+    /// The `host` map: `{"id": str, "pid": int}`.
+    fn host(&mut self) -> Result<Request, RequestError> {
+        let entries = match self.next() {
+            Value::Map(entries) => entries,
+            other => return Err(self.error("the operand", "a map {\"id\": str, \"pid\": int}", &other)),
+        };
+        let (mut host, mut pid) = (None, None);
+        for (k, v) in entries {
+            match (k.as_str(), v) {
+                (Some("id"), Value::String(s)) => host = s.into_str(),
+                (Some("id"), other) => return Err(self.error("id", "a str", &other)),
+                (Some("pid"), Value::Integer(n)) => pid = n.as_u64(),
+                _ => {}
+            }
+        }
+        Ok(Request::Host {
+            id: self.id,
+            host: host.ok_or_else(|| bad(self.id, "'host': the map has no \"id\" str"))?,
+            pid,
+        })
+    }
+
     /// The `hello` map: `{"client": str, "protocol": 1, "token": str}`.
     fn hello(&mut self) -> Result<(String, Option<String>), RequestError> {
         let entries = match self.next() {
@@ -558,6 +611,31 @@ mod tests {
                 runtime: "python".into()
             }
         );
+        let define = v(vec![
+            13.into(),
+            s("define"),
+            s("py:m.C"),
+            s("ab12"),
+            Value::Binary(vec![9]),
+        ]);
+        assert_eq!(
+            parse_request(define).unwrap(),
+            Request::Define {
+                id: 13,
+                type_name: "py:m.C".into(),
+                version: "ab12".into(),
+                code: vec![9]
+            }
+        );
+        let host = Value::Map(vec![(s("id"), s("3-ff")), (s("pid"), 77.into())]);
+        assert_eq!(
+            parse_request(v(vec![14.into(), s("host"), host])).unwrap(),
+            Request::Host {
+                id: 14,
+                host: "3-ff".into(),
+                pid: Some(77)
+            }
+        );
         let create = v(vec![
             2.into(),
             s("create"),
@@ -671,7 +749,7 @@ mod tests {
         let e = error_of(v(vec![12.into(), s("frobnicate")]));
         assert_eq!(
             e.message,
-            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker)"
+            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host)"
         );
     }
 
@@ -723,6 +801,27 @@ mod tests {
         assert_eq!(
             error_of(keep).message,
             "'keep': name must be a str or nil, not the integer 3"
+        );
+    }
+
+    #[test]
+    fn define_and_host_check_their_operands() {
+        let e = error_of(v(vec![1.into(), s("define"), s("py:m.C"), s("v1"), s("code")]));
+        assert_eq!(e.message, "'define': code must be bin, not the str 'code'");
+        let e = error_of(v(vec![1.into(), s("define"), s("py:m.C"), s("v1")]));
+        assert_eq!(
+            e.message,
+            "'define' takes 5 items [id, \"define\", type, version, code], got 4"
+        );
+        let e = error_of(v(vec![2.into(), s("host"), Value::Map(vec![(s("pid"), 1.into())])]));
+        assert_eq!((e.id, e.message.as_str()), (2, "'host': the map has no \"id\" str"));
+        let e = error_of(v(vec![2.into(), s("host"), Value::Map(vec![(s("id"), 5.into())])]));
+        assert_eq!(e.message, "'host': id must be a str, not the integer 5");
+        let e = error_of(v(vec![2.into(), s("host"), s("3-ff")]));
+        assert!(
+            e.message.starts_with("'host': the operand must be a map"),
+            "{}",
+            e.message
         );
     }
 

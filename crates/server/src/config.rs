@@ -18,6 +18,27 @@ pub struct Config {
     pub session_ttl: Duration,
     /// The function gateway's settings.
     pub functions: FunctionsConfig,
+    /// Object hosts, which run user-defined objects (they use `functions`' Python, token and
+    /// start timeout).
+    pub hosts: HostsConfig,
+}
+
+/// Object hosts: how many, and how long one call may run.
+#[derive(Clone, Debug)]
+pub struct HostsConfig {
+    /// Host slots; each object lives on one, chosen by a hash of its key.
+    pub count: usize,
+    /// A call running longer than this gets its host killed (and its objects lost).
+    pub call_timeout: Duration,
+}
+
+impl Default for HostsConfig {
+    fn default() -> Self {
+        HostsConfig {
+            count: default_object_hosts(),
+            call_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The function gateway: worker pool size and limits, and who may run code.
@@ -47,6 +68,7 @@ impl Default for Config {
             max_frame: spindle_proto::DEFAULT_MAX_FRAME,
             session_ttl: Duration::from_secs(5),
             functions: FunctionsConfig::default(),
+            hosts: HostsConfig::default(),
         }
     }
 }
@@ -89,6 +111,11 @@ pub fn is_loopback(host: &str) -> bool {
 
 /// One shard per core: enough to keep every worker busy without contention.
 pub fn default_partitions() -> usize {
+    cores()
+}
+
+/// One object host per core: hosts run Python methods, one call at a time each.
+pub fn default_object_hosts() -> usize {
     cores()
 }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spindle_core::objects::user;
 use spindle_core::partition::Op;
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, Request, Split, PROTOCOL_VERSION};
@@ -15,6 +16,7 @@ use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::gateway::{self, WorkerId};
+use crate::hosts::{self, HostId};
 use crate::registry::{log_error_reply, Drain, Outbox};
 use crate::{sessions, status, Shared};
 
@@ -62,6 +64,8 @@ struct Connection {
     invoked: bool,
     /// Set when this is a worker's task channel: its frames are replies to tasks.
     worker: Option<WorkerId>,
+    /// Set when this is an object host's channel: its frames are replies to its requests.
+    host: Option<HostId>,
 }
 
 /// Serve one accepted connection until it closes.
@@ -88,6 +92,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         authorized: false,
         invoked: false,
         worker: None,
+        host: None,
     };
     let end = conn.read_loop(&mut reader).await;
     match &end {
@@ -124,6 +129,10 @@ impl Connection {
                     }
                     Split::Incomplete { total } => break total,
                     Split::TooLarge { len } => {
+                        if let Some(host) = self.host {
+                            let why = format!("it sent a frame of {len} bytes, over the limit of {max_frame}");
+                            hosts::broke_protocol(&self.shared, host, &why);
+                        }
                         let message = format!(
                             "frame of {len} bytes is over the limit of {max_frame} bytes; closing the connection"
                         );
@@ -204,6 +213,9 @@ impl Connection {
         if let Some(worker) = self.worker {
             return self.handle_worker_frame(worker, body);
         }
+        if let Some(host) = self.host {
+            return self.handle_host_frame(host, body);
+        }
         match decode_request(body) {
             Ok(request) => self.dispatch(request),
             Err(e) => self.reply(e.id, Err(Error::new(ErrorKind::ProtocolError, e.message))),
@@ -211,7 +223,12 @@ impl Connection {
     }
 
     fn dispatch(&mut self, request: Request) {
-        if self.client.is_none() && !matches!(request, Request::Hello { .. } | Request::Worker { .. }) {
+        if self.client.is_none()
+            && !matches!(
+                request,
+                Request::Hello { .. } | Request::Worker { .. } | Request::Host { .. }
+            )
+        {
             let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
         }
@@ -226,13 +243,17 @@ impl Connection {
                 args,
                 owned,
             } => {
+                let user_type = user::is_user_type(&type_name);
                 let op = Op::Create {
                     type_name,
                     key,
                     args,
                     owned,
                 };
-                self.apply(id, seq, thread, op)
+                match user_type {
+                    true => self.create_user(id, seq, thread, op),
+                    false => self.apply(id, seq, thread, op, None),
+                }
             }
             Request::Call {
                 id,
@@ -249,9 +270,9 @@ impl Connection {
                     method,
                     args,
                 };
-                self.apply(id, seq, thread, op)
+                self.apply(id, seq, thread, op, None)
             }
-            Request::Delete { id, seq, key } => self.apply(id, seq, 0, Op::Delete { key }),
+            Request::Delete { id, seq, key } => self.apply(id, seq, 0, Op::Delete { key }, None),
             Request::Keep {
                 id,
                 type_name,
@@ -287,14 +308,48 @@ impl Connection {
             Request::Worker {
                 id, worker, runtime, ..
             } => self.worker_hello(id, &worker, &runtime),
+            Request::Define {
+                id,
+                type_name,
+                version,
+                code,
+            } => {
+                if !self.authorized {
+                    return self.reply(id, Err(unauthorized("defining classes")));
+                }
+                let reply = hosts::define(&self.shared, &type_name, &version, code);
+                self.reply(id, reply)
+            }
+            Request::Host { id, host, .. } => self.host_hello(id, &host),
         }
+    }
+
+    /// `create` of a user-defined type: it runs the class's code, so it needs the token, and
+    /// the class must be defined at the version the client names.
+    fn create_user(&mut self, id: u64, seq: u64, thread: u64, op: Op) {
+        if !self.authorized {
+            return self.reply(id, Err(unauthorized("constructing user-defined objects")));
+        }
+        let Op::Create { type_name, args, .. } = &op else {
+            unreachable!("only creates come here")
+        };
+        let shared = self.shared.clone();
+        // Held across the apply, so a concurrent `define` cannot swap the version under it.
+        let classes = shared.hosts.classes();
+        let code = match args.first().and_then(Value::as_str) {
+            Some(version) => match hosts::class_code(&classes, type_name, version) {
+                Ok(code) => Some(code),
+                Err(e) => return self.reply(id, Err(e)),
+            },
+            // A malformed create: the partition says what is wrong with it.
+            None => None,
+        };
+        self.apply(id, seq, thread, op, code.as_ref());
     }
 
     fn invoke(&mut self, id: u64, runtime: &str, payload: Vec<u8>, options: Value) {
         if !self.authorized {
-            let message = "invoking functions needs the server's token: pass it in hello as \"token\" \
-                           (the SDK reads SPINDLE_TOKEN)";
-            return self.reply(id, Err(Error::new(ErrorKind::Unauthorized, message)));
+            return self.reply(id, Err(unauthorized("invoking functions")));
         }
         self.invoked = true;
         if let Err(e) = gateway::invoke(&self.shared, self.id, id, runtime, payload, options) {
@@ -305,8 +360,8 @@ impl Connection {
     /// A worker process announcing itself: from now on this connection carries its tasks.
     fn worker_hello(&mut self, id: u64, secret: &str, runtime: &str) {
         // A `hello` before is fine (the Python worker opens an ordinary connection first).
-        if self.worker.is_some() {
-            let message = "this connection already said 'worker'";
+        if self.worker.is_some() || self.host.is_some() {
+            let message = "this connection already said 'worker' or 'host'";
             return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
         }
         match gateway::worker_hello(&self.shared, self.id, secret, runtime) {
@@ -318,6 +373,38 @@ impl Connection {
                 gateway::execute(&self.shared, actions);
             }
             Err(e) => self.reply(id, Err(e)),
+        }
+    }
+
+    /// An object host announcing itself: from now on this connection carries its requests.
+    fn host_hello(&mut self, id: u64, secret: &str) {
+        if self.worker.is_some() || self.host.is_some() {
+            let message = "this connection already said 'worker' or 'host'";
+            return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
+        }
+        match hosts::authenticate(&self.shared, secret) {
+            Ok(host) => {
+                self.host = Some(host);
+                self.reply(id, Ok(Value::Boolean(true)));
+                // The host reads this reply before its first request.
+                self.flush();
+                hosts::connected(&self.shared, host, self.id);
+            }
+            Err(e) => self.reply(id, Err(e)),
+        }
+    }
+
+    /// A frame on a host's connection: the answer to its oldest request. A host makes its
+    /// own calls on other connections, so anything else is a protocol violation.
+    fn handle_host_frame(&mut self, host: HostId, body: &[u8]) {
+        let mut rest = body;
+        match rmpv::decode::read_value(&mut rest) {
+            Ok(value) if rest.is_empty() => hosts::reply(&self.shared, host, value),
+            Ok(_) => hosts::broke_protocol(&self.shared, host, "a frame held more than one value"),
+            Err(e) => {
+                let why = format!("a frame was not valid MessagePack: {e}");
+                hosts::broke_protocol(&self.shared, host, &why)
+            }
         }
     }
 
@@ -345,8 +432,8 @@ impl Connection {
     }
 
     fn hello(&mut self, id: u64, client: String, token: Option<String>) {
-        if self.worker.is_some() {
-            let message = "this connection already said 'worker'; a worker's hello comes before it";
+        if self.worker.is_some() || self.host.is_some() {
+            let message = "this connection already said 'worker' or 'host'; their hello comes before it";
             return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
         }
         self.authorized = self.shared.gateway.authorizes(token.as_deref());
@@ -363,8 +450,9 @@ impl Connection {
         self.reply(id, Ok(hello_reply(resumed)));
     }
 
-    /// Run an object operation on its shard, in this task.
-    fn apply(&mut self, id: u64, seq: u64, thread: u64, op: Op) {
+    /// Run an object operation on its shard, in this task. `code` is the class's code for a
+    /// `create` of a user-defined type.
+    fn apply(&mut self, id: u64, seq: u64, thread: u64, op: Op, code: Option<&Arc<Vec<u8>>>) {
         let Some(client) = self.client.clone() else {
             return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
         };
@@ -376,12 +464,19 @@ impl Connection {
             thread,
         };
         let token = Token { conn: self.id, req: id };
-        let applied = self.shared.shards.with(index, |s| {
+        let shared = &self.shared;
+        let applied = shared.shards.with(index, |s| {
             s.calls += 1;
-            s.partition.apply(&caller, token, seq, op, Instant::now())
+            let deliveries = s.partition.apply(&caller, token, seq, op, Instant::now());
+            // User-defined objects' calls go to their hosts before the shard is unlocked, so
+            // each host gets them in the order they were applied.
+            (deliveries, hosts::forward(shared, &mut s.partition, code))
         });
         match applied {
-            Ok(deliveries) => self.route(deliveries),
+            Ok((deliveries, actions)) => {
+                self.route(deliveries);
+                hosts::run(&self.shared, actions);
+            }
             Err(e) => self.reply(id, Err(e)),
         }
     }
@@ -432,7 +527,7 @@ impl Connection {
 
     fn objects(&self, prefix: &str) -> Value {
         let shards = &self.shared.shards;
-        let mut named: Vec<(String, &'static str)> = Vec::new();
+        let mut named: Vec<(String, String)> = Vec::new();
         for index in 0..shards.count() {
             match shards.with(index, |s| s.partition.objects(prefix)) {
                 Ok(found) => named.extend(found),
@@ -456,6 +551,9 @@ impl Connection {
         if let Some(worker) = self.worker {
             gateway::worker_disconnected(&shared, worker);
         }
+        if let Some(host) = self.host {
+            hosts::disconnected(&shared, host);
+        }
         if self.invoked {
             gateway::connection_closed(&shared, self.id);
         }
@@ -475,6 +573,13 @@ impl Connection {
             sessions::connection_closed(&shared, client);
         }
     }
+}
+
+/// Running code needs the server's token when it has one.
+fn unauthorized(what: &str) -> Error {
+    let message =
+        format!("{what} needs the server's token: pass it in hello as \"token\" (the SDK reads SPINDLE_TOKEN)");
+    Error::new(ErrorKind::Unauthorized, message)
 }
 
 fn hello_reply(resumed: bool) -> Value {

@@ -4,11 +4,15 @@
 //! Layout: [`config`] (settings), `connection` (per-client reader and writer),
 //! `shards` (partitions behind mutexes, timers, `keep`), `registry` (reply routing),
 //! `sessions` (session lifetimes), `status` (counters and the `status` reply), `gateway`
-//! (functions: the worker pool and invocations).
+//! (functions: the worker pool and invocations), `hosts` (user-defined objects: their classes
+//! and the host processes that run them), `process` (starting and supervising both kinds of
+//! Python child processes).
 
 pub mod config;
 mod connection;
 mod gateway;
+mod hosts;
+mod process;
 mod registry;
 mod sessions;
 mod shards;
@@ -38,6 +42,7 @@ pub(crate) struct Shared {
     pub(crate) sessions: sessions::Sessions,
     pub(crate) stats: status::Stats,
     pub(crate) gateway: gateway::Gateway,
+    pub(crate) hosts: hosts::Hosts,
     /// Where workers connect (the bound address, loopback when bound to every interface).
     pub(crate) worker_address: String,
 }
@@ -68,6 +73,7 @@ impl Server {
             sessions: sessions::Sessions::new(),
             stats: status::Stats::new(),
             gateway: gateway::Gateway::new(config.functions.clone()),
+            hosts: hosts::Hosts::new(&config),
             worker_address: reachable.to_string(),
             address,
             config,
@@ -87,6 +93,7 @@ impl Server {
         }
         tokio::spawn(status::run_sampler(shared.clone()));
         tokio::spawn(gateway::run_timer(shared.clone()));
+        tokio::spawn(hosts::run_timer(shared.clone()));
         let functions = &shared.config.functions;
         info!(
             address = %shared.address,
@@ -94,6 +101,8 @@ impl Server {
             max_frame = shared.config.max_frame,
             session_ttl = ?shared.config.session_ttl,
             max_workers = functions.max_workers,
+            object_hosts = shared.config.hosts.count,
+            object_call_timeout = ?shared.config.hosts.call_timeout,
             python = %functions.python.display(),
             token = functions.token.is_some(),
             "serving"

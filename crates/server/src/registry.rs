@@ -242,7 +242,7 @@ impl Registry {
 
 /// One log line per error reply: client faults at warn, failures a caller should look into
 /// at info, and outcomes that are ordinary control flow (an empty queue, a timed-out wait,
-/// a missing key) at debug, so a busy server's log is not flooded by `get_nowait`.
+/// a missing key, an exception a user-defined method raised) at debug, so a busy server's log is not flooded by `get_nowait`.
 pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
     let kind = e.kind.as_str();
     match e.kind {
@@ -258,6 +258,7 @@ pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
         | ErrorKind::BrokenBarrier
         | ErrorKind::Cancelled
         | ErrorKind::FutureException
+        | ErrorKind::Raised
         | ErrorKind::Moved => tracing::debug!(conn, id, kind, "{}", e.message),
         _ => tracing::info!(conn, id, kind, "{}", e.message),
     }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use crate::Shared;
+use crate::{hosts, Shared};
 
 struct Session {
     /// The client id, shared by the session's connections.
@@ -82,11 +82,12 @@ pub(crate) fn connection_closed(shared: &Arc<Shared>, client: Arc<str>) {
     });
 }
 
-fn end_if_idle(shared: &Shared, client: &Arc<str>, epoch: u64) {
+fn end_if_idle(shared: &Arc<Shared>, client: &Arc<str>, epoch: u64) {
     // The sessions lock is held while the shards drop the session, so a `hello` arriving
     // now waits and then starts a fresh session instead of resuming a half-ended one.
     // Lock order is always sessions, then one shard at a time.
     let mut replies = Vec::new();
+    let mut actions = Vec::new();
     {
         let mut sessions = shared.sessions.lock();
         match sessions.get(client) {
@@ -96,12 +97,19 @@ fn end_if_idle(shared: &Shared, client: &Arc<str>, epoch: u64) {
         sessions.remove(client);
         let now = Instant::now();
         for index in 0..shared.shards.count() {
-            match shared.shards.with(index, |s| s.partition.end_session(client, now)) {
-                Ok(out) => replies.extend(out),
+            match shared.shards.with(index, |s| {
+                let out = s.partition.end_session(client, now);
+                (out, hosts::forward(shared, &mut s.partition, None))
+            }) {
+                Ok((out, more)) => {
+                    replies.extend(out);
+                    actions.extend(more);
+                }
                 Err(e) => tracing::error!(shard = index, "could not end session '{client}' there: {e}"),
             }
         }
     }
     tracing::debug!(client = &**client, "session ended");
     shared.registry.deliver(replies);
+    hosts::run(shared, actions);
 }

@@ -50,14 +50,9 @@ impl Shards {
         self.shards.len()
     }
 
-    /// The shard that holds `key` (FNV-1a: fast on short keys, and spread is all we need).
+    /// The shard that holds `key`.
     pub(crate) fn index_of(&self, key: &str) -> usize {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in key.bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        (hash % self.shards.len() as u64) as usize
+        (hash(key) % self.shards.len() as u64) as usize
     }
 
     /// Run `f` with shard `index` locked. A panic inside `f` (a bug in an object type)
@@ -135,6 +130,17 @@ impl Shards {
             }
         }
     }
+}
+
+/// A key's hash for spreading keys over shards and object hosts (FNV-1a: fast on short keys,
+/// and spread is all we need).
+pub(crate) fn hash(key: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
 }
 
 enum Detach {

@@ -64,6 +64,10 @@ pub(crate) fn status(shared: &Shared) -> Value {
     let calls_per_s = f64::from_bits(shared.stats.calls_per_s.load(Ordering::Relaxed));
     let invocations_per_s = f64::from_bits(shared.stats.invocations_per_s.load(Ordering::Relaxed));
     let pool = shared.gateway.counts();
+    let hosted_objects: usize = (0..shared.shards.count())
+        .filter_map(|i| shared.shards.with(i, |s| s.partition.hosted_objects()).ok())
+        .sum();
+    let (object_hosts, object_calls) = shared.hosts.counts();
     let entries: Vec<(&str, Value)> = vec![
         ("address", Value::from(shared.address.as_str())),
         ("version", Value::from(crate::VERSION)),
@@ -83,6 +87,9 @@ pub(crate) fn status(shared: &Shared) -> Value {
         ("busy", Value::from(pool.busy)),
         ("queued", Value::from(pool.queued)),
         ("invocations_per_s", Value::F64(invocations_per_s)),
+        ("object_hosts", Value::from(object_hosts)),
+        ("hosted_objects", Value::from(hosted_objects)),
+        ("object_calls_in_flight", Value::from(object_calls)),
     ];
     Value::Map(entries.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
 }

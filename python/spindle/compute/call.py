@@ -13,6 +13,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from ..errors import FunctionTimeout, WorkerCrashed
+from ..proxy import refuse_waiting
 from .invoker import (
     MAX_ARGUMENT,
     Invocation,
@@ -119,6 +120,8 @@ class Call:
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be >= 0")
+        # Thread.start, Executor.submit and parallel_for all come here.
+        refuse_waiting("starting a spindle function")
         self.future = future
         # Pickled once, here, so that a bad function or argument fails the caller's submit.
         self.payload = make_payload(fn, args, kwargs, new_session(), limit)

@@ -28,11 +28,10 @@ from ..client import Connection, frame
 from ..codec import unpackb
 from ..errors import (
     FunctionTimeout,
-    RemoteError,
-    RemoteTraceback,
     ServerUnavailable,
     WorkerCrashed,
     error_from_reply,
+    remote_exception,
 )
 
 MAX_ARGUMENT = 1 << 20  # bytes: larger arguments travel as objects or paths, not inline
@@ -160,27 +159,17 @@ class Invocation(concurrent.futures.Future):
         self._cancel_now()
 
 
-def _attach_traceback(exc: BaseException, error: Optional[Dict[str, Any]]) -> BaseException:
-    if error and error.get("traceback"):
-        exc.__cause__ = RemoteTraceback(error["traceback"])
-    return exc
-
-
 def exception_of(report: Dict[str, Any]) -> BaseException:
     """The exception a function raised, with its remote traceback as ``__cause__``."""
     error = report.get("error") or {}
     data = report.get("result")
-    exc: Optional[BaseException] = None
+    exc: Any = None
     if data is not None:
         try:
-            value = pickle.loads(data)
-            if isinstance(value, BaseException):
-                exc = value
+            exc = pickle.loads(data)
         except Exception:
             exc = None
-    if exc is None:
-        exc = RemoteError(error.get("type") or "Exception", error.get("message") or "")
-    return _attach_traceback(exc, error)
+    return remote_exception(exc, error.get("type"), error.get("message"), error.get("traceback"))
 
 
 def result_of(report: Dict[str, Any]) -> Any:

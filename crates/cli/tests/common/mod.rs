@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_python;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};

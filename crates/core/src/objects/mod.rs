@@ -15,6 +15,7 @@ mod queue;
 mod rlock;
 mod semaphore;
 mod sorted_dict;
+pub mod user;
 mod value;
 mod waiters;
 
@@ -36,6 +37,7 @@ pub use queue::Queue;
 pub use rlock::RLock;
 pub use semaphore::Semaphore;
 pub use sorted_dict::SortedDict;
+pub use user::{Forward, UserObject, UserState};
 pub use value::SharedValue;
 
 use crate::{Error, ErrorKind, Object, Value};

@@ -8,17 +8,18 @@
 mod pool;
 mod worker;
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use spindle_core::{ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use tokio::sync::Notify;
 
 use crate::config::FunctionsConfig;
+use crate::process::{constant_time_eq, Exit, Table};
 use crate::Shared;
 pub(crate) use pool::WorkerId;
-use pool::{Action, Counts, Exit, Invocation, Limits, Pool};
+use pool::{Action, Counts, Invocation, Limits, Pool};
 
 /// The runtimes this gateway runs.
 const RUNTIMES: &[&str] = &["python"];
@@ -27,7 +28,7 @@ pub(crate) struct Gateway {
     config: FunctionsConfig,
     state: Mutex<Guarded>,
     /// Worker processes by id (their secret, pid and watch flags).
-    procs: Mutex<HashMap<WorkerId, Arc<worker::Proc>>>,
+    procs: Table,
     /// Wakes the timer task when a deadline earlier than the armed one appears.
     timer: Notify,
 }
@@ -51,7 +52,7 @@ impl Gateway {
                 pool: Pool::new(limits),
                 armed: None,
             }),
-            procs: Mutex::new(HashMap::new()),
+            procs: Table::new(),
             timer: Notify::new(),
         }
     }
@@ -67,10 +68,6 @@ impl Gateway {
             self.timer.notify_one();
         }
         result
-    }
-
-    fn procs(&self) -> MutexGuard<'_, HashMap<WorkerId, Arc<worker::Proc>>> {
-        self.procs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn counts(&self) -> Counts {
@@ -157,14 +154,7 @@ pub(crate) fn worker_hello(
         return Err(Error::bad_args(format!("unknown worker runtime '{runtime}'")));
     }
     let gateway = &shared.gateway;
-    let worker: WorkerId = secret
-        .split_once('-')
-        .and_then(|(n, _)| n.parse().ok())
-        .ok_or_else(unknown)?;
-    let proc = gateway.procs().get(&worker).cloned().ok_or_else(unknown)?;
-    if !constant_time_eq(proc.secret.as_bytes(), secret.as_bytes()) {
-        return Err(unknown());
-    }
+    let (worker, proc) = gateway.procs.authenticate(secret).ok_or_else(unknown)?;
     let (accepted, actions) = gateway.with_pool(|p| p.ready(worker, conn, Instant::now()));
     if !accepted {
         return Err(Error::new(
@@ -241,11 +231,7 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
                     let python = gateway.config.python.display();
                     let why = format!("cannot start `{python} -m spindle.worker`: {e}");
                     tracing::error!(worker = id, "{why}");
-                    let exit = Exit {
-                        status: None,
-                        signal: None,
-                    };
-                    pending.extend(gateway.with_pool(|p| p.exited(id, exit, Some(&why), Instant::now())));
+                    pending.extend(gateway.with_pool(|p| p.exited(id, Exit::default(), Some(&why), Instant::now())));
                 }
             }
             Action::Run {
@@ -256,7 +242,7 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
                 options,
                 memory_limit,
             } => {
-                if let Some(proc) = gateway.procs().get(&worker) {
+                if let Some(proc) = gateway.procs.get(worker) {
                     proc.watch(memory_limit);
                 }
                 let run = Value::Array(vec![
@@ -273,7 +259,7 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
                 }
             }
             Action::Idle(worker) => {
-                if let Some(proc) = gateway.procs().get(&worker) {
+                if let Some(proc) = gateway.procs.get(worker) {
                     proc.watch(0);
                 }
             }
@@ -282,7 +268,7 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
                 reply,
             }),
             Action::Kill(worker) => {
-                if let Some(proc) = gateway.procs().get(&worker) {
+                if let Some(proc) = gateway.procs.get(worker) {
                     proc.kill();
                 }
             }
@@ -340,11 +326,6 @@ fn error_from_value(value: Value) -> Error {
     Error::new(kind, message).with_data(parts.next().unwrap_or(Value::Nil))
 }
 
-/// Compare secrets without leaking through timing where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,12 +365,5 @@ mod tests {
             (ErrorKind::ValueError, "bad", 3.into())
         );
         assert_eq!(error_from_value(Value::Nil).kind, ErrorKind::Internal);
-    }
-
-    #[test]
-    fn secrets_compare_whole() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
     }
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use spindle_core::{ConnId, Error, ErrorKind, Reply, Value};
 
+use crate::process::Exit;
+
 pub(crate) type WorkerId = u64;
 pub(crate) type TaskId = u64;
 
@@ -93,13 +95,6 @@ struct Worker {
     conn: ConnId,
     pid: u32,
     tasks_run: u64,
-}
-
-/// How a worker process ended (from `wait()`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Exit {
-    pub(crate) status: Option<i32>,
-    pub(crate) signal: Option<i32>,
 }
 
 /// Pool sizes for `status`.
@@ -286,7 +281,7 @@ impl Pool {
         let (reason, task, before_hello) = match w.state {
             State::Starting { .. } => (
                 why.map_or_else(
-                    || format!("the worker {} before it connected", describe_exit(exit)),
+                    || format!("the worker {} before it connected", exit.describe()),
                     str::to_string,
                 ),
                 None,
@@ -490,20 +485,8 @@ fn set_keys<const N: usize>(report: Value, keys: [(&str, Value); N]) -> Value {
     Value::Map(entries)
 }
 
-fn describe_exit(exit: Exit) -> String {
-    match exit {
-        Exit {
-            signal: Some(signal), ..
-        } => format!("was killed by signal {signal}"),
-        Exit {
-            status: Some(status), ..
-        } => format!("exited with status {status}"),
-        _ => "ended".to_string(),
-    }
-}
-
 fn crashed_message(pid: u32, exit: Exit) -> String {
-    format!("worker {pid} {}", describe_exit(exit))
+    format!("worker {pid} {}", exit.describe())
 }
 
 /// A `WorkerCrashed` error with its documented data.

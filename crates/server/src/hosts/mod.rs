@@ -1,0 +1,389 @@
+//! Object hosts: the Python processes (`PYTHON -m spindle.host`) that hold user-defined
+//! objects and run their methods, so a method that crashes or hangs never takes the server
+//! down.
+//!
+//! The partitions own the objects (names, sessions, exactly-once) and emit requests for
+//! their hosts as `Forward`s; each object goes to one of `--object-hosts` slots by a hash of
+//! its key. A slot's bookkeeping (which host runs, what it was sent, what it holds) is the
+//! pure state machine in [`slot`]; this module carries out its actions: start and kill
+//! processes, send requests, and feed the hosts' answers back to the partitions.
+//!
+//! Lock order: classes → shard → slot → connection outbox. A host's reply takes its slot's
+//! lock, lets go, and only then locks the object's shard.
+
+mod slot;
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::time::Instant;
+
+use spindle_core::objects::user::{self, Forward};
+use spindle_core::{ConnId, Error, ErrorKind, Partition, Value};
+use tokio::process::Child;
+use tokio::sync::Notify;
+
+use crate::config::Config;
+use crate::process::{self, Exit, Launch, Proc, Table};
+use crate::Shared;
+pub(crate) use slot::HostId;
+use slot::{Action, Limits, Slot};
+
+/// A defined class: its version (a content hash the client computes) and code (opaque).
+pub(crate) struct Class {
+    pub(crate) version: String,
+    pub(crate) code: Arc<Vec<u8>>,
+}
+
+pub(crate) struct Hosts {
+    slots: Box<[Mutex<Slot>]>,
+    procs: Table,
+    /// Defined classes by type name; one version per type at a time.
+    classes: RwLock<HashMap<String, Class>>,
+    python: PathBuf,
+    token: Option<String>,
+    /// The deadline the timer task sleeps until.
+    armed: Mutex<Option<Instant>>,
+    /// Wakes the timer task when a deadline earlier than the armed one appears.
+    timer: Notify,
+}
+
+impl Hosts {
+    pub(crate) fn new(config: &Config) -> Self {
+        let count = config.hosts.count.max(1);
+        let limits = Limits {
+            call_timeout: config.hosts.call_timeout,
+            start_timeout: config.functions.start_timeout,
+        };
+        Hosts {
+            slots: (0..count).map(|i| Mutex::new(Slot::new(i, count, limits))).collect(),
+            procs: Table::new(),
+            classes: RwLock::new(HashMap::new()),
+            python: config.functions.python.clone(),
+            token: config.functions.token.clone(),
+            armed: Mutex::new(None),
+            timer: Notify::new(),
+        }
+    }
+
+    fn slot(&self, index: usize) -> MutexGuard<'_, Slot> {
+        // A slot's invariants hold between events, so a panicked holder left it usable.
+        self.slots[index].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn slot_of_key(&self, key: &str) -> usize {
+        (crate::shards::hash(key) % self.slots.len() as u64) as usize
+    }
+
+    /// `(hosts running or starting, requests sent to them and not answered)`, for `status`.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        (0..self.slots.len()).fold((0, 0), |(hosts, calls), i| {
+            let slot = self.slot(i);
+            (hosts + usize::from(slot.has_host()), calls + slot.in_flight())
+        })
+    }
+
+    /// The defined classes; `create` of a `py:` type holds this across its apply, so a
+    /// concurrent `define` cannot replace the version it constructs.
+    pub(crate) fn classes(&self) -> RwLockReadGuard<'_, HashMap<String, Class>> {
+        self.classes.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn arm(&self, next: Option<Instant>) {
+        let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
+        if next.is_some() && (armed.is_none() || next < *armed) {
+            *armed = next;
+            self.timer.notify_one();
+        }
+    }
+}
+
+/// Run `f` on slot `index`, send the requests it produced while the slot is still locked (so
+/// they leave in order), and return the other actions with the slot's next deadline.
+fn lock_slot(
+    shared: &Shared,
+    index: usize,
+    f: impl FnOnce(&mut Slot) -> Vec<Action>,
+) -> (Vec<Action>, Option<Instant>) {
+    let mut slot = shared.hosts.slot(index);
+    let mut actions = f(&mut slot);
+    actions.retain_mut(|action| match action {
+        Action::Send { conn, request } => {
+            let mut frame = Vec::new();
+            spindle_proto::encode_frame(request, &mut frame);
+            // A host whose connection is gone is being killed; its exit loses its objects.
+            if !shared.registry.send(*conn, &mut frame) {
+                tracing::debug!(conn = *conn, "request for a closed host connection dropped");
+            }
+            false
+        }
+        _ => true,
+    });
+    (actions, slot.next_deadline())
+}
+
+fn with_slot(shared: &Shared, index: usize, f: impl FnOnce(&mut Slot) -> Vec<Action>) -> Vec<Action> {
+    let (actions, next) = lock_slot(shared, index, f);
+    shared.hosts.arm(next);
+    actions
+}
+
+/// Hand the partition's new requests to their hosts. Called with the partition's shard
+/// still locked, so each host gets its objects' calls in the order they were applied; the
+/// returned actions must be [`run`] after the shard is unlocked. `code` is the class's code
+/// when the call was a `create` (the only source of `Construct`s).
+pub(crate) fn forward(shared: &Shared, partition: &mut Partition, code: Option<&Arc<Vec<u8>>>) -> Vec<Action> {
+    let forwards = partition.take_forwards();
+    if forwards.is_empty() {
+        return Vec::new();
+    }
+    let now = Instant::now();
+    let mut actions = Vec::new();
+    for fwd in forwards {
+        let code = code.filter(|_| matches!(fwd, Forward::Construct { .. }));
+        let index = shared.hosts.slot_of_key(fwd.key());
+        actions.extend(with_slot(shared, index, |s| s.forward(fwd, code, now)));
+    }
+    actions
+}
+
+/// Carry out slot actions (no lock held): start and kill hosts, and give the partitions the
+/// hosts' answers.
+pub(crate) fn run(shared: &Arc<Shared>, actions: Vec<Action>) {
+    let mut pending: VecDeque<Action> = actions.into();
+    while let Some(action) = pending.pop_front() {
+        match action {
+            Action::Spawn(id) => {
+                if let Err(e) = spawn(shared, id) {
+                    let why = format!("cannot start `{} -m spindle.host`: {e}", shared.hosts.python.display());
+                    tracing::error!(host = id, "{why}");
+                    let index = Slot::of(id, shared.hosts.slots.len());
+                    pending.extend(with_slot(shared, index, |s| s.exited(id, Exit::default(), Some(&why))));
+                }
+            }
+            Action::Kill(id) => {
+                if let Some(proc) = shared.hosts.procs.get(id) {
+                    proc.kill();
+                }
+            }
+            Action::Complete { key, object_id, reply } => {
+                pending.extend(on_shard(shared, &key, |p, now| p.complete(&key, object_id, reply, now)));
+            }
+            Action::Lose { key, object_id, reason } => {
+                pending.extend(on_shard(shared, &key, |p, now| p.lose(&key, object_id, &reason, now)));
+            }
+            // Sent under the slot lock by `lock_slot`.
+            Action::Send { .. } => {}
+        }
+    }
+}
+
+/// Run `f` on the partition holding `key` and deliver its replies.
+fn on_shard(
+    shared: &Arc<Shared>,
+    key: &str,
+    f: impl FnOnce(&mut Partition, Instant) -> Vec<spindle_core::Delivery>,
+) -> Vec<Action> {
+    let index = shared.shards.index_of(key);
+    match shared.shards.with(index, |s| {
+        let replies = f(&mut s.partition, Instant::now());
+        (replies, forward(shared, &mut s.partition, None))
+    }) {
+        Ok((replies, actions)) => {
+            shared.registry.deliver(replies);
+            actions
+        }
+        Err(e) => {
+            tracing::error!(shard = index, "an object host's answer was dropped: {e}");
+            Vec::new()
+        }
+    }
+}
+
+fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
+    let hosts = &shared.hosts;
+    let (child, proc) = process::spawn(
+        &hosts.procs,
+        Launch {
+            python: &hosts.python,
+            module: "spindle.host",
+            id_var: "SPINDLE_HOST_ID",
+            id,
+            address: &shared.worker_address,
+            token: hosts.token.as_deref(),
+            max_frame: shared.config.max_frame,
+            // A host's prints and tracebacks belong in the server's log.
+            stdout: Stdio::inherit(),
+            stderr: Stdio::inherit(),
+            env: &[],
+        },
+    )?;
+    tracing::debug!(host = id, pid = proc.pid, "object host started");
+    tokio::spawn(supervise(shared.clone(), id, child, proc));
+    Ok(())
+}
+
+/// Wait for the host to end (killing it when asked), then lose what it held.
+async fn supervise(shared: Arc<Shared>, id: HostId, mut child: Child, proc: Arc<Proc>) {
+    let exit = process::supervise(&mut child, &proc, || {}).await;
+    tracing::debug!(host = id, pid = proc.pid, ?exit, "object host ended");
+    shared.hosts.procs.remove(id);
+    let index = Slot::of(id, shared.hosts.slots.len());
+    let actions = with_slot(&shared, index, |s| s.exited(id, exit, None));
+    run(&shared, actions);
+}
+
+/// A connection said `host` with `secret`: the host it names, if the server started it and
+/// waits for it. The connection answers, then calls [`connected`].
+pub(crate) fn authenticate(shared: &Shared, secret: &str) -> Result<HostId, Error> {
+    let unknown = || {
+        Error::new(
+            ErrorKind::Unauthorized,
+            "unknown object host id: hosts are started by the server, which gives each its id",
+        )
+    };
+    let (id, proc) = shared.hosts.procs.authenticate(secret).ok_or_else(unknown)?;
+    let index = Slot::of(id, shared.hosts.slots.len());
+    if !shared.hosts.slot(index).expects(id) {
+        return Err(Error::new(
+            ErrorKind::ProtocolError,
+            "this object host already connected (or is being stopped)",
+        ));
+    }
+    tracing::debug!(host = id, pid = proc.pid, "object host connected");
+    Ok(id)
+}
+
+/// The host's hello was answered on `conn`: send it what waited.
+pub(crate) fn connected(shared: &Arc<Shared>, id: HostId, conn: ConnId) {
+    let index = Slot::of(id, shared.hosts.slots.len());
+    let mut expected = true;
+    let actions = with_slot(shared, index, |s| {
+        s.connected(id, conn, Instant::now()).unwrap_or_else(|| {
+            expected = false;
+            Vec::new()
+        })
+    });
+    if !expected {
+        // Killed (a start timeout) between its hello and now.
+        if let Some(proc) = shared.hosts.procs.get(id) {
+            proc.kill();
+        }
+    }
+    run(shared, actions);
+}
+
+/// A frame on host `id`'s connection: the answer to its oldest request.
+pub(crate) fn reply(shared: &Arc<Shared>, id: HostId, frame: Value) {
+    let index = Slot::of(id, shared.hosts.slots.len());
+    let actions = with_slot(shared, index, |s| s.reply(id, frame, Instant::now()));
+    run(shared, actions);
+}
+
+/// Host `id`'s connection closed (or carried garbage): it is killed, and its objects lost
+/// when it is gone.
+pub(crate) fn disconnected(shared: &Arc<Shared>, id: HostId) {
+    let index = Slot::of(id, shared.hosts.slots.len());
+    let actions = with_slot(shared, index, |s| s.disconnected(id));
+    run(shared, actions);
+}
+
+/// Host `id` sent something that is no answer: it is killed, and its objects lost.
+pub(crate) fn broke_protocol(shared: &Arc<Shared>, id: HostId, why: &str) {
+    let index = Slot::of(id, shared.hosts.slots.len());
+    let actions = with_slot(shared, index, |s| s.broke_protocol(id, why));
+    run(shared, actions);
+}
+
+/// Kill hosts whose oldest call ran past the object call timeout, or that never connected.
+pub(crate) async fn run_timer(shared: Arc<Shared>) {
+    let hosts = &shared.hosts;
+    loop {
+        let now = Instant::now();
+        let mut actions = Vec::new();
+        let mut next: Option<Instant> = None;
+        for index in 0..hosts.slots.len() {
+            let (more, deadline) = lock_slot(&shared, index, |s| s.tick(now));
+            actions.extend(more);
+            next = match (next, deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        *hosts.armed.lock().unwrap_or_else(PoisonError::into_inner) = next;
+        run(&shared, actions);
+        match next {
+            Some(deadline) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline.into()) => {}
+                    _ = hosts.timer.notified() => {}
+                }
+            }
+            None => hosts.timer.notified().await,
+        }
+    }
+}
+
+/// `define`: register `code` as `type_name`'s class at `version`. Another version replaces
+/// the registered one only while no object of that one exists.
+pub(crate) fn define(shared: &Shared, type_name: &str, version: &str, code: Vec<u8>) -> Result<Value, Error> {
+    user::check_type_name(type_name)?;
+    if version.is_empty() {
+        return Err(Error::bad_args("define: the version must not be empty"));
+    }
+    let mut classes = shared.hosts.classes.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(class) = classes.get(type_name) {
+        if class.version == version {
+            return Ok(Value::Boolean(true));
+        }
+        // Creates hold the read lock across their apply, so this count cannot go stale.
+        let shards = &shared.shards;
+        let mut alive = 0;
+        for index in 0..shards.count() {
+            alive += shards.with(index, |s| s.partition.count_version(type_name, &class.version))?;
+        }
+        if alive > 0 {
+            return Err(Error::new(
+                ErrorKind::TypeMismatch,
+                format!(
+                    "{type_name} is defined at version {} and {alive} object(s) of it exist; \
+                     version {version} can be defined once they are deleted",
+                    class.version
+                ),
+            ));
+        }
+    }
+    tracing::debug!(type_name, version, bytes = code.len(), "class defined");
+    classes.insert(
+        type_name.to_string(),
+        Class {
+            version: version.to_string(),
+            code: Arc::new(code),
+        },
+    );
+    Ok(Value::Boolean(true))
+}
+
+/// The code to construct `type_name` at the `version` a `create` names.
+pub(crate) fn class_code(
+    classes: &HashMap<String, Class>,
+    type_name: &str,
+    version: &str,
+) -> Result<Arc<Vec<u8>>, Error> {
+    match classes.get(type_name) {
+        Some(class) if class.version == version => Ok(class.code.clone()),
+        Some(class) => Err(Error::new(
+            ErrorKind::UnknownType,
+            format!(
+                "{type_name} version {version} is not defined (this server has version {}); define it first",
+                class.version
+            ),
+        )),
+        None => Err(Error::new(
+            ErrorKind::UnknownType,
+            format!("{type_name} is not defined on this server; define it first"),
+        )),
+    }
+}

@@ -1,0 +1,274 @@
+//! Child Python processes the server starts and supervises: function workers
+//! (`spindle.worker`) and object hosts (`spindle.host`). Both connect back to the server and
+//! prove who they are with a secret id; both run in their own process group, so killing
+//! one takes the subprocesses it started with it.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::{self, Read};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+
+/// How often a watched process's resident memory is read.
+const MEMORY_SAMPLE: Duration = Duration::from_millis(50);
+
+/// How a process ended (from `wait()`); all `None` when it never ran or could not be waited for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Exit {
+    pub(crate) status: Option<i32>,
+    pub(crate) signal: Option<i32>,
+}
+
+impl Exit {
+    /// "exited with status 3", "was killed by signal 9", or "ended".
+    pub(crate) fn describe(self) -> String {
+        match self {
+            Exit {
+                signal: Some(signal), ..
+            } => format!("was killed by signal {signal}"),
+            Exit {
+                status: Some(status), ..
+            } => format!("exited with status {status}"),
+            _ => "ended".to_string(),
+        }
+    }
+}
+
+/// One child process, as its owner and its supervising task share it.
+pub(crate) struct Proc {
+    /// The id the process must present when it connects: `<id>-<random hex>`.
+    pub(crate) secret: String,
+    pub(crate) pid: u32,
+    /// Resident-memory limit in bytes; 0: not watched.
+    limit: AtomicU64,
+    /// Wakes the supervisor: `limit` changed.
+    watch_changed: Notify,
+    /// Tells the supervisor to kill the process group.
+    kill: Notify,
+}
+
+impl Proc {
+    /// Watch the resident memory against `limit` bytes (0: stop watching).
+    pub(crate) fn watch(&self, limit: u64) {
+        self.limit.store(limit, Ordering::Relaxed);
+        self.watch_changed.notify_one();
+    }
+
+    pub(crate) fn kill(&self) {
+        self.kill.notify_one();
+    }
+}
+
+/// The live processes of one kind, by id.
+pub(crate) struct Table {
+    procs: Mutex<HashMap<u64, Arc<Proc>>>,
+}
+
+impl Table {
+    pub(crate) fn new() -> Self {
+        Table {
+            procs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<Proc>>> {
+        // A plain map, consistent even if a holder panicked.
+        self.procs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<Proc>> {
+        self.lock().get(&id).cloned()
+    }
+
+    pub(crate) fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// The process presenting `secret`, if this table started it.
+    pub(crate) fn authenticate(&self, secret: &str) -> Option<(u64, Arc<Proc>)> {
+        let id: u64 = secret.split_once('-')?.0.parse().ok()?;
+        let proc = self.get(id)?;
+        constant_time_eq(proc.secret.as_bytes(), secret.as_bytes()).then_some((id, proc))
+    }
+}
+
+/// What to start: `python -m module` with the server's connection details.
+pub(crate) struct Launch<'a> {
+    pub(crate) python: &'a Path,
+    pub(crate) module: &'a str,
+    /// The environment variable carrying the secret (`SPINDLE_WORKER_ID`, `SPINDLE_HOST_ID`).
+    pub(crate) id_var: &'a str,
+    pub(crate) id: u64,
+    pub(crate) address: &'a str,
+    pub(crate) token: Option<&'a str>,
+    pub(crate) max_frame: usize,
+    pub(crate) stdout: Stdio,
+    pub(crate) stderr: Stdio,
+    pub(crate) env: &'a [(&'a str, &'a str)],
+}
+
+/// Start the process and enter it in `table` (before it can connect, so a quick hello finds
+/// its entry).
+pub(crate) fn spawn(table: &Table, launch: Launch) -> io::Result<(Child, Arc<Proc>)> {
+    let secret = format!("{}-{}", launch.id, random_hex(16)?);
+    let mut command = Command::new(launch.python);
+    command
+        .args([OsStr::new("-m"), OsStr::new(launch.module)])
+        .env("SPINDLE_ADDRESS", launch.address)
+        .env(launch.id_var, &secret)
+        // The largest frame the server reads: a bigger reply is refused by the child itself.
+        .env("SPINDLE_MAX_FRAME", launch.max_frame.to_string())
+        .envs(launch.env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(launch.stdout)
+        .stderr(launch.stderr)
+        // A terminal's Ctrl-C is for the server (or `spindle run`'s script), which stops its
+        // children itself; it must not crash calls in flight.
+        .process_group(0)
+        .kill_on_drop(true);
+    match launch.token {
+        Some(token) => command.env("SPINDLE_TOKEN", token),
+        None => command.env_remove("SPINDLE_TOKEN"),
+    };
+    let mut procs = table.lock();
+    let child = command.spawn()?;
+    let proc = Arc::new(Proc {
+        secret,
+        pid: child.id().unwrap_or(0),
+        limit: AtomicU64::new(0),
+        watch_changed: Notify::new(),
+        kill: Notify::new(),
+    });
+    procs.insert(launch.id, proc.clone());
+    Ok((child, proc))
+}
+
+/// Wait for the process to end, killing its group when asked and sampling its memory while
+/// watched (calling `over_memory` each time it is over the limit).
+pub(crate) async fn supervise(child: &mut Child, proc: &Proc, mut over_memory: impl FnMut()) -> Exit {
+    let mut sample = tokio::time::interval(MEMORY_SAMPLE);
+    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut killed = false;
+    let status = loop {
+        let watching = proc.limit.load(Ordering::Relaxed) > 0;
+        tokio::select! {
+            status = child.wait() => break status,
+            _ = proc.kill.notified(), if !killed => {
+                killed = true;
+                kill_group(proc.pid);
+                if let Err(e) = child.start_kill() {
+                    tracing::warn!(pid = proc.pid, "cannot kill process: {e}");
+                }
+            }
+            _ = proc.watch_changed.notified(), if !watching => {}
+            _ = sample.tick(), if watching && !killed => {
+                let limit = proc.limit.load(Ordering::Relaxed);
+                if limit > 0 && resident_bytes(proc.pid).is_some_and(|rss| rss > limit) {
+                    over_memory();
+                }
+            }
+        }
+    };
+    match status {
+        Ok(status) => Exit {
+            status: status.code(),
+            signal: status.signal(),
+        },
+        Err(e) => {
+            tracing::warn!(pid = proc.pid, "cannot wait for process: {e}");
+            Exit::default()
+        }
+    }
+}
+
+/// Kill the process's whole group (it leads one: `process_group(0)`), so the subprocesses it
+/// started die with it.
+fn kill_group(pid: u32) {
+    if let Ok(pgid) = i32::try_from(pid) {
+        if pgid > 0 {
+            // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The process's resident memory (`VmRSS` of /proc/PID/status, which is in kB whatever the
+/// page size). `None` when the process is gone.
+fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub(crate) fn random_hex(bytes: usize) -> io::Result<String> {
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Compare secrets without leaking through timing where they differ.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_our_own_resident_memory() {
+        let rss = resident_bytes(std::process::id()).expect("our own /proc entry");
+        assert!(rss > 0);
+        assert_eq!(resident_bytes(u32::MAX), None);
+    }
+
+    #[test]
+    fn secrets_are_random_hex() {
+        let (a, b) = (random_hex(16).unwrap(), random_hex(16).unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn exits_describe_themselves() {
+        let exit = |status, signal| Exit { status, signal }.describe();
+        assert_eq!(exit(Some(3), None), "exited with status 3");
+        assert_eq!(exit(None, Some(9)), "was killed by signal 9");
+        assert_eq!(exit(None, None), "ended");
+    }
+
+    #[test]
+    fn only_started_processes_authenticate() {
+        let table = Table::new();
+        let proc = Arc::new(Proc {
+            secret: "7-abc".into(),
+            pid: 1,
+            limit: AtomicU64::new(0),
+            watch_changed: Notify::new(),
+            kill: Notify::new(),
+        });
+        table.lock().insert(7, proc);
+        assert_eq!(table.authenticate("7-abc").map(|(id, _)| id), Some(7));
+        for wrong in ["7-abd", "8-abc", "abc", "", "-", "7"] {
+            assert!(table.authenticate(wrong).is_none(), "{wrong}");
+        }
+    }
+}

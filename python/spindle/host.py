@@ -1,0 +1,284 @@
+"""An object host: ``python -m spindle.host``, started by the server to run the methods of
+user-defined objects (``@spindle.shared`` classes).
+
+docs/protocol.md ("User-defined objects", "Hosts"): the host connects to
+``$SPINDLE_ADDRESS``, says ``[id, "host", {"id": $SPINDLE_HOST_ID, "pid": ...}]`` and then
+answers the server's ``construct``, ``call`` and ``drop`` requests one at a time, in order.
+Running one call at a time is what makes calls on one object linearizable without locks;
+the server gets parallelism by spreading objects over several hosts.
+
+Classes arrive as cloudpickles (``code``) the first time this process sees their version and
+are kept by type and version; instances are kept by key. Arguments and results are Spindle values
+(the SDK's codec: tuples, pickled NumPy arrays and objects, proxies). A method's exception,
+``SystemExit`` and ``KeyboardInterrupt`` included, is a ``Raised`` reply and the host goes
+on; a crash (``os._exit``, a signal) or a call past the server's time limit costs the host,
+and the server reports its objects lost.
+
+While a constructor or method runs, ``spindle.proxy.running_method`` names it, so SDK calls
+that could wait raise ``spindle.BlockingCallError`` instead of hanging the host ("Methods do
+not wait"). Methods reach other objects through this process's ordinary client.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import sys
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import msgpack
+
+import spindle
+from spindle import codec
+from spindle import proxy as _proxy
+from spindle.client import Connection, frame, parse_address
+from spindle.worker import ERROR_TEXT_LIMIT, MAX_FRAME, _error_of, _pickle_exception
+
+REPLY_OVERHEAD = 4 << 10  # bytes of a reply besides its value (ids, kinds, framing)
+
+
+class HostError(Exception):
+    """An error reply of a kind other than ``Raised`` (``NotFound``, ``UnknownMethod``...)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def _strict_ext_hook(code: int, data: bytes) -> Any:
+    value = codec._ext_hook(code, data)
+    if isinstance(value, codec.Unpicklable):  # an argument whose class is not here
+        raise value.error
+    return value
+
+
+def decode(body: bytes) -> Any:
+    """A request, with its arguments decoded as the SDK does; raises when an argument does
+    not unpickle here (instead of passing the method a placeholder)."""
+    return msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=_strict_ext_hook,
+                           object_pairs_hook=codec._pairs_hook)
+
+
+def _trimmed(exc: BaseException) -> BaseException:
+    """``exc`` with this module's frames dropped: its traceback starts in the user's code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return exc.with_traceback(tb)
+
+
+def raised(exc: BaseException, where: str) -> List[Any]:
+    """The ``["Raised", message, data]`` error of an exception a constructor or method raised."""
+    error = _error_of(_trimmed(exc))
+    pickled = _pickle_exception(exc)
+    size = sum(len(v) for v in error.values()) + len(pickled or b"")
+    if size > MAX_FRAME - REPLY_OVERHEAD:  # a huge exception: its type and cut text still go
+        pickled = None
+        error = {k: v if len(v) <= ERROR_TEXT_LIMIT else v[:ERROR_TEXT_LIMIT] + " ... (cut)"
+                 for k, v in error.items()}
+    data: Dict[str, Any] = dict(error)
+    data["exception"] = None if pickled is None else msgpack.ExtType(codec.EXT_PICKLE, pickled)
+    message = f"{where} raised {error['type']}: {error['message']}"
+    return ["Raised", message[:ERROR_TEXT_LIMIT], data]
+
+
+class Host:
+    """The classes and instances of one host process, and the requests it answers."""
+
+    def __init__(self) -> None:
+        self.classes: Dict[Tuple[str, str], type] = {}  # by (type, version)
+        self.instances: Dict[str, Tuple[Any, type, str]] = {}  # by key: (instance, class, type)
+        self._methods: Dict[Tuple[type, str], bool] = {}  # (class, name): is it shared?
+
+    # -- requests ----------------------------------------------------------------------
+
+    def handle(self, body: bytes) -> bytes:
+        """The reply frame to one request frame."""
+        try:
+            request = decode(body)
+        except Exception as exc:
+            return self._undecodable(body, exc)
+        rid = request[0] if isinstance(request, list) and request else 0
+        try:
+            op = request[1]
+            if op == "call":
+                _, _, key, method, args, kwargs = request
+                where, value = self.call(key, method, args, kwargs)
+                return self._reply(rid, value, where)
+            if op == "construct":
+                _, _, key, type_name, version, code, args, kwargs = request
+                self.construct(key, type_name, version, code, args, kwargs)
+                return frame([rid, 0, None])
+            if op == "drop":
+                self.instances.pop(request[2], None)
+                return frame([rid, 0, None])
+            if op == "ping":
+                return frame([rid, 0, "pong"])
+            raise HostError("ProtocolError", f"an object host does not do {op!r}")
+        except HostError as err:
+            return frame([rid, 1, [err.kind, err.message, None]])
+        except _Raised as err:
+            return frame([rid, 1, err.error])
+        except (ValueError, TypeError, IndexError) as exc:  # a request of the wrong shape
+            return frame([rid, 1, ["ProtocolError", f"bad request to an object host: {exc}", None]])
+
+    def construct(self, key: str, type_name: str, version: str, code: Optional[bytes],
+                  args: List[Any], kwargs: Dict[str, Any]) -> None:
+        cls = self.classes.get((type_name, version))
+        if cls is None:
+            if code is None:
+                raise HostError("UnknownType", f"this host has no code for {type_name} {version}")
+            try:
+                cls = pickle.loads(code)
+            except BaseException as exc:  # a module missing here, say
+                raise _Raised(raised(exc, f"loading the class {type_name}")) from None
+            if not isinstance(cls, type):
+                raise HostError("ProtocolError", f"the code of {type_name} is not a class")
+            self.classes[(type_name, version)] = cls
+        self.instances.pop(key, None)  # constructed again (after it was lost, say)
+        obj = self._run(cls, f"{cls.__qualname__}.__init__", args, kwargs)
+        self.instances[key] = (obj, cls, type_name)
+
+    def call(self, key: str, method: str, args: List[Any], kwargs: Dict[str, Any]) -> Tuple[str, Any]:
+        entry = self.instances.get(key)
+        if entry is None:
+            raise HostError("NotFound", f"this host holds no object {key!r}")
+        obj, cls, type_name = entry
+        where = f"{cls.__qualname__}.{method}"
+        if not self._shared(cls, method):
+            raise HostError("UnknownMethod", f"{cls.__qualname__} has no public method {method!r}")
+        try:
+            fn = getattr(obj, method)
+        except BaseException as exc:  # __getattr__ of the user's raising
+            raise _Raised(raised(exc, where)) from None
+        if not callable(fn):  # an instance attribute hiding the method
+            raise HostError("UnknownMethod", f"{where} is not a method")
+        value = self._run(fn, where, args, kwargs)
+        if value is obj:  # `return self` (a fluent method): the caller gets the proxy back
+            value = _proxy.attach(type_name, key)
+        return where, value
+
+    def _shared(self, cls: type, name: str) -> bool:
+        """Whether ``name`` is a public method of ``cls`` (properties and data are not)."""
+        known = self._methods.get((cls, name))
+        if known is None:
+            known = False
+            if isinstance(name, str) and not name.startswith("_"):
+                try:
+                    raw = inspect.getattr_static(cls, name)
+                    known = not (isinstance(raw, property) or inspect.isdatadescriptor(raw)) and (
+                        isinstance(raw, (staticmethod, classmethod)) or callable(raw)
+                    )
+                except AttributeError:
+                    known = False
+            self._methods[(cls, name)] = known
+        return known
+
+    @staticmethod
+    def _run(fn: Callable[..., Any], where: str, args: List[Any], kwargs: Dict[str, Any]) -> Any:
+        """``fn(*args, **kwargs)`` with the blocking rule on; its exception as ``_Raised``."""
+        _proxy.running_method = where
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the host stays
+            raise _Raised(raised(exc, where)) from None
+        finally:
+            _proxy.running_method = None
+
+    # -- replies -----------------------------------------------------------------------
+
+    @staticmethod
+    def _reply(rid: int, value: Any, where: str) -> bytes:
+        try:
+            data = frame([rid, 0, value], True)
+        except BaseException as exc:
+            err = TypeError(
+                f"cannot pickle the result of {where} ({type(value).__name__}): {exc}"
+            )
+            return frame([rid, 1, raised(err, where)])
+        if len(data) > MAX_FRAME:
+            err = ValueError(
+                f"the result of {where} is {len(data):,} bytes, over the {MAX_FRAME:,} a reply "
+                "can carry: keep large data in the object (return parts of it), or store it in "
+                "a spindle.Blob or spindle.Array and return that"
+            )
+            return frame([rid, 1, raised(err, where)])
+        return data
+
+    @staticmethod
+    def _undecodable(body: bytes, exc: BaseException) -> bytes:
+        """The reply to a request whose arguments do not unpickle here."""
+        try:
+            request = msgpack.unpackb(body, raw=False, strict_map_key=False,
+                                      object_pairs_hook=codec._pairs_hook)
+            rid = request[0]
+        except Exception:
+            return frame([0, 1, ["ProtocolError", f"undecodable request: {exc}", None]])
+        where = f"{request[3]}" if len(request) > 3 else "the object"
+        err = TypeError(f"cannot unpickle an argument in this object host "
+                        f"({type(exc).__name__}: {exc})")
+        return frame([rid, 1, raised(err, where)])
+
+
+class _Raised(Exception):
+    """Internal: carries a ``Raised`` error out of :meth:`Host.handle`'s helpers."""
+
+    def __init__(self, error: List[Any]) -> None:
+        super().__init__(error[1])
+        self.error = error
+
+
+def serve(address: str, host_id: str) -> None:
+    """Connect, say ``host``, and answer requests until the server closes the connection."""
+    client = spindle.connect(address)  # also the methods' own client
+    host, port = parse_address(address)
+    conn = Connection(host, port, client.session, next(client._seq), client.token)
+    hello_id = next(client._seq)
+    reply = conn.roundtrip(frame([hello_id, "host", {"id": host_id, "pid": os.getpid()}]), hello_id)
+    if reply[1] != 0:
+        raise SystemExit(f"spindle host: the server refused this host: {reply[2]!r}")
+    state = Host()
+    read_body, sendall, handle = conn.read_body, conn.sock.sendall, state.handle
+    while True:
+        try:
+            body = read_body()
+        except (ConnectionError, OSError):
+            return  # the server closed the connection: exit cleanly
+        sendall(handle(body))
+
+
+def main() -> None:
+    address = os.environ.get("SPINDLE_ADDRESS")
+    host_id = os.environ.get("SPINDLE_HOST_ID")
+    if not address or not host_id:
+        sys.stderr.write(
+            "spindle host: SPINDLE_ADDRESS and SPINDLE_HOST_ID must be set "
+            "(object hosts are started by `spindle server`)\n"
+        )
+        raise SystemExit(2)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # a method reading stdin gets EOF, not the server's stdin
+    os.close(devnull)
+    for stream in (sys.stdout, sys.stderr):  # a method's prints reach the server's log now
+        try:
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
+    try:
+        serve(address, host_id)
+    except KeyboardInterrupt:
+        pass
+    except BaseException:  # a host bug: say it where the server's operator sees it
+        sys.stderr.write("spindle host: " + traceback.format_exc())
+        sys.stderr.flush()
+        os._exit(1)
+    # Threads a method left running must not keep a host alive without its server.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
