@@ -82,6 +82,14 @@ pub trait Object: Send {
         false
     }
 
+    /// The object's complete durable state, in the format of [`crate::objects::snapshot`]
+    /// (`objects::restore` is the inverse), or `None` for a type that is ephemeral by nature
+    /// (locks, events, futures...: their state is who holds and who waits, which belongs to
+    /// live connections). Parked calls are never part of a snapshot.
+    fn snapshot(&self) -> Option<Value> {
+        None
+    }
+
     /// Whether the object cares about connections ending (parks callers or has owners), so
     /// the partition calls [`Object::disconnect`] on it when one of its callers goes away.
     fn tracks_connections(&self) -> bool {

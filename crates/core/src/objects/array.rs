@@ -3,6 +3,7 @@
 //! Elements are stored typed (not as MessagePack values); the wire form is the ndarray map
 //! `{"dtype", "shape", "data"}` with `data` little-endian in C order.
 
+use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::value::type_of;
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
@@ -239,15 +240,28 @@ impl Array {
         })
     }
 
-    fn to_wire(&self) -> Value {
-        Value::Map(vec![
-            ("dtype".into(), self.data.dtype().name().into()),
+    pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let f = Fields::open("Array", state, &["dtype", "shape", "data"])?;
+        let dtype = Dtype::parse("Array", std::slice::from_ref(f.get("dtype")?), 0).map_err(|e| f.wrap(e))?;
+        // The snapshot is the wire's ndarray map plus its version: the same parser checks it.
+        let (shape, data) = parse_ndarray("Array", state, dtype).map_err(|e| f.wrap(e))?;
+        Ok(Array { shape, data })
+    }
+
+    /// The fields of the ndarray map, in wire order.
+    fn wire_fields(&self) -> Vec<(&'static str, Value)> {
+        vec![
+            ("dtype", self.data.dtype().name().into()),
             (
-                "shape".into(),
+                "shape",
                 Value::Array(self.shape.iter().map(|&n| Value::from(n)).collect()),
             ),
-            ("data".into(), Value::Binary(self.data.encode())),
-        ])
+            ("data", Value::Binary(self.data.encode())),
+        ]
+    }
+
+    fn to_wire(&self) -> Value {
+        Value::Map(self.wire_fields().into_iter().map(|(k, v)| (k.into(), v)).collect())
     }
 
     /// Read an ndarray argument of the same shape, converted to this array's dtype.
@@ -294,6 +308,10 @@ impl Object for Array {
 
     fn is_mutating(&self, method: &str) -> bool {
         !matches!(method, "get" | "shape" | "dtype")
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        Some(snapshot::encode(self.wire_fields()))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {

@@ -1,5 +1,6 @@
 //! `Blob`: a byte string, for large inputs passed by reference instead of inlined.
 
+use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::{Ctx, Error, Object, Step, Value};
 
@@ -16,6 +17,13 @@ impl Blob {
         };
         Ok(Blob { data })
     }
+
+    pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let f = Fields::open("Blob", state, &["data"])?;
+        Ok(Blob {
+            data: f.bytes("data")?.to_vec(),
+        })
+    }
 }
 
 fn non_negative(method: &str, a: &[Value], i: usize, name: &str) -> Result<usize, Error> {
@@ -30,6 +38,10 @@ impl Object for Blob {
 
     fn is_mutating(&self, method: &str) -> bool {
         !matches!(method, "get" | "len" | "read")
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        Some(snapshot::encode(vec![("data", Value::Binary(self.data.clone()))]))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {

@@ -1,5 +1,6 @@
 //! `Counter`: a 64-bit signed integer. Overflow is an error, never a wrap.
 
+use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
@@ -13,6 +14,11 @@ impl Counter {
         Ok(Counter {
             value: args::int_or("Counter", a, 0, "initial", 0)?,
         })
+    }
+
+    pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let f = Fields::open("Counter", state, &["value"])?;
+        Ok(Counter { value: f.i64("value")? })
     }
 
     fn add(&mut self, delta: i64) -> Result<i64, Error> {
@@ -33,6 +39,10 @@ impl Object for Counter {
 
     fn is_mutating(&self, method: &str) -> bool {
         !matches!(method, "get")
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        Some(snapshot::encode(vec![("value", Value::from(self.value))]))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::value::{cmp_values, eq_values, type_of, Key};
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
@@ -124,6 +125,35 @@ impl Dict {
         init_store("Dict", &mut store, a)?;
         Ok(Dict { store })
     }
+
+    pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let mut store = OrderedMap::default();
+        restore_store("Dict", &mut store, state)?;
+        Ok(Dict { store })
+    }
+}
+
+/// A dictionary's snapshot: its entries as `[key, value]` pairs, in iteration order.
+pub(crate) fn snapshot_store<S: MapStore>(store: &S) -> Value {
+    let items = store.entries().map(|(k, v)| pair(k, v)).collect();
+    snapshot::encode(vec![("items", Value::Array(items))])
+}
+
+/// Fill an empty dictionary from its snapshot, in the snapshot's order.
+pub(crate) fn restore_store<S: MapStore>(type_name: &'static str, store: &mut S, state: &Value) -> Result<(), Error> {
+    let f = Fields::open(type_name, state, &["items"])?;
+    let entries = pairs("items", f.get("items")?).map_err(|e| f.wrap(e))?;
+    let n = entries.len();
+    for (k, v) in entries {
+        store.insert(k, v);
+    }
+    if store.len() != n {
+        return Err(f.corrupt(format!(
+            "'items' holds duplicate keys ({n} pairs, {} keys)",
+            store.len()
+        )));
+    }
+    Ok(())
 }
 
 impl Object for Dict {
@@ -133,6 +163,10 @@ impl Object for Dict {
 
     fn is_mutating(&self, method: &str) -> bool {
         !is_read(method)
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        Some(snapshot_store(&self.store))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {

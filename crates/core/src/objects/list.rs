@@ -1,5 +1,6 @@
 //! `List`: a Python list. Indexes and slices follow Python exactly (`slice.indices`).
 
+use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::value::{cmp_values, eq_values, type_of};
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
@@ -101,6 +102,13 @@ impl List {
         Ok(List { items })
     }
 
+    pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let f = Fields::open("List", state, &["items"])?;
+        Ok(List {
+            items: f.array("items")?.to_vec(),
+        })
+    }
+
     /// A Python index (negative from the end) as a position, if in range.
     fn position(&self, method: &str, a: &[Value], i: usize) -> Result<Option<usize>, Error> {
         let n = self.items.len() as i128;
@@ -184,6 +192,10 @@ impl Object for List {
             method,
             "len" | "getitem" | "getslice" | "index" | "count" | "contains" | "items"
         )
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        Some(snapshot::encode(vec![("items", Value::Array(self.items.clone()))]))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {

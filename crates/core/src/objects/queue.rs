@@ -11,6 +11,7 @@ use crate::object::args;
 use crate::value::cmp_values;
 use crate::{ConnId, Ctx, Error, ErrorKind, Object, Step, Token, Value};
 
+use super::snapshot::{self, Fields};
 use super::waiters::WaitQueue;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,6 +19,16 @@ pub enum Order {
     Fifo,
     Lifo,
     Priority,
+}
+
+impl Order {
+    fn type_name(self) -> &'static str {
+        match self {
+            Order::Fifo => "Queue",
+            Order::Lifo => "LifoQueue",
+            Order::Priority => "PriorityQueue",
+        }
+    }
 }
 
 /// A priority item: value order, then arrival order so equal items come out FIFO.
@@ -76,6 +87,19 @@ impl Items {
             Items::Heap(h, _) => h.pop().map(|Reverse(r)| r.value),
         }
     }
+
+    /// The items oldest put first (deques), or in `get` order (heap; equal items by age).
+    fn to_vec(&self) -> Vec<Value> {
+        match self {
+            Items::Deque(d) => d.iter().cloned().collect(),
+            Items::Heap(h, _) => {
+                let mut ranked: Vec<&Ranked> = h.iter().map(|Reverse(r)| r).collect();
+                // Arrival numbers are unique: no two entries compare equal.
+                ranked.sort_unstable();
+                ranked.into_iter().map(|r| r.value.clone()).collect()
+            }
+        }
+    }
 }
 
 pub struct Queue {
@@ -113,11 +137,7 @@ fn block_args(method: &str, a: &[Value], first: usize, ctx: &Ctx) -> Result<Opti
 
 impl Queue {
     pub fn new(a: &[Value], order: Order) -> Result<Self, Error> {
-        let name = match order {
-            Order::Fifo => "Queue",
-            Order::Lifo => "LifoQueue",
-            Order::Priority => "PriorityQueue",
-        };
+        let name = order.type_name();
         args::arity(name, a, 0, 1)?;
         let maxsize_arg = args::int_or(name, a, 0, "maxsize", 0)?;
         let items = match order {
@@ -134,6 +154,21 @@ impl Queue {
             putters: WaitQueue::default(),
             joiners: WaitQueue::default(),
         })
+    }
+
+    pub(crate) fn restore(state: &Value, order: Order) -> Result<Self, Error> {
+        let f = Fields::open(order.type_name(), state, &["maxsize", "items", "unfinished"])?;
+        let mut q = Queue::new(&[Value::from(f.i64("maxsize")?)], order).map_err(|e| f.wrap(e))?;
+        let items = f.array("items")?;
+        if q.maxsize.is_some_and(|m| items.len() > m) {
+            return Err(f.corrupt(format!("{} items in a queue of maxsize {}", items.len(), q.maxsize_arg)));
+        }
+        // Pushed in snapshot order, equal priority items keep their relative age.
+        for item in items {
+            q.items.push(item.clone());
+        }
+        q.unfinished = f.u64("unfinished")?;
+        Ok(q)
     }
 
     fn is_full(&self) -> bool {
@@ -164,15 +199,20 @@ impl Queue {
 
 impl Object for Queue {
     fn type_name(&self) -> &'static str {
-        match self.order {
-            Order::Fifo => "Queue",
-            Order::Lifo => "LifoQueue",
-            Order::Priority => "PriorityQueue",
-        }
+        self.order.type_name()
     }
 
     fn is_mutating(&self, method: &str) -> bool {
         matches!(method, "put" | "get" | "task_done")
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        // Parked putters' items are not in the queue yet: their put belongs to a live call.
+        Some(snapshot::encode(vec![
+            ("maxsize", Value::from(self.maxsize_arg)),
+            ("items", Value::Array(self.items.to_vec())),
+            ("unfinished", Value::from(self.unfinished)),
+        ]))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], ctx: &mut Ctx) -> Result<Step, Error> {

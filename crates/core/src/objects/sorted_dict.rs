@@ -7,7 +7,7 @@ use crate::object::args;
 use crate::value::{cmp_values, Key};
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
-use super::dict::{apply_map, init_store, is_read, key, pair};
+use super::dict::{apply_map, init_store, is_read, key, pair, restore_store, snapshot_store};
 
 pub struct SortedDict {
     store: BTreeMap<Key, Value>,
@@ -17,6 +17,12 @@ impl SortedDict {
     pub fn new(a: &[Value]) -> Result<Self, Error> {
         let mut store = BTreeMap::new();
         init_store("SortedDict", &mut store, a)?;
+        Ok(SortedDict { store })
+    }
+
+    pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let mut store = BTreeMap::new();
+        restore_store("SortedDict", &mut store, state)?;
         Ok(SortedDict { store })
     }
 
@@ -71,6 +77,10 @@ impl Object for SortedDict {
 
     fn is_mutating(&self, method: &str) -> bool {
         !(is_read(method) || matches!(method, "range" | "first" | "last" | "most_common"))
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        Some(snapshot_store(&self.store))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {

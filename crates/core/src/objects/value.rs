@@ -1,5 +1,6 @@
 //! `Value`: one value of any type, read and replaced atomically.
 
+use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::value::eq_values;
 use crate::{Ctx, Error, Object, Step, Value};
@@ -16,6 +17,13 @@ impl SharedValue {
             value: args::get(a, 0).clone(),
         })
     }
+
+    pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let f = Fields::open("Value", state, &["value"])?;
+        Ok(SharedValue {
+            value: f.get("value")?.clone(),
+        })
+    }
 }
 
 impl Object for SharedValue {
@@ -25,6 +33,10 @@ impl Object for SharedValue {
 
     fn is_mutating(&self, method: &str) -> bool {
         !matches!(method, "get")
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        Some(snapshot::encode(vec![("value", self.value.clone())]))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {
