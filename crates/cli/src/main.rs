@@ -124,8 +124,11 @@ pub(crate) struct FunctionArgs {
 
 impl FunctionArgs {
     pub(crate) fn config(&self) -> Result<FunctionsConfig, String> {
+        // Capped (at ~31 years) so that deadlines computed from them never overflow the clock.
         let seconds = |flag: &str, value: f64| {
-            Duration::try_from_secs_f64(value).map_err(|_| format!("--{flag} must be a non-negative number of seconds"))
+            Duration::try_from_secs_f64(value)
+                .map(|d| d.min(Duration::from_secs(1_000_000_000)))
+                .map_err(|_| format!("--{flag} must be a non-negative number of seconds"))
         };
         Ok(FunctionsConfig {
             max_workers: self.max_workers.map_or_else(default_max_workers, |n| n as usize),

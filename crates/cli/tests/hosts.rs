@@ -348,3 +348,82 @@ fn a_host_that_never_connects_fails_the_create() {
     let e = reply_to(&mut client, create).unwrap_err();
     assert_eq!(lost_reason(&e), "its object host did not connect within 0.3 s");
 }
+
+#[test]
+fn a_class_that_did_not_load_in_its_host_is_sent_again() {
+    let python = FakePython::waiting();
+    let server = start(&python, &[]);
+    let mut client = server.session("client");
+    define(&mut client, "v1", b"CODE").expect("define");
+    let create = send_create(&mut client, "a", "v1", vec![]);
+    let mut host = HostConn::connect(&server, &python.next());
+    let (rid, _, operands) = host.request();
+    assert_eq!(operands[3], Value::Binary(b"CODE".to_vec()));
+    // Unpickling the class failed in the host (a module it cannot import, say).
+    host.fail(rid, "Raised", "ModuleNotFoundError: No module named 'extra'");
+    assert_eq!(reply_to(&mut client, create).unwrap_err().kind, "Raised");
+    // The module is installed now: the next construct brings the code along again.
+    let create = send_create(&mut client, "b", "v1", vec![]);
+    let (rid, op, operands) = host.request();
+    assert_eq!(
+        (op.as_str(), &operands[3]),
+        ("construct", &Value::Binary(b"CODE".to_vec()))
+    );
+    host.answer(rid, Value::Nil);
+    assert_eq!(reply_to(&mut client, create), Ok(Value::Boolean(true)));
+    // Loaded now: later constructs on this host go without it.
+    let create = send_create(&mut client, "c", "v1", vec![]);
+    let (rid, _, operands) = host.request();
+    assert_eq!(operands[3], Value::Nil);
+    host.answer(rid, Value::Nil);
+    assert_eq!(reply_to(&mut client, create), Ok(Value::Boolean(true)));
+}
+
+#[test]
+fn calls_on_user_defined_objects_need_the_token() {
+    // The host unpickles a call's arguments: running code, as `create` and `invoke` are.
+    let python = FakePython::waiting();
+    let server = start(&python, &["--token", "sekrit"]);
+    let mut client = server.connect();
+    let hello = map(vec![
+        ("client", "c".into()),
+        ("protocol", 1.into()),
+        ("token", "sekrit".into()),
+    ]);
+    client.request("hello", vec![hello]).expect("hello");
+    define(&mut client, "v1", b"C").expect("define");
+    let create = send_create(&mut client, "c", "v1", vec![]);
+    let mut host = HostConn::connect(&server, &python.next());
+    let (rid, _, _) = host.request();
+    host.answer(rid, Value::Nil);
+    reply_to(&mut client, create).expect("created");
+    let mut anonymous = server.session("anonymous");
+    let pickle = Value::Ext(1, b"cos\nsystem\n(S'true'\ntR.".to_vec());
+    let call = send_call(&mut anonymous, 1, "c", "update", vec![pickle]);
+    assert_eq!(reply_to(&mut anonymous, call).unwrap_err().kind, "Unauthorized");
+    // The host never saw it: its next request is the authorized client's.
+    let call = send_call(&mut client, 2, "c", "get", vec![]);
+    let (rid, op, operands) = host.request();
+    assert_eq!((op.as_str(), &operands[1]), ("call", &Value::from("get")));
+    host.answer(rid, 1.into());
+    assert_eq!(reply_to(&mut client, call), Ok(1.into()));
+}
+
+#[test]
+fn a_host_that_cannot_start_fails_its_calls_and_the_server_keeps_serving() {
+    let server = Server::start(&["--python", "/nonexistent/python3", "--object-hosts", "1"]);
+    let mut client = server.session("client");
+    define(&mut client, "v1", b"C").expect("define");
+    for key in ["a", "b"] {
+        let create = send_create(&mut client, key, "v1", vec![]);
+        let e = reply_to(&mut client, create).unwrap_err();
+        assert!(
+            lost_reason(&e).starts_with("cannot start `/nonexistent/python3 -m spindle.host`"),
+            "{e:?}"
+        );
+    }
+    let status = server.status();
+    assert_eq!(field(&status, "hosted_objects"), &Value::from(0));
+    assert_eq!(field(&status, "object_hosts"), &Value::from(0));
+    assert_eq!(client.request("ping", vec![]), Ok("pong".into()));
+}

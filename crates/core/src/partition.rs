@@ -511,14 +511,18 @@ impl Partition {
         };
         let err = user::lost(&u.type_name, key, reason);
         let calls = std::mem::take(&mut u.calls);
-        let constructing = u.state == UserState::Constructing;
-        if !constructing {
-            // No instance is left anywhere: it no longer holds its version back from `define`.
-            uncount(&mut self.versions, u);
-            u.state = UserState::Lost(reason.to_string());
-        }
-        if constructing {
-            self.remove(key);
+        match u.state {
+            UserState::Constructing => {
+                self.remove(key);
+            }
+            UserState::Ready => {
+                // No instance is left anywhere: it no longer holds its version back from `define`.
+                uncount(&mut self.versions, u);
+                u.state = UserState::Lost(reason.to_string());
+            }
+            // Lost already (its host's exit and a call that found no host both say so):
+            // uncounted already.
+            UserState::Lost(_) => {}
         }
         out.extend(calls.into_iter().map(|token| Delivery {
             token,
@@ -526,6 +530,17 @@ impl Partition {
         }));
         self.settle(&out);
         out
+    }
+
+    /// A call on user-defined object `object_id` reached its host slot, which holds no
+    /// instance of it. While it constructs, the slot's record went with an answer already on
+    /// its way (the constructor raised, or the host died): that answer settles its calls.
+    /// Otherwise the object is lost, as in [`lose`](Self::lose).
+    pub fn orphaned(&mut self, key: &str, object_id: u64, reason: &str, now: Instant) -> Vec<Delivery> {
+        match self.user_mut(key, object_id) {
+            Some(u) if u.state == UserState::Constructing => Vec::new(),
+            _ => self.lose(key, object_id, reason, now),
+        }
     }
 
     fn user_mut(&mut self, key: &str, object_id: u64) -> Option<&mut UserObject> {
@@ -619,6 +634,9 @@ impl Partition {
         // Parked calls of other sessions answered NotFound keep exactly-once.
         self.settle(&out);
         self.logs.remove(client);
+        // Its calls still running in object hosts are answered to closed connections; with
+        // the session gone nobody can retry them, so their replies are not recorded.
+        self.parked_seqs.retain(|_, (c, _)| **c != *client);
         out
     }
 
@@ -1206,6 +1224,63 @@ mod tests {
             assert!(h.p.end_session("c1", h.now).is_empty());
             assert_eq!(h.p.len(), 1, "kept: it outlives its session");
             assert_ne!(t.req, 0);
+        }
+
+        #[test]
+        fn an_object_lost_twice_is_uncounted_once() {
+            // Its host's exit and a call that found no host both report the loss.
+            let mut h = Harness::new();
+            let a = constructed(&mut h, "a");
+            constructed(&mut h, "b");
+            assert_eq!(h.p.count_version(T, "v1"), 2);
+            let (t, _) = h.call(&who(1), 0, T, "a", "update", margs(vec![]));
+            let out = h.p.lose("a", a, "its object host exited with status 1", h.now);
+            assert_eq!(error_of(&out, t).kind, ErrorKind::ObjectLost);
+            assert!(h
+                .p
+                .lose("a", a, "its object host exited with status 1", h.now)
+                .is_empty());
+            assert_eq!(
+                (h.p.count_version(T, "v1"), h.p.hosted_objects()),
+                (1, 1),
+                "b still holds v1 back from define"
+            );
+            h.delete("a");
+            assert_eq!(h.p.count_version(T, "v1"), 1);
+        }
+
+        #[test]
+        fn a_call_that_finds_no_instance_while_constructing_waits_for_the_constructor() {
+            // The host answered the constructor with an exception (so it holds no instance)
+            // while a call was being applied: the constructor's answer is on its way.
+            let mut h = Harness::new();
+            let (create_t, _) = create(&mut h, &who(1), 0, "c", ctor("v1", vec![]), false);
+            let (call_t, _) = h.call(&who(2), 0, T, "c", "update", margs(vec![]));
+            let id = h.p.take_forwards()[0].object_id();
+            assert!(h.p.orphaned("c", id, "its object host stopped", h.now).is_empty());
+            let raised = Error::new(ErrorKind::Raised, "ValueError: k must be positive");
+            let out = h.p.complete("c", id, Err(raised.clone()), h.now);
+            assert_eq!(error_of(&out, create_t), raised);
+            assert_eq!(error_of(&out, call_t).kind, ErrorKind::NotFound);
+            // A constructed object no host holds is lost, as before.
+            let id = constructed(&mut h, "d");
+            let (t, _) = h.call(&who(2), 0, T, "d", "update", margs(vec![]));
+            let out = h.p.orphaned("d", id, "its object host exited with status 1", h.now);
+            assert_eq!(error_of(&out, t).kind, ErrorKind::ObjectLost);
+        }
+
+        #[test]
+        fn an_ended_session_keeps_no_reply_log_for_calls_still_in_flight() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let (_, out) = h.call(&who(3), 9, T, "c", "update", margs(vec![]));
+            assert!(out.is_empty());
+            assert!(h.disconnect(3).is_empty());
+            assert!(h.p.end_session("c3", h.now).is_empty());
+            // The host answers after the session is gone: nobody can retry it any more.
+            assert_eq!(h.p.complete("c", id, Ok(5.into()), h.now).len(), 1);
+            assert!(h.p.logs.is_empty(), "a log for an ended session");
+            assert!(h.p.parked_seqs.is_empty() && h.p.hosted.is_empty());
         }
 
         #[test]

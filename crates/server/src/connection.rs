@@ -264,6 +264,10 @@ impl Connection {
                 method,
                 args,
             } => {
+                // The host unpickles the arguments, which runs code.
+                if user::is_user_type(&type_name) && !self.authorized {
+                    return self.reply(id, Err(unauthorized("calling methods of user-defined objects")));
+                }
                 let op = Op::Call {
                     type_name,
                     key,

@@ -174,6 +174,11 @@ pub(crate) fn run(shared: &Arc<Shared>, actions: Vec<Action>) {
             Action::Lose { key, object_id, reason } => {
                 pending.extend(on_shard(shared, &key, |p, now| p.lose(&key, object_id, &reason, now)));
             }
+            Action::Orphan { key, object_id, reason } => {
+                pending.extend(on_shard(shared, &key, |p, now| {
+                    p.orphaned(&key, object_id, &reason, now)
+                }));
+            }
             // Sent under the slot lock by `lock_slot`.
             Action::Send { .. } => {}
         }

@@ -40,12 +40,28 @@ pub(crate) enum Action {
         object_id: u64,
         reason: String,
     },
+    /// A call reached this slot for an object no host of it holds: its constructor failed or
+    /// its host died, and that answer is on its way (or already given). The partition answers
+    /// `ObjectLost` unless the object is still constructing (`Partition::orphaned`).
+    Orphan {
+        key: String,
+        object_id: u64,
+        reason: String,
+    },
 }
 
 #[derive(Debug)]
 enum What {
-    Construct { type_name: String },
-    Call { type_name: String, method: String },
+    /// `code`: the request carried the class's code (the host has not loaded it yet).
+    Construct {
+        type_name: String,
+        version: String,
+        code: bool,
+    },
+    Call {
+        type_name: String,
+        method: String,
+    },
     Drop,
 }
 
@@ -193,6 +209,7 @@ impl Slot {
                     }
                 };
                 let host = self.live_host(now, &mut actions);
+                let sends_code = !code.is_nil();
                 host.versions.insert(class);
                 host.objects.insert(key.clone(), object_id);
                 let request = vec![
@@ -200,7 +217,7 @@ impl Slot {
                     "construct".into(),
                     key.as_str().into(),
                     type_name.as_str().into(),
-                    version.into(),
+                    version.as_str().into(),
                     code,
                     Value::Array(args),
                     kwargs,
@@ -209,7 +226,11 @@ impl Slot {
                     rid: 0,
                     key,
                     object_id,
-                    what: What::Construct { type_name },
+                    what: What::Construct {
+                        type_name,
+                        version,
+                        code: sends_code,
+                    },
                 };
                 host.send(pending, request, now, &mut actions);
             }
@@ -245,7 +266,7 @@ impl Slot {
                         .last_loss
                         .clone()
                         .unwrap_or_else(|| "its object host stopped".to_string());
-                    actions.push(Action::Lose { key, object_id, reason });
+                    actions.push(Action::Orphan { key, object_id, reason });
                 }
             },
             Forward::Drop { key, object_id } => {
@@ -321,9 +342,18 @@ impl Slot {
         host.front_since = (!host.pending.is_empty()).then_some(now);
         let (key, object_id) = (done.key, done.object_id);
         match done.what {
-            What::Construct { .. } => {
+            What::Construct {
+                type_name,
+                version,
+                code,
+            } => {
                 if reply.is_err() && host.holds(&key, object_id) {
                     host.objects.remove(&key);
+                }
+                if reply.is_err() && code {
+                    // Perhaps the class did not load (a module missing in the host): the next
+                    // construct sends the code again rather than meet "no code for it" there.
+                    host.versions.remove(&(type_name, version));
                 }
                 let reply = reply.map(|_| Value::Nil);
                 vec![Action::Complete { key, object_id, reply }]
@@ -408,9 +438,10 @@ impl Slot {
     /// The earliest moment [`tick`](Self::tick) has something to do.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let host = self.live.as_ref()?;
+        // A limit too large for the clock never expires.
         match host.conn {
-            None => Some(host.started + self.limits.start_timeout),
-            Some(_) => host.front_since.map(|since| since + self.limits.call_timeout),
+            None => host.started.checked_add(self.limits.start_timeout),
+            Some(_) => host.front_since?.checked_add(self.limits.call_timeout),
         }
     }
 
@@ -420,15 +451,16 @@ impl Slot {
             return Vec::new();
         };
         let timeout = self.limits.call_timeout.as_secs_f64();
-        let reason = match (host.conn, host.front_since, host.pending.front()) {
-            (None, ..) if now >= host.started + self.limits.start_timeout => format!(
+        let due = self.next_deadline().is_some_and(|deadline| now >= deadline);
+        let reason = match (host.conn, host.pending.front()) {
+            (None, _) if due => format!(
                 "its object host did not connect within {} s",
                 self.limits.start_timeout.as_secs_f64()
             ),
-            (Some(_), Some(since), Some(front)) if now >= since + self.limits.call_timeout => {
+            (Some(_), Some(front)) if due => {
                 let what = match &front.what {
                     What::Call { type_name, method } => format!("{}.{method}", short_name(type_name)),
-                    What::Construct { type_name } => format!("the {} constructor", short_name(type_name)),
+                    What::Construct { type_name, .. } => format!("the {} constructor", short_name(type_name)),
                     What::Drop => format!("dropping '{}'", front.key),
                 };
                 format!("{what} ran longer than the object call timeout ({timeout} s); its host was restarted")
@@ -640,9 +672,10 @@ mod tests {
             &slot.reply(id, raised, now)[..],
             [Action::Complete { reply: Err(_), .. }]
         ));
-        // A call on it, already applied by the partition, is not sent: nobody holds it.
+        // A call on it, already applied by the partition, is not sent: nobody holds it (the
+        // partition lets the constructor's answer settle it).
         let actions = slot.forward(call("b", 2, "get"), None, now);
-        assert!(matches!(&actions[..], [Action::Lose { object_id: 2, .. }]));
+        assert!(matches!(&actions[..], [Action::Orphan { object_id: 2, .. }]));
         // The host exits: only what it holds is lost.
         slot.disconnected(id);
         let lost = slot.exited(
@@ -769,7 +802,7 @@ mod tests {
         );
         // Later calls on the lost object get the same reason; a new construct starts a new host.
         let later = slot.forward(call("a", 1, "update"), None, t2);
-        assert!(matches!(&later[..], [Action::Lose { reason, .. }] if reason.starts_with("Centroids.update")));
+        assert!(matches!(&later[..], [Action::Orphan { reason, .. }] if reason.starts_with("Centroids.update")));
         let actions = slot.forward(construct("a", 5), Some(&code()), t2);
         let [Action::Spawn(new_id)] = actions[..] else {
             panic!("{actions:?}")
@@ -857,6 +890,58 @@ mod tests {
             matches!(&lost[..], [Action::Lose { reason, .. }] if reason == "its object host was killed by signal 9")
         );
         assert!(slot.exited(id, Exit::default(), None).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_class_that_failed_to_load_is_sent_again() {
+        // A class whose code does not unpickle in the host (a module missing there, say):
+        // the next construct carries the code again instead of "this host has no code".
+        let now = Instant::now();
+        let (mut slot, id) = connected(now);
+        let fresh = Forward::Construct {
+            key: "b".into(),
+            object_id: 2,
+            type_name: "py:m.Other".into(),
+            version: "v1".into(),
+            args: vec![],
+            kwargs: Value::Map(vec![]),
+        };
+        let requests = sent(&slot.forward(fresh.clone(), Some(&code()), now));
+        let Value::Array(items) = &requests[0] else { panic!() };
+        assert_eq!(items[5], Value::Binary(vec![0xc0, 0xde]));
+        let raised = Value::Array(vec![
+            2.into(),
+            1.into(),
+            Value::Array(vec![
+                "Raised".into(),
+                "ModuleNotFoundError: no module named 'x'".into(),
+                Value::Nil,
+            ]),
+        ]);
+        assert!(matches!(
+            &slot.reply(id, raised, now)[..],
+            [Action::Complete { reply: Err(_), .. }]
+        ));
+        let requests = sent(&slot.forward(fresh, Some(&code()), now));
+        let Value::Array(items) = &requests[0] else { panic!() };
+        assert_eq!(items[5], Value::Binary(vec![0xc0, 0xde]), "the code again");
+    }
+
+    #[test]
+    fn huge_timeouts_never_overflow_the_clock() {
+        let now = Instant::now();
+        let huge = Limits {
+            call_timeout: Duration::MAX,
+            start_timeout: Duration::MAX,
+        };
+        let mut slot = Slot::new(0, 1, huge);
+        let actions = slot.forward(construct("a", 1), Some(&code()), now);
+        let [Action::Spawn(id)] = actions[..] else { panic!() };
+        assert_eq!(slot.next_deadline(), None, "never");
+        assert!(slot.tick(now + Duration::from_secs(3600)).is_empty());
+        slot.connected(id, 9, now).expect("expected");
+        assert_eq!(slot.next_deadline(), None, "never");
+        assert!(slot.tick(now + Duration::from_secs(3600)).is_empty());
     }
 
     #[test]
