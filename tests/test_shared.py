@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import inspect
 import os
 import pickle
@@ -809,3 +810,364 @@ def test_the_blocking_rule_refuses_before_sending_anything(monkeypatch):
             call()
     with pytest.raises(spindle.ObjectNotFound):  # a non-waiting call does go out
         attach("Queue", "nowhere").get(block=False)
+
+
+# -- review: versions cover the code a class uses ---------------------------------------------
+
+
+@needs_hosts
+def test_editing_a_helper_a_constant_or_a_base_class_makes_a_new_version(
+    tmp_path, monkeypatch, uniq
+):
+    """Servers and hosts keep the first code of a version: a class whose helper function,
+    module constant or base class changed (its own source did not) must get a new version,
+    else the edited program silently runs the old code. Helpers defined below the class
+    count too."""
+    module = f"helpers_{uniq}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no stale .pyc between edits
+
+    def load(factor: int, offset: int) -> Any:
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(f"""
+            import spindle
+
+            class Base:
+                def offset(self):
+                    return {offset}
+
+            @spindle.shared
+            class Scaled(Base):
+                def scale(self, x):
+                    return helper(x) + self.offset()
+
+            FACTOR = {{"scale": {factor}}}
+
+            def helper(x):
+                return x * FACTOR["scale"]
+            """))
+        sys.modules.pop(module, None)
+        return importlib.import_module(module).Scaled
+
+    versions = []
+    for factor, offset, expected in [(2, 0, 20), (3, 0, 30), (3, 5, 35)]:
+        cls = load(factor, offset)
+        versions.append(class_code(cls)[0])
+        obj = cls(name=f"{uniq}.scaled")  # one key, so one host, for every version
+        assert obj.scale(10) == expected
+        spindle.delete(obj)  # no object of this version left: the next may be defined
+    assert len(set(versions)) == 3
+    assert class_code(load(3, 5))[0] == versions[-1]  # the same code: the same version
+
+
+def test_a_slot_is_called_an_attribute_not_a_property():
+    @spindle.shared
+    class Slotted:
+        __slots__ = ("value",)
+
+        def get(self) -> Any:
+            return self.value
+
+    with pytest.raises(AttributeError, match="'value' is an attribute of"):
+        Slotted._attach("~nowhere").value  # noqa: B018
+
+
+def test_a_host_answers_a_request_of_the_wrong_shape_with_an_error():
+    import msgpack
+
+    from spindle import codec
+    from spindle.host import Host
+
+    for request in [{"a": 1}, [1, {"op": "call"}], [1, "call", "k", "m", [], {}, 7]]:
+        reply = codec.unpackb(Host().handle(msgpack.packb(request))[4:])
+        assert reply[1] == 1 and reply[2][0] in ("ProtocolError", "NotFound"), reply
+
+
+_NOTEBOOK = '''
+import linecache, sys, types
+import spindle
+
+main = types.ModuleType("__main__")  # a notebook's __main__: no __file__
+sys.modules["__main__"] = main
+
+def run_cell(cell, run):
+    filename = f"/tmp/ipykernel_{run}/cell.py"  # as ipykernel: the cell's code in linecache
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+    exec(compile(cell, filename, "exec"), main.__dict__)
+    return main.__dict__["Cell"]
+
+CELL = """
+import spindle
+
+LIMIT = 5
+
+@spindle.shared
+class Cell:
+    SCALE = 10
+
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return min(self.value * self.SCALE, LIMIT * 100)
+"""
+first = run_cell(CELL, 1)(1, name=NAME)
+again = run_cell(CELL, 2)(2, name=NAME)  # the cell runs again, unchanged: attaches
+print(again.get())
+try:
+    run_cell(CELL.replace("SCALE = 10", "SCALE = 20"), 3)(3, name=NAME + ".edited")
+except spindle.TypeMismatch:
+    print("edited: TypeMismatch")
+spindle.delete(first)
+'''
+
+
+@needs_hosts
+def test_a_notebook_cell_run_again_attaches_to_its_named_object(child_env, uniq):
+    """A class of a notebook cell has no source for ``inspect`` (``__main__`` has no file): its
+    version must still be the same each time the unchanged cell runs (in any kernel), so
+    that constructing a named object again attaches to it, and differ once it is edited."""
+    out = subprocess.run([sys.executable, "-c", f"NAME = {uniq!r}\n" + _NOTEBOOK], env=child_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["10", "edited: TypeMismatch"]
+
+
+@needs_hosts
+def test_instances_of_classes_of_the_programs_own_modules_travel_by_value(
+    tmp_path, monkeypatch, uniq
+):
+    """A class of one of the program's modules (which the hosts cannot import) travels by
+    value as an argument, as the shared class of that module does."""
+    module = f"geometry_{uniq}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent("""
+        import dataclasses
+        import spindle
+
+        @dataclasses.dataclass
+        class Point:
+            x: int
+            y: int
+
+        @spindle.shared
+        class Shape:
+            def __init__(self, *points):
+                self.points = list(points)
+
+            def add(self, point):
+                assert isinstance(point, Point)
+                self.points.append(point)
+                return len(self.points)
+
+            def last(self):
+                return self.points[-1]
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    geometry = importlib.import_module(module)
+    shape = geometry.Shape(geometry.Point(0, 0))
+    assert shape.add(geometry.Point(1, 2)) == 2
+    assert shape.add(point=(geometry.Point(3, 4))) == 3
+    last = shape.last()
+    assert type(last) is geometry.Point and last == geometry.Point(3, 4)
+
+
+@spindle.shared
+class Person:
+    def __init__(self, name: str, age: int = 0) -> None:
+        self.person = name
+
+    def get(self) -> str:
+        return self.person
+
+
+@needs_hosts
+def test_a_constructor_parameter_called_name_missing_says_why(uniq):
+    """``name=`` is the Spindle object's name: a class's own ``name`` parameter left out
+    because of it is explained, not just reported missing."""
+    with pytest.raises(TypeError, match="can only be given positionally") as info:
+        Person(name=f"{uniq}.ann")
+    assert "missing 1 required positional argument: 'name'" in str(info.value)
+    assert spindle.objects(uniq) == []
+    assert Person("ann", name=f"{uniq}.ann").get() == "ann"
+    assert Person(name=f"{uniq}.ann").get() == "ann"  # attaches: no constructor runs
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'name'$"):
+        Person()  # unnamed: nothing to explain
+
+
+@needs_hosts
+def test_a_program_run_again_gets_its_own_classes_back(child_env, tmp_path, uniq):
+    """The server keeps the first code sent for a version, with the classes it carries: the
+    results and exceptions of a second program (or the same one run again) must still be of
+    that program's classes (``except ShapeError`` catches, a returned Point is a Point)."""
+    module = f"shapes_{uniq}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent("""
+        import dataclasses
+        import spindle
+
+        class ShapeError(Exception):
+            pass
+
+        @dataclasses.dataclass
+        class Point:
+            x: int
+            y: int
+
+        @spindle.shared
+        class Shape:
+            def origin(self):
+                return Point(0, 0)
+
+            def fail(self):
+                raise ShapeError("no")
+        """))
+    (tmp_path / "prog.py").write_text(textwrap.dedent(f"""
+        from {module} import Point, Shape, ShapeError
+
+        shape = Shape()
+        print(shape.origin() == Point(0, 0))
+        try:
+            shape.fail()
+        except ShapeError:
+            print("caught")
+        """))
+    for _ in range(2):
+        out = subprocess.run([sys.executable, str(tmp_path / "prog.py")], env=child_env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["True", "caught"]
+
+
+@spindle.shared
+@dataclasses.dataclass
+class Tally:
+    total: int = 0
+
+    def add(self, n: int) -> int:
+        self.total += n
+        return self.total
+
+
+@needs_hosts
+def test_a_dataclass_is_versioned_by_its_source_as_other_classes(child_env, uniq):
+    """A dataclass's generated methods have no source: its version must still come from its
+    source (not from its pickle, which differs in every process), so that another program
+    constructing the named object attaches to it."""
+    from spindle.shared import _source_version
+
+    assert _source_version(Tally.__wrapped__) is not None
+    tally = Tally(name=f"{uniq}.tally")
+    tally.add(2)
+    code = f"from test_shared import Tally\nprint(Tally(name={uniq + '.tally'!r}).add(3))"
+    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["5"]
+    spindle.delete(tally)
+
+
+def test_a_connection_that_could_not_open_is_dropped_quietly(monkeypatch):
+    """Calling a proxy while the server is down must raise ServerUnavailable, not also print
+    'Exception ignored in Connection.close' for every attempt."""
+    import gc
+
+    from conftest import free_port
+    from spindle.client import Connection
+
+    unraisable: List[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(OSError):
+        Connection("127.0.0.1", free_port(), "session", 1)
+    gc.collect()
+    assert unraisable == []
+
+
+@needs_hosts
+def test_a_class_using_helpers_of_other_modules_of_the_program_works(
+    tmp_path, monkeypatch, uniq
+):
+    """The hosts cannot import the program's modules: a class whose methods use a helper
+    from a sibling module of its package, or from another module of the program, must
+    bring them along (not fail in the host with ModuleNotFoundError)."""
+    package = tmp_path / f"proj_{uniq}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / f"tools_{uniq}.py").write_text("def inc(x):\n    return x + 1\n")
+    (package / "models.py").write_text(textwrap.dedent(f"""
+        import spindle
+        from tools_{uniq} import inc
+        from .utils import double
+
+        @spindle.shared
+        class Model:
+            def run(self, x):
+                return inc(double(x))
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = importlib.import_module(f"proj_{uniq}.models").Model()
+    assert model.run(20) == 41
+
+
+@spindle.shared
+class Inspector:
+    def is_object_lost(self, value: Any) -> bool:
+        return isinstance(value, spindle.ObjectLost)
+
+
+@needs_hosts
+def test_spindles_own_classes_reach_a_host_as_themselves():
+    """Spindle's modules are in every host however Spindle is installed (an editable install
+    is not under site-packages): its classes travel by reference, not as copies."""
+    assert Inspector().is_object_lost(spindle.ObjectLost("lost", "a test"))
+
+
+@needs_hosts
+def test_a_child_spawned_by_multiprocessing_has_the_main_scripts_types(child_env, tmp_path, uniq):
+    """multiprocessing's spawn (and forkserver) children import the main script as
+    ``__mp_main__``: its classes must still be the ``py:__main__...`` types, so that a child
+    constructs (attaches to) the parent's named object and gets proxies of the class."""
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing
+        import spindle
+
+        @spindle.shared
+        class Acc:
+            def __init__(self):
+                self.n = 0
+
+            def add(self, k):
+                self.n += k
+                return self.n
+
+        def child(acc):
+            return [type(acc) is Acc, acc.add(1), Acc(name="{uniq}.acc").add(10)]
+
+        if __name__ == "__main__":
+            acc = Acc(name="{uniq}.acc")
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                print(pool.apply(child, (acc,)))
+            spindle.delete(acc)
+        """))
+    out = subprocess.run([sys.executable, str(script)], env=child_env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[True, 1, 11]"
+
+
+@spindle.shared
+class Fluent:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # the state does not pickle: it must not travel
+
+    def inside(self) -> Any:
+        return [self, {"me": self, "pair": (self, 1)}]
+
+
+@needs_hosts
+def test_the_object_anywhere_in_a_result_comes_back_as_its_proxy():
+    """As ``return self`` does: the object in a list, dict or tuple of the result is its
+    proxy, not a copy of its state (which may not even pickle)."""
+    fluent = Fluent()
+    me, inner = fluent.inside()
+    assert me == fluent and type(me) is Fluent
+    assert inner["me"] == fluent and inner["pair"] == (fluent, 1)

@@ -115,7 +115,7 @@ class Connection:
     def close(self) -> None:
         try:
             self.sock.close()
-        except OSError:
+        except (OSError, AttributeError):  # AttributeError: __init__ failed to connect
             pass
 
     __del__ = close  # a finished thread's connection closes with it

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pickle
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import msgpack
 
@@ -42,6 +42,12 @@ class Unpicklable:
         return f"<spindle.codec.Unpicklable {len(self.data)} bytes: {self.error!r}>"
 
 
+# Set by ``spindle.host`` while it packs a method's result: ``(object, type, key)`` of the
+# method's object, which travels as a reference to itself wherever it is in the result (as
+# ``return self`` does), never as a copy of its state.
+shipping_self: Optional[Tuple[Any, str, str]] = None
+
+
 def _default(obj: Any, ship: bool = False) -> Any:
     from .proxy import Proxy
 
@@ -53,6 +59,9 @@ def _default(obj: Any, ship: bool = False) -> Any:
     if np is not None and isinstance(obj, np.generic):
         return obj.item()
     if ship:
+        me = shipping_self
+        if me is not None and obj is me[0]:
+            return msgpack.ExtType(EXT_REF, msgpack.packb([me[1], me[2]]))
         return msgpack.ExtType(EXT_PICKLE, _pickle_to_ship(obj))
     return msgpack.ExtType(EXT_PICKLE, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -64,21 +73,23 @@ def _default_ship(obj: Any) -> Any:
 def _pickle_to_ship(obj: Any) -> bytes:
     """``obj`` pickled for a shared object's method in another process (or back from it).
 
-    Plain pickle first (fast, and enough for importable classes). An instance of a class of
-    ``__main__`` pickles by reference but would mean another class in the object host (whose
-    ``__main__`` is Spindle's), and a class defined in a function, or shipped by value (a
-    shared object's class, in its host), does not pickle by reference at all: those go by
-    value with cloudpickle, which also gives them back as the very class they were in the
-    process that sent that class first.
+    Plain pickle for instances of installed classes (fast, and the host imports them). An
+    instance of a class of ``__main__`` or of the program's own modules pickles by reference
+    but would mean another class, or no class, in the object host (whose ``__main__`` is
+    Spindle's), and a class defined in a function, or shipped by value (a shared object's
+    class, in its host), does not pickle by reference at all: those go by value with
+    cloudpickle, which also gives them back as the very class they were in the process that
+    sent that class first.
     """
-    if type(obj).__module__ != "__main__":
+    from .shared import installed, pickle_by_value
+
+    module = type(obj).__module__
+    if installed(module):
         try:
             return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:
             pass
-    import cloudpickle
-
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle_by_value(obj)
 
 
 def _ext_hook(code: int, data: bytes) -> Any:

@@ -106,8 +106,8 @@ class Host:
             op = request[1]
             if op == "call":
                 _, _, key, method, args, kwargs = request
-                where, value = self.call(key, method, args, kwargs)
-                return self._reply(rid, value, where)
+                where, value, me = self.call(key, method, args, kwargs)
+                return self._reply(rid, value, where, me)
             if op == "construct":
                 _, _, key, type_name, version, code, args, kwargs = request
                 self.construct(key, type_name, version, code, args, kwargs)
@@ -122,7 +122,7 @@ class Host:
             return frame([rid, 1, [err.kind, err.message, None]])
         except _Raised as err:
             return frame([rid, 1, err.error])
-        except (ValueError, TypeError, IndexError) as exc:  # a request of the wrong shape
+        except (ValueError, TypeError, LookupError) as exc:  # a request of the wrong shape
             return frame([rid, 1, ["ProtocolError", f"bad request to an object host: {exc}", None]])
 
     def construct(self, key: str, type_name: str, version: str, code: Optional[bytes],
@@ -142,7 +142,9 @@ class Host:
         obj = self._run(cls, f"{cls.__qualname__}.__init__", args, kwargs)
         self.instances[key] = (obj, cls, type_name)
 
-    def call(self, key: str, method: str, args: List[Any], kwargs: Dict[str, Any]) -> Tuple[str, Any]:
+    def call(self, key: str, method: str, args: List[Any],
+             kwargs: Dict[str, Any]) -> Tuple[str, Any, Tuple[Any, str, str]]:
+        """``(where, result, (object, type, key))`` of a method call."""
         entry = self.instances.get(key)
         if entry is None:
             raise HostError("NotFound", f"this host holds no object {key!r}")
@@ -156,10 +158,7 @@ class Host:
             raise _Raised(raised(exc, where)) from None
         if not callable(fn):  # an instance attribute hiding the method
             raise HostError("UnknownMethod", f"{where} is not a method")
-        value = self._run(fn, where, args, kwargs)
-        if value is obj:  # `return self` (a fluent method): the caller gets the proxy back
-            value = _proxy.attach(type_name, key)
-        return where, value
+        return where, self._run(fn, where, args, kwargs), (obj, type_name, key)
 
     def _shared(self, cls: type, name: str) -> bool:
         """Whether ``name`` is a public method of ``cls`` (properties and data are not)."""
@@ -191,7 +190,10 @@ class Host:
     # -- replies -----------------------------------------------------------------------
 
     @staticmethod
-    def _reply(rid: int, value: Any, where: str) -> bytes:
+    def _reply(rid: int, value: Any, where: str, me: Tuple[Any, str, str]) -> bytes:
+        # The object itself, anywhere in its method's result (`return self`, a fluent
+        # method), travels as its proxy: see codec.shipping_self.
+        codec.shipping_self = me
         try:
             data = frame([rid, 0, value], True)
         except BaseException as exc:
@@ -199,6 +201,8 @@ class Host:
                 f"cannot pickle the result of {where} ({type(value).__name__}): {exc}"
             )
             return frame([rid, 1, raised(err, where)])
+        finally:
+            codec.shipping_self = None
         if len(data) > MAX_FRAME:
             err = ValueError(
                 f"the result of {where} is {len(data):,} bytes, over the {MAX_FRAME:,} a reply "

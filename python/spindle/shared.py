@@ -22,8 +22,10 @@ Why the rules below:
   names raise ``AttributeError`` (write a method that returns what you need).
 - A class's code travels by value (cloudpickle) unless its module is an installed package,
   so classes of ``__main__``, of test modules and of notebooks work without installing
-  anything in the server's Python. Its version is a hash of its source, the same in every
-  process that has that source, so two programs sharing a named object agree on the class.
+  anything in the server's Python. Its version is a hash of its source and of the helpers,
+  constants and base classes its code uses, the same in every process that has that source,
+  so two programs sharing a named object agree on the class, and an edited helper is a new
+  version (servers and hosts keep a version's first code).
 """
 
 from __future__ import annotations
@@ -37,14 +39,16 @@ import pickle
 import sys
 import sysconfig
 import threading
+import types
 import weakref
-from typing import Any, Callable, Dict, Optional, Tuple, Type, TypeVar, Union, overload
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Tuple, Type, TypeVar, Union,
+                    overload)
 
 import cloudpickle
 
 from . import client as _client_mod
 from . import proxy as _proxy
-from .errors import UnknownType
+from .errors import SpindleError, UnknownType
 from .proxy import Proxy, refuse_waiting, validate_name
 
 C = TypeVar("C", bound=type)
@@ -99,10 +103,17 @@ class SharedProxy(Proxy):
             client.define(cls._type, version, code)
             defined.add((cls._type, version))
         try:
-            return bool(client.create(cls._type, key, payload, owned, True))
-        except UnknownType:  # the server forgot the class (it restarted, say): define again
-            client.define(cls._type, version, code)
-            return bool(client.create(cls._type, key, payload, owned, True))
+            try:
+                return bool(client.create(cls._type, key, payload, owned, True))
+            except UnknownType:  # the server forgot the class (it restarted, say): define again
+                client.define(cls._type, version, code)
+                return bool(client.create(cls._type, key, payload, owned, True))
+        except TypeError as exc:  # the constructor's arguments
+            own = name is not None and not isinstance(exc, SpindleError)
+            hint = _own_name_hint(cls, len(args), name) if own else None  # type: ignore[arg-type]
+            if hint is None:
+                raise
+            raise TypeError(f"{exc}: {hint}") from exc
 
     def _call(self, method: str, args: Any, waits: bool = False) -> Any:
         # A call on another user-defined object from inside a method could wait for this very
@@ -144,6 +155,28 @@ class SharedProxy(Proxy):
 
     def __repr__(self) -> str:
         return f"<shared {self._qualname} {self._key!r}>"
+
+
+def _own_name_hint(cls: Type[SharedProxy], positional: int, name: str) -> Optional[str]:
+    """Why a constructor given ``name=`` lacked its own parameter ``name``, if it has one that
+    ``positional`` positional arguments do not cover (``name=`` is Spindle's)."""
+    try:
+        signature = inspect.signature(cls.__wrapped__.__init__)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return None
+    params = [p for p in list(signature.parameters.values())[1:]
+              if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    for index, param in enumerate(params):
+        if param.name != "name":
+            continue
+        if param.kind is inspect.Parameter.KEYWORD_ONLY:
+            return (f"{cls._qualname}'s own keyword-only parameter 'name' cannot be given, since "
+                    "name= is the Spindle object's name: make it a positional parameter")
+        if index >= positional:
+            return (f"name={name!r} is the Spindle object's name, not {cls._qualname}'s own "
+                    "parameter 'name', which can only be given positionally: "
+                    f"{cls._qualname}(<its name>, ..., name={name!r})")
+    return None
 
 
 class GenericSharedProxy(SharedProxy):
@@ -191,49 +224,108 @@ def generic_proxy_class(type_name: str) -> Type[SharedProxy]:
 # -- shipping a class ---------------------------------------------------------------------
 
 
-def _installed(module_name: str) -> bool:
+_INSTALLED: Dict[str, bool] = {}  # by module name, for modules imported here
+_SDK = __name__.partition(".")[0]
+
+
+def installed(module_name: str) -> bool:
     """Whether a module comes from the standard library or an installed package (then the
     hosts import it by name; anything else travels by value)."""
+    known = _INSTALLED.get(module_name)
+    if known is not None:
+        return known
     if module_name == "__main__":
         return False
+    if module_name in sys.builtin_module_names or module_name.partition(".")[0] == _SDK:
+        return True  # the hosts run Spindle: its modules are there, however it is installed
     module = sys.modules.get(module_name)
     path = getattr(module, "__file__", None) if module is not None else None
     if not path:
         return False
     path = os.path.normcase(os.path.realpath(path))
     parts = path.split(os.sep)
-    if "site-packages" in parts or "dist-packages" in parts:
-        return True
-    return any(path.startswith(d + os.sep) for d in _INSTALLED_DIRS)
+    known = "site-packages" in parts or "dist-packages" in parts or any(
+        path.startswith(d + os.sep) for d in _INSTALLED_DIRS)
+    _INSTALLED[module_name] = known
+    return known
 
 
 class _ClassPickler(cloudpickle.Pickler):
-    """cloudpickle, with proxy classes travelling by name: a method that mentions its own
-    decorated class (or another one) gets, in the host, the proxy class of that type."""
+    """cloudpickle for the hosts: the classes and functions of the program's own modules by
+    value (the hosts cannot import them: a class's module, the sibling module its helper
+    comes from, an argument's class's), and proxy classes by name (a method that mentions
+    its own decorated class, or another one, gets in the host the proxy class of that type).
+    Only under ``_PICKLE_LOCK``: cloudpickle's by-value registry is global."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.registered: List[Any] = []  # modules this pickler made by-value
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type) and issubclass(obj, SharedProxy) and obj._type:
-            return (generic_proxy_class, (obj._type,))
+        if isinstance(obj, type):
+            if issubclass(obj, SharedProxy) and obj._type:
+                return (generic_proxy_class, (obj._type,))
+            self._by_value(obj.__module__)
+            _track(obj)
+        elif isinstance(obj, types.FunctionType):
+            self._by_value(obj.__module__)
         return super().reducer_override(obj)
+
+    def _by_value(self, name: Any) -> None:
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        if module is None or name == "__main__" or installed(name):
+            return  # cloudpickle takes __main__'s by value itself
+        if name not in cloudpickle.list_registry_pickle_by_value():
+            cloudpickle.register_pickle_by_value(module)
+            self.registered.append(module)
+
+
+def _track(cls: type) -> None:
+    """Give a class that travels by value a cloudpickle tracker id made from its version.
+
+    cloudpickle gives each class it pickles by value a random id, and a process receiving it
+    keeps the class under that id, so that the class coming back (an instance a method
+    returns, an exception it raises) is the sender's very class. But a server keeps the first
+    code sent for a version: in a second program, or the same program run again, the hosts'
+    classes would carry the first program's ids, and results and exceptions would be of
+    look-alike classes (``except MyError`` would not catch). An id from the class's name and
+    version (its source and what it uses) is the same in every program with that code, and
+    another for edited code (a host holding the old class would give it for the new).
+    (cloudpickle has no public way to choose ids; without its tracker, ids stay random.)
+    """
+    by_class = getattr(cloudpickle.cloudpickle, "_DYNAMIC_CLASS_TRACKER_BY_CLASS", None)
+    by_id = getattr(cloudpickle.cloudpickle, "_DYNAMIC_CLASS_TRACKER_BY_ID", None)
+    lock = getattr(cloudpickle.cloudpickle, "_DYNAMIC_CLASS_TRACKER_LOCK", None)
+    if by_class is None or by_id is None or lock is None or cls in by_class:
+        return
+    if installed(cls.__module__):  # travels by reference
+        return
+    version = _source_version(cls)  # another version (a helper edited): another class
+    if version is None:  # cloudpickle gives it a random id
+        return
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    tracker_id = hashlib.sha256(f"{name}\0{version}".encode()).hexdigest()[:32]
+    with lock:
+        if cls not in by_class:
+            by_class[cls] = tracker_id
+            by_id[tracker_id] = cls  # a class of that source defined again: the latest
 
 
 _PICKLE_LOCK = threading.Lock()
 
 
-def _pickle_class(cls: type) -> bytes:
-    module = cls.__module__
-    by_value = not _installed(module) and module in sys.modules and module != "__main__"
-    with _PICKLE_LOCK:  # the by-value registry is global to cloudpickle
-        register = by_value and module not in cloudpickle.list_registry_pickle_by_value()
-        if register:
-            cloudpickle.register_pickle_by_value(sys.modules[module])
+def pickle_by_value(obj: Any) -> bytes:
+    """``obj`` (a class, an argument, a result) cloudpickled for another process: see
+    :class:`_ClassPickler`."""
+    with _PICKLE_LOCK:
+        buf = io.BytesIO()
+        pickler = _ClassPickler(buf)
         try:
-            buf = io.BytesIO()
-            _ClassPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(cls)
+            pickler.dump(obj)
             return buf.getvalue()
         finally:
-            if register:
-                cloudpickle.unregister_pickle_by_value(sys.modules[module])
+            for module in pickler.registered:
+                cloudpickle.unregister_pickle_by_value(module)
 
 
 def _source(cls: type) -> Optional[str]:
@@ -255,29 +347,179 @@ def _source(cls: type) -> Optional[str]:
     filename = os.path.realpath(filename)
     end = first + len(lines)
     for value in vars(cls).values():
-        fn = getattr(value, "__func__", value)
-        code = getattr(fn, "__code__", None)
-        if code is not None and (os.path.realpath(code.co_filename) != filename
-                                 or not first <= code.co_firstlineno < end):
-            return None
+        for fn in _functions_of(value):
+            code = fn.__code__
+            # Only functions of the class's body can tell (not a dataclass's generated ones,
+            # made from strings, nor a decorator's wrappers).
+            if code.co_filename.startswith("<") or not fn.__qualname__.startswith(
+                    cls.__qualname__ + "."):
+                continue
+            if (os.path.realpath(code.co_filename) != filename
+                    or not first <= code.co_firstlineno < end):
+                return None
     return "".join(lines)
 
 
 def _source_version(cls: type) -> Optional[str]:
-    """The version of a class with a known source: the SHA-256 of the source."""
-    source = _source(cls)
-    return None if source is None else hashlib.sha256(source.encode()).hexdigest()
+    """The version of a class with a known source: the SHA-256 of its source (or stand-in) and
+    of what its code uses (:func:`_uses`)."""
+    try:
+        source = _source(cls) or _stand_in(cls)
+        if source is None:
+            return None
+        digest = hashlib.sha256(source.encode())
+        for part in _uses(cls):
+            digest.update(b"\0" + part.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+    except Exception:  # inspect failing on an unusual class: a version from the pickle
+        return None
+
+
+_CONSTANTS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _global_names(code: Any) -> Iterator[str]:
+    """The global (and attribute) names a code object and the code nested in it mention."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            yield from _global_names(const)
+
+
+def _functions_of(value: Any) -> List[Any]:
+    """The functions behind a class attribute (a method, a property's accessors...)."""
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if f is not None]
+    try:
+        value = inspect.unwrap(getattr(value, "__func__", value))
+    except ValueError:  # a __wrapped__ cycle
+        return []
+    return [value] if inspect.isfunction(value) else []
+
+
+def _functions(obj: Any) -> Iterator[Any]:
+    """The functions of a class's own namespace, or ``obj``."""
+    for value in vars(obj).values() if isinstance(obj, type) else [obj]:
+        yield from _functions_of(value)
+
+
+def _stand_in(cls: type) -> Optional[str]:
+    """A stand-in for the source of a class ``inspect`` cannot find, made of what it finds.
+
+    ``inspect`` looks for a class in its module's file: a notebook's ``__main__`` has none, so
+    a class of a cell has no source, and a version from its pickle would change each time the
+    cell runs, and in each kernel (a named object could not be constructed again). Its
+    methods' sources are found by their code: with the class's name, bases and plain
+    attributes they stand in. None when a method has no source either (``exec``).
+    """
+    bases = ", ".join(f"{b.__module__}.{b.__qualname__}" for b in cls.__bases__)
+    parts = [f"class {cls.__qualname__}({bases})"]
+    for name, value in vars(cls).items():
+        if name == "__firstlineno__":  # moves with the cell's other lines
+            continue
+        functions = _functions_of(value)
+        if isinstance(value, type) and value.__qualname__.startswith(cls.__qualname__ + "."):
+            nested = _stand_in(value)  # a class defined in this one
+            if nested is None:
+                return None
+            parts.append(nested)
+        elif isinstance(value, type):
+            parts.append(f"{name}: {value.__module__}.{value.__qualname__}")
+        elif functions:
+            for fn in functions:
+                try:
+                    parts.append(inspect.getsource(fn))
+                except Exception:
+                    return None
+        elif _plain(value) is not None:
+            parts.append(f"{name} = {_plain(value)}")
+        else:
+            parts.append(f"{name}: {type(value).__module__}.{type(value).__qualname__}")
+    return "\n".join(parts)
+
+
+def _constant(value: Any) -> str:
+    """A plain constant as text for a version (a long one by its hash)."""
+    if isinstance(value, (str, bytes)) and len(value) > 256:
+        data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+        return f"{type(value).__name__} {hashlib.sha256(data).hexdigest()}"
+    try:
+        return repr(value)
+    except ValueError:  # an int over the digits limit
+        return hex(value)
+
+
+def _plain(value: Any, depth: int = 0) -> Optional[str]:
+    """A constant as text for a version: a plain value, or a small list, tuple or dict of them
+    (in order: the same in every process that builds it alike); None for anything else."""
+    if isinstance(value, _CONSTANTS):
+        return _constant(value)
+    if depth >= 2 or type(value) not in (list, tuple, dict) or len(value) > 256:
+        return None
+    items = [x for pair in value.items() for x in pair] if type(value) is dict else value
+    texts = [_plain(item, depth + 1) for item in items]
+    if None in texts:
+        return None
+    return f"{type(value).__name__}({', '.join(texts)})"  # type: ignore[arg-type]
+
+
+def _uses(cls: type) -> List[str]:
+    """What a class's code uses besides its own source, as text for its version.
+
+    Servers and hosts keep the first code they get for a version, so a program that edits a
+    helper of a class (a function or class of its own modules the methods name, a module
+    constant, a base class) and runs again must send a new version, not run the old code.
+    Functions and classes of the program's own modules count by their source (and what they
+    use, recursively), plain constants (and small lists, tuples and dicts of them) by their
+    value, anything else by its type.
+    """
+    parts: List[str] = []
+    seen = {cls}
+    todo: List[Any] = [cls]
+    while todo:
+        obj = todo.pop(0)
+        named: List[Tuple[str, Any]] = []
+        if isinstance(obj, type):
+            named += [("base", base) for base in obj.__bases__]
+            named += [("nested", v) for v in vars(obj).values() if isinstance(v, type)]
+        for fn in _functions(obj):
+            names = sorted(set(_global_names(fn.__code__)))
+            named += [(name, fn.__globals__[name]) for name in names if name in fn.__globals__]
+        for name, value in named:
+            if isinstance(value, type) and issubclass(value, SharedProxy):
+                parts.append(f"{name}: shared {value._type}")
+            elif inspect.ismodule(value):
+                parts.append(f"{name}: module {value.__name__}")
+            elif _plain(value) is not None:
+                parts.append(f"{name} = {_plain(value)}")
+            elif (isinstance(value, type) or inspect.isfunction(value)) and not installed(
+                    value.__module__):
+                try:
+                    source = inspect.getsource(value)
+                except Exception:  # no source (a builtin, a class made by exec)
+                    source = f"{value.__module__}.{value.__qualname__}"
+                parts.append(f"{name}: {source}")
+                if value not in seen:
+                    seen.add(value)
+                    todo.append(value)
+            else:
+                kind = value if isinstance(value, type) else type(value)
+                parts.append(f"{name}: {kind.__module__}.{kind.__qualname__}")
+    return parts
 
 
 _CODE: "weakref.WeakKeyDictionary[type, Tuple[str, bytes]]" = weakref.WeakKeyDictionary()
+_DECORATED: "weakref.WeakSet[type]" = weakref.WeakSet()  # proxy classes made in this process
 
 
 def class_code(proxy_cls: Type[SharedProxy]) -> Tuple[str, bytes]:
     """``(version, code)`` of a decorated class, computed once per process.
 
-    ``code`` is the cloudpickle of the class. ``version`` is the SHA-256 of its source (the
-    same in every process with that source), or of ``code`` when the source is unknown (a
-    class made by ``exec``: then each program has its own version). It is kept on the proxy
+    ``code`` is the cloudpickle of the class. ``version`` is the SHA-256 of its source and
+    of the helpers, constants and base classes it uses (the same in every process with that
+    source: :func:`_uses`; for a notebook's class, of a stand-in: :func:`_stand_in`), or of
+    ``code`` when the source is unknown (a class made by ``exec``: then each program has its
+    own version). It is kept on the proxy
     class, so a proxy class that travels by value (to a function constructing objects of
     it) keeps its version where the source cannot be found.
     """
@@ -286,17 +528,20 @@ def class_code(proxy_cls: Type[SharedProxy]) -> Tuple[str, bytes]:
     if cached is not None:
         return cached
     try:
-        code = _pickle_class(cls)
+        code = pickle_by_value(cls)
     except Exception as exc:
         raise TypeError(
             f"cannot ship the class {cls.__module__}.{cls.__qualname__} to Spindle's object "
             f"hosts: it does not pickle ({type(exc).__name__}: {exc}). Keep locks, sockets, "
             "open files and the like out of class attributes (create them in __init__)"
         ) from exc
-    version = proxy_cls.__dict__.get("_version")
+    # Again now, where the decorator ran before the module defined the helpers below it; a
+    # proxy class decorated in another process keeps its version.
+    version = (_source_version(cls) if proxy_cls in _DECORATED else None) or proxy_cls.__dict__.get(
+        "_version")
     if version is None:
         version = hashlib.sha256(code).hexdigest()
-        type.__setattr__(proxy_cls, "_version", version)
+    type.__setattr__(proxy_cls, "_version", version)
     _CODE[cls] = (version, code)
     return version, code
 
@@ -340,7 +585,10 @@ Spindle's keyword: a constructor parameter called ``name`` can only be given pos
 
 
 def _proxy_class(cls: type) -> Type[SharedProxy]:
-    type_name = f"py:{cls.__module__}.{cls.__qualname__}"
+    # A child that multiprocessing spawns imports the main script as __mp_main__: the same
+    # classes as the parent's __main__ ones, so the same types.
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    type_name = f"py:{module}.{cls.__qualname__}"
     if len(type_name.encode()) > 256:
         raise ValueError(f"the type name {type_name!r} is over 256 bytes")
     namespace: Dict[str, Any] = {
@@ -365,8 +613,10 @@ def _proxy_class(cls: type) -> Type[SharedProxy]:
             namespace[name] = raw
         elif inspect.isfunction(raw):
             namespace[name] = _remote_method(name, raw)
-        elif isinstance(raw, property) or inspect.isdatadescriptor(raw):
+        elif isinstance(raw, property):
             refused[name] = "a property"
+        elif inspect.isdatadescriptor(raw):  # a slot, say
+            refused[name] = "an attribute"
         elif callable(getattr(cls, name, None)):
             namespace[name] = _remote_method(name, getattr(cls, name))
         else:
@@ -382,7 +632,9 @@ def _proxy_class(cls: type) -> Type[SharedProxy]:
     __init__.__signature__ = signature  # type: ignore[attr-defined]
     namespace["__init__"] = __init__
     namespace["__signature__"] = signature.replace(parameters=list(signature.parameters.values())[1:])
-    return type(cls.__name__, (SharedProxy,), namespace, type_name=type_name)
+    proxy_cls = type(cls.__name__, (SharedProxy,), namespace, type_name=type_name)
+    _DECORATED.add(proxy_cls)
+    return proxy_cls
 
 
 @overload
