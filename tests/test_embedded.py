@@ -62,6 +62,27 @@ def test_connect_starts_an_embedded_server_when_nothing_listens(child_env):
     assert not listening(port)
 
 
+def test_workers_and_hosts_never_start_a_server_of_their_own(child_env):
+    # What the server's workers and object hosts use: a dead address is an error, not an
+    # embedded server nobody would stop.
+    port = free_port()
+    script = textwrap.dedent(
+        f"""
+        import spindle
+        try:
+            spindle.connect("127.0.0.1:{port}", embedded=False)
+        except spindle.ServerUnavailable as exc:
+            print("refused:", exc)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=child_env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("refused: spindle server at 127.0.0.1:"), out.stdout
+    assert not listening(port)
+
+
 def test_objects_status_and_delete(uniq):
     c = spindle.Counter(name=f"{uniq}.c")
     spindle.Dict(name=f"{uniq}.d")

@@ -317,13 +317,15 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def connect(address: Optional[str] = None) -> Client:
+def connect(address: Optional[str] = None, *, embedded: bool = True) -> Client:
     """Connect this process to a Spindle server and return the client.
 
     The address is ``address``, else ``$SPINDLE_ADDRESS``, else ``127.0.0.1:7070``. If nothing
     listens there (and it is a local address), an embedded server is started on it for the
     life of this program (port 0 picks a free port), and ``$SPINDLE_ADDRESS`` is set so that
-    child processes find it. Calling it again returns the same client.
+    child processes find it; with ``embedded=False`` that is a :class:`ServerUnavailable`
+    instead (the server's own workers and hosts must never start a server of their own).
+    Calling it again returns the same client.
     """
     global _client
     with _connect_lock:
@@ -335,7 +337,7 @@ def connect(address: Optional[str] = None) -> Client:
         host, port = parse_address(address)
         server = None
         if not _listening(host, port):
-            if host not in _LOCAL_HOSTS:
+            if host not in _LOCAL_HOSTS or not embedded:
                 raise ServerUnavailable(f"spindle server at {address} is unavailable")
             try:
                 server = EmbeddedServer(host, port)

@@ -237,7 +237,7 @@ class _Raised(Exception):
 
 def serve(address: str, host_id: str) -> None:
     """Connect, say ``host``, and answer requests until the server closes the connection."""
-    client = spindle.connect(address)  # also the methods' own client
+    client = spindle.connect(address, embedded=False)  # also the methods' own client
     host, port = parse_address(address)
     conn = Connection(host, port, client.session, next(client._seq), client.token)
     hello_id = next(client._seq)

@@ -224,7 +224,7 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
 
 def serve(address: str, worker_id: str) -> None:
     """Connect, say ``worker``, and run tasks until the server closes the connection."""
-    client = spindle.connect(address)
+    client = spindle.connect(address, embedded=False)
     host, port = parse_address(address)
     conn = Connection(host, port, client.session, next(client._seq), client.token)
     hello_id = next(client._seq)
