@@ -40,6 +40,7 @@ bench: setup
 	command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-bench.lock
 	$(PY) bench/objects.py
+	$(PY) bench/shared.py
 	$(PY) bench/functions.py
 	$(PY) bench/ml.py
 	$(PY) bench/santa.py

@@ -5,7 +5,8 @@ generate it fragment by fragment from a seed): 500,000 points x 50 dims with k =
 500,000 samples x 50 features. Data generation and loading are excluded everywhere, as in
 the seed (§3.4.2).
 
-* k-means, time per iteration: `spindle run examples/kmeans.py` (2 cloud threads), the same
+* k-means, time per iteration: `spindle run examples/kmeans.py` (2 cloud threads; the
+  aggregation in user-defined objects, `--objects shared`, and in built-in Arrays), the same
   algorithm in one NumPy process on one core (`--local`), and Spark MLlib's
   `pyspark.ml.clustering.KMeans` on `local[2]` over a cached DataFrame (per iteration:
   the difference between fits of many and of 1 iteration, divided by the difference of
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -155,6 +157,7 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iterations", type=int, default=10, help="k-means iterations")
+    ap.add_argument("--rounds", type=int, default=3, help="k-means runs of each kind (median)")
     ap.add_argument("--epochs", type=int, default=100, help="Spindle's gradient-descent epochs")
     ap.add_argument("--spark-epochs", type=int, default=20, help="PySpark RDD GD epochs")
     ap.add_argument("--lbfgs-iterations", type=int, default=20)
@@ -168,10 +171,19 @@ def main() -> None:
     lr_args = ["--samples", str(args.points), "--features", str(args.dims),
                "--rate", str(args.rate), *size]
 
-    log(f"k-means, {args.points:,} x {args.dims}, k={args.k}: spindle ({args.threads} threads)")
-    km_spindle = example("kmeans", *km_args)
-    log("k-means: one NumPy process")
-    km_numpy = example("kmeans", *km_args, local=True)
+    # k-means: the three runs take turns for --rounds rounds; each figure is the median over
+    # the rounds of a run's mean time per iteration (the first iteration, with its warm-up of
+    # imports and caches, left out).
+    def per_iteration(result: dict) -> float:
+        return sum(result["times"][1:]) / max(len(result["times"]) - 1, 1)
+
+    km_runs: dict[str, list[float]] = {"shared": [], "array": [], "local": []}
+    for r in range(args.rounds):
+        log(f"k-means, {args.points:,} x {args.dims}, k={args.k}, round {r + 1}/{args.rounds}: "
+            f"spindle ({args.threads} threads; user-defined objects, then Arrays), one NumPy process")
+        km_runs["shared"].append(per_iteration(example("kmeans", *km_args, "--objects", "shared")))
+        km_runs["array"].append(per_iteration(example("kmeans", *km_args, "--objects", "array")))
+        km_runs["local"].append(per_iteration(example("kmeans", *km_args, local=True)))
     log("logistic regression: spindle")
     lr_spindle = example("logistic_regression", *lr_args, "--epochs", str(args.epochs))
     log("logistic regression: one NumPy process")
@@ -190,11 +202,10 @@ def main() -> None:
         finally:
             spark.stop()
 
-    # k-means: the first iteration of each includes warm-up (imports, caches); use the rest.
-    s_it = sum(km_spindle["times"][1:]) / max(len(km_spindle["times"]) - 1, 1)
-    n_it = sum(km_numpy["times"][1:]) / max(len(km_numpy["times"]) - 1, 1)
+    s_it, a_it, n_it = (statistics.median(km_runs[k]) for k in ("shared", "array", "local"))
     km_headers = ["k-means, time per iteration", "seconds", "vs spindle"]
-    km_rows = [[f"spindle, {args.threads} cloud threads", s_it, 1.0],
+    km_rows = [[f"spindle, {args.threads} cloud threads (@spindle.shared GlobalCentroids)", s_it, 1.0],
+               [f"spindle, {args.threads} cloud threads (built-in Arrays, barrier action)", a_it, a_it / s_it],
                ["NumPy, one process, one core", n_it, n_it / s_it]]
     if km_spark:
         km_rows.append([f"PySpark MLlib KMeans, local[{args.threads}]", km_spark["per_iteration"],
@@ -230,7 +241,8 @@ def main() -> None:
         f"Machine: {machine()}. PySpark {version('pyspark')} on `local[{args.threads}]` "
         f"(Java 17), Spindle with {args.threads} cloud threads, one NumPy process on one core "
         "(`threadpoolctl` limits BLAS to one thread for it and for each cloud thread). "
-        f"Generated data: {args.points:,} points x {args.dims} dims, k = {args.k}; "
+        f"Generated data: {args.points:,} points x {args.dims} dims, k = {args.k} (k-means: "
+        f"median of {args.rounds} runs each, taking turns); "
         f"{args.points:,} samples x {args.dims} features (plus a bias column). Loading and "
         "generation excluded, as in the seed. Goals: k-means at least 3x faster than Spark per "
         "iteration with a parallel efficiency of at least 0.75; logistic regression at Spark's "

@@ -3,25 +3,37 @@
 `--threads` cloud threads each generate their own fragment of the data (no data travels
 through the program) and then iterate in lockstep:
 
-* read the current centroids (one `Array.get`);
+* read the current centroids (one call);
 * assign their points and compute, per cluster, the sum and the count of their points and
   their contribution to the inertia;
-* add those partial results to shared `Array`s: the additions run in the server, so the
-  global sums build up there, with one small message per thread;
-* wait on a `Barrier` whose action, run by the last thread to arrive, turns the sums and
-  counts into the new centroids and records the iteration's inertia;
+* hand those partial results to the server, where they add up, one small message per thread;
+* wait on a `Barrier` (Listing 5, line 19);
 * advance the shared iteration `Counter` with `compare_and_set` (Listing 5, line 20).
+
+`--objects` chooses what holds the shared state:
+
+* `shared` (the default) is Listing 5 itself: two user-defined objects, `GlobalCentroids`
+  and `GlobalDelta` (`@spindle.shared` classes below), whose methods run in the server's
+  object hosts. `centroids.update(sums, counts)` adds a thread's part; the last part of an
+  iteration turns the sums into the new centroids right there, and `delta.update(inertia,
+  shift)` tracks the inertia and the convergence criterion. The methods never wait on other
+  objects (the host rule): the threads meet at the `Barrier`, outside any method.
+* `array` builds the same from built-in objects: the parts are added to `Array`s and the
+  barrier's action, run by the last thread to arrive, computes the new centroids client-side
+  (three `Array.get`s, one `set`, three `fill`s per iteration).
 
 They stop after `--iterations` or when no centroid moves more than `--tol`. `--local` runs the
 same algorithm in this one process with NumPy (the single-machine baseline) on the same data.
 
     spindle run examples/kmeans.py [--points 500000] [--dims 50] [-k 25] [--threads 2]
+                                   [--objects shared|array]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -79,9 +91,122 @@ def new_centroids(sums: np.ndarray, counts: np.ndarray, old: np.ndarray) -> np.n
     return np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], old)
 
 
+# --- --objects shared: Listing 5's user-defined objects, run in the server's object hosts --
+
+@spindle.shared
+class GlobalCentroids:
+    """The centroids (Listing 5, line 8). Each thread hands in its per-cluster sums and counts
+    with `update`; the last of the `parts` updates of an iteration computes the new centroids
+    in place and returns how far they moved (the others get None).
+
+    The parts are added up in a fixed order, not in the order they arrive, so a run is
+    reproducible bit for bit and `--tol 0` stops exactly when the assignment stops changing."""
+
+    def __init__(self, initial, parts: int) -> None:
+        self.centroids = np.array(initial, dtype=np.float64)
+        self.parts = parts
+        self.received: list = []
+
+    def get(self) -> np.ndarray:
+        """getCorrectCoordinates(): the current centroids, (k, dims)."""
+        return self.centroids
+
+    def update(self, local_sums, local_counts):
+        self.received.append((np.asarray(local_counts, dtype=np.float64),
+                              np.asarray(local_sums, dtype=np.float64)))
+        if len(self.received) < self.parts:
+            return None
+        self.received.sort(key=lambda part: (part[0].tobytes(), part[1].tobytes()))
+        sums = np.zeros_like(self.centroids)
+        counts = np.zeros(len(self.centroids))
+        for part_counts, part_sums in self.received:
+            counts += part_counts
+            sums += part_sums
+        self.received = []
+        new = new_centroids(sums, counts, self.centroids)
+        shift = float(np.abs(new - self.centroids).max())
+        self.centroids = new
+        return shift
+
+
+@spindle.shared
+class GlobalDelta:
+    """The convergence criterion (Listing 5, line 4): adds up the threads' inertia, takes the
+    centroids' shift from the thread that computed it, and records `[inertia, time, shift]`
+    once all `parts` threads reported an iteration (the first record is the start)."""
+
+    def __init__(self, parts: int, tol: float) -> None:
+        self.parts, self.tol = parts, tol
+        self.records: list = []
+        self.done = False
+        self.inertias: list = []
+        self.shift = None
+
+    def start(self) -> None:
+        self.records.append([None, time.time(), None])
+
+    def update(self, local_inertia: float, shift=None) -> None:
+        self.inertias.append(local_inertia)
+        if shift is not None:
+            self.shift = shift
+        if len(self.inertias) == self.parts:
+            self.records.append([math.fsum(self.inertias), time.time(), self.shift])
+            self.done = self.shift is not None and self.shift <= self.tol
+            self.inertias, self.shift = [], None
+
+    def converged(self) -> bool:
+        """endCondition()."""
+        return self.done
+
+    def history(self) -> list:
+        return self.records
+
+
+@dataclass(frozen=True)
+class Objects:
+    """The shared state of Listing 5 with user-defined objects (proxies: pickled as references)."""
+
+    centroids: GlobalCentroids
+    delta: GlobalDelta
+    iteration: spindle.Counter
+    start: spindle.Barrier    # everyone loaded its fragment: the clock starts
+    step: spindle.Barrier     # everyone handed in its part: the new centroids are ready
+
+
+def make_objects(p: Problem, tol: float) -> Objects:
+    centroids = GlobalCentroids(initial_centroids(p), p.parts)
+    delta = GlobalDelta(p.parts, tol)
+    return Objects(centroids, delta, spindle.Counter(),
+                   spindle.Barrier(p.parts, action=lambda: delta.start()), spindle.Barrier(p.parts))
+
+
+def kmeans_thread_objects(p: Problem, part: int, max_iter: int, s: Objects) -> None:
+    """One cloud thread of Listing 5, with GlobalCentroids and GlobalDelta."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # one core per thread, like one function per vCPU
+        x = fragment(p, part)   # loadDatasetFragment()
+        sq_norms = (x * x).sum(axis=1)
+        s.start.wait()
+        it = s.iteration.get()
+        while True:
+            centroids = s.centroids.get()                             # line 14
+            sums, counts, inertia = partial_step(x, sq_norms, centroids)  # line 16
+            shift = s.centroids.update(sums, counts)                  # line 18
+            s.delta.update(inertia, shift)                            # line 17
+            s.step.wait()                                             # line 19
+            s.iteration.compare_and_set(it, it + 1)                   # line 20
+            it += 1
+            if it >= max_iter or s.delta.converged():                 # line 21
+                return
+
+
+# --- --objects array: the same state built from built-in objects -------------------------
+
 @dataclass(frozen=True)
 class Shared:
-    """The shared state of Listing 5; each field is a proxy that pickles as a reference."""
+    """The shared state of Listing 5 with built-in objects; each field is a proxy that
+    pickles as a reference."""
 
     centroids: spindle.Array  # (k, dims): read by every thread at each iteration
     sums: spindle.Array       # (k, dims): partial sums added in the server
@@ -136,20 +261,26 @@ def kmeans_thread(p: Problem, part: int, max_iter: int, s: Shared) -> None:
                 return
 
 
-def run_spindle(p: Problem, max_iter: int, tol: float) -> tuple[list[float], list[float]]:
+def run_spindle(p: Problem, max_iter: int, tol: float,
+                objects: str = "shared") -> tuple[list[float], list[float]]:
     """Run on cloud threads; return the inertia and the duration of each iteration."""
-    s = make_shared(p, tol)
-    threads = [spindle.Thread(target=kmeans_thread, args=(p, i, max_iter, s), name=f"kmeans-{i}")
+    if objects == "shared":
+        s, target = make_objects(p, tol), kmeans_thread_objects
+        history_now = s.delta.history
+    else:
+        s, target = make_shared(p, tol), kmeans_thread
+        history_now = s.history.copy
+    threads = [spindle.Thread(target=target, args=(p, i, max_iter, s), name=f"kmeans-{i}")
                for i in range(p.parts)]
     for t in threads:
         t.start()
     shown = 0
     while any(t.is_alive() for t in threads):  # report progress from the shared history
-        shown = report(s.history.copy(), shown)
+        shown = report(history_now(), shown)
         time.sleep(0.2)
     for t in threads:
         t.join()  # re-raises a thread's exception
-    history = s.history.copy()
+    history = history_now()
     report(history, shown)
     times = [b[1] - a[1] for a, b in zip(history, history[1:])]
     return [h[0] for h in history[1:]], times
@@ -195,18 +326,21 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=0.0, help="stop when no centroid moves more")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--local", action="store_true", help="one NumPy process instead of threads")
+    ap.add_argument("--objects", choices=("shared", "array"), default="shared",
+                    help="shared state: @spindle.shared GlobalCentroids/GlobalDelta (Listing 5), "
+                         "or built-in Arrays with a barrier action")
     ap.add_argument("--json", action="store_true", help="also print the result as JSON")
     args = ap.parse_args()
 
     p = Problem(args.points, args.dims, args.k, args.threads, args.seed)
-    mode = "1 NumPy process" if args.local else f"{p.parts} cloud threads"
+    mode = "1 NumPy process" if args.local else f"{p.parts} cloud threads, {args.objects} objects"
     print(f"k-means: {p.points:,} points x {p.dims} dims, k={p.k}, {mode}", file=sys.stderr)
     start = time.perf_counter()
     if args.local:
         inertias, times = run_local(p, args.iterations, args.tol)
     else:
         spindle.connect()
-        inertias, times = run_spindle(p, args.iterations, args.tol)
+        inertias, times = run_spindle(p, args.iterations, args.tol, args.objects)
     total = time.perf_counter() - start
 
     per_iter = sum(times) / len(times)
@@ -215,7 +349,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"iterations": len(inertias), "inertia": inertias, "times": times,
                           "per_iteration": per_iter, "total": total, "threads": p.parts,
-                          "local": args.local}))
+                          "local": args.local, "objects": None if args.local else args.objects}))
 
 
 if __name__ == "__main__":

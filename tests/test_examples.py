@@ -70,16 +70,29 @@ def test_mandelbrot_png_matches_a_local_computation(child_env, tmp_path):
         assert np.array_equal(pixels[first], mandelbrot.colour(counts, max_iter)[0])
 
 
-def test_kmeans_matches_numpy_on_the_same_data(child_env):
+@pytest.mark.parametrize("objects", ["shared", "array"])
+def test_kmeans_matches_numpy_on_the_same_data(child_env, objects):
+    # shared: GlobalCentroids/GlobalDelta (@spindle.shared, Listing 5); array: built-in Arrays.
     args = ["--points", "20000", "--dims", "8", "-k", "5", "--threads", "3",
             "--iterations", "6", "--seed", "7", "--tol", "-1"]  # all 6
-    spindled = run(child_env, "kmeans", *args)
+    spindled = run(child_env, "kmeans", *args, "--objects", objects)
     local = run(child_env, "kmeans", *args, "--local")
+    assert spindled["objects"] == objects
     assert spindled["iterations"] == local["iterations"] == 6
     np.testing.assert_allclose(spindled["inertia"], local["inertia"], rtol=1e-9)
     inertia = spindled["inertia"]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(inertia, inertia[1:]))
     assert inertia[-1] < inertia[0]
+
+
+def test_kmeans_shared_objects_stop_when_converged(child_env):
+    # --tol 0: GlobalDelta reports convergence once no centroid moves; both modes agree.
+    args = ["--points", "6000", "--dims", "4", "-k", "3", "--threads", "2",
+            "--iterations", "50", "--seed", "3", "--tol", "0"]
+    shared = run(child_env, "kmeans", *args, "--objects", "shared")
+    local = run(child_env, "kmeans", *args, "--local")
+    assert shared["iterations"] == local["iterations"] < 50
+    np.testing.assert_allclose(shared["inertia"], local["inertia"], rtol=1e-9)
 
 
 def test_logistic_regression_loss_decreases_and_matches_numpy(child_env):
