@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import pytest
 
@@ -69,17 +69,21 @@ def gateway_args(max_workers: int = POOL) -> List[str]:
 
 
 class ServerProcess:
-    """A ``spindle server`` child process on a free port."""
+    """A ``spindle server`` child process on a free port (or on ``port``, to restart a server
+    where its clients reconnect); ``stderr``: where its log goes (default: inherited)."""
 
-    def __init__(self, *args: str, env: Optional[dict] = None) -> None:
+    def __init__(
+        self, *args: str, env: Optional[dict] = None, port: int = 0, stderr: Any = None
+    ) -> None:
         self.binary = server_binary()
         if env is None:
             env = dict(os.environ)
         env["PYTHONPATH"] = pythonpath_for_tests()
         self.process = subprocess.Popen(
-            [self.binary, "server", "--port", "0", "--embedded", *args],
+            [self.binary, "server", "--port", str(port), "--embedded", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=stderr,
             text=True,
             env=env,
         )

@@ -192,9 +192,11 @@ class Client:
         return self.request(request, seq, ship)
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
-               ship: bool = False) -> bool:
+               ship: bool = False, persistent: bool = False) -> bool:
         seq = next(self._seq)
         request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
+        if persistent:  # an optional operand: ephemeral creates keep the old shape
+            request.append(True)
         return self.request(request, seq, ship)
 
     def define(self, type_name: str, version: str, code: bytes) -> bool:
@@ -210,9 +212,10 @@ class Client:
         seq = next(self._seq)
         return self.request([seq, "keep", seq, type_name, key, name], seq)
 
-    def objects(self, prefix: str = "") -> List[Any]:
+    def objects(self, prefix: str = "", persistent: bool = False) -> List[Any]:
         rid = next(self._seq)
-        return self.request([rid, "objects", prefix], rid)
+        request = [rid, "objects", prefix] + ([True] if persistent else [])
+        return self.request(request, rid)
 
     def status(self) -> Any:
         rid = next(self._seq)

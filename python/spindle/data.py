@@ -2,6 +2,10 @@
 
 Every method is one round trip and runs in the server, next to the data. Views such as
 ``Dict.keys()`` are snapshots taken by one call, not live views.
+
+``persistent=True`` (with ``name=``, on a server started with ``--data-dir``) makes an object
+survive a server crash: every change is in the server's op log before its call returns
+(docs/durability.md). Every reference to it must say ``persistent=True`` too.
 """
 
 from __future__ import annotations
@@ -61,8 +65,10 @@ def _contents_repr(obj: Proxy, contents: Any) -> str:
 class Counter(Proxy, type_name="Counter"):
     """A signed 64-bit integer; overflow raises ``OverflowError``."""
 
-    def __init__(self, initial: int = 0, *, name: Optional[str] = None) -> None:
-        self._init([initial], name)
+    def __init__(
+        self, initial: int = 0, *, name: Optional[str] = None, persistent: bool = False
+    ) -> None:
+        self._init([initial], name, persistent)
 
     def get(self) -> int:
         return self._call("get", [])
@@ -116,8 +122,10 @@ class Counter(Proxy, type_name="Counter"):
 class Value(Proxy, type_name="Value"):
     """A single value of any type."""
 
-    def __init__(self, initial: Any = None, *, name: Optional[str] = None) -> None:
-        self._init([initial], name)
+    def __init__(
+        self, initial: Any = None, *, name: Optional[str] = None, persistent: bool = False
+    ) -> None:
+        self._init([initial], name, persistent)
 
     def get(self) -> Any:
         return self._call("get", [])
@@ -148,14 +156,19 @@ class Dict(Proxy, MutableMapping, type_name="Dict"):
     """A dictionary in insertion order, like ``dict``, plus server-side ``merge``."""
 
     def __init__(
-        self, initial: Any = None, *, name: Optional[str] = None, **kwargs: Any
+        self,
+        initial: Any = None,
+        *,
+        name: Optional[str] = None,
+        persistent: bool = False,
+        **kwargs: Any,
     ) -> None:
         entries = _pairs(initial) if initial is not None else []
         entries += [[k, v] for k, v in kwargs.items()]
         if entries:
-            self._init([dict((hashable(k), v) for k, v in entries)], name)
+            self._init([dict((hashable(k), v) for k, v in entries)], name, persistent)
         else:
-            self._init([], name)
+            self._init([], name, persistent)
 
     def __getitem__(self, key: Any) -> Any:
         return self._call("getitem", [key])
@@ -271,9 +284,15 @@ def _slice_args(s: slice) -> _List[Any]:
 class List(Proxy, MutableSequence, type_name="List"):
     """A list, like ``list``: negative indexes and (extended) slices included."""
 
-    def __init__(self, initial: Iterable[Any] = (), *, name: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        initial: Iterable[Any] = (),
+        *,
+        name: Optional[str] = None,
+        persistent: bool = False,
+    ) -> None:
         items = list(initial)
-        self._init([items] if items else [], name)
+        self._init([items] if items else [], name, persistent)
 
     def __getitem__(self, index: Union[int, slice]) -> Any:
         if isinstance(index, slice):
@@ -368,8 +387,10 @@ class List(Proxy, MutableSequence, type_name="List"):
 class Blob(Proxy, type_name="Blob"):
     """A byte string."""
 
-    def __init__(self, initial: bytes = b"", *, name: Optional[str] = None) -> None:
-        self._init([bytes(initial)], name)
+    def __init__(
+        self, initial: bytes = b"", *, name: Optional[str] = None, persistent: bool = False
+    ) -> None:
+        self._init([bytes(initial)], name, persistent)
 
     def get(self) -> bytes:
         return self._call("get", [])
@@ -398,13 +419,14 @@ class Array(Proxy, type_name="Array"):
         dtype: Any = "float64",
         *,
         name: Optional[str] = None,
+        persistent: bool = False,
     ) -> None:
         import numpy as np
 
         dims: Any = operator.index(shape) if not isinstance(shape, Sequence) else [
             operator.index(d) for d in shape
         ]
-        self._init([dims, np.dtype(dtype).name], name)
+        self._init([dims, np.dtype(dtype).name], name, persistent)
 
     def get(self) -> Any:
         """The contents as a new ``numpy.ndarray``."""

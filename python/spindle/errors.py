@@ -108,6 +108,12 @@ class Unauthorized(SpindleError, PermissionError):
     """The server runs code only for sessions that give its token (``$SPINDLE_TOKEN``)."""
 
 
+class StorageError(SpindleError, OSError):
+    """The server could not write its op log (disk full, an I/O error): the call's change to a
+    persistent object is not durable, and that object's partition refuses persistent writes
+    until the server restarts (ephemeral objects keep working)."""
+
+
 class ObjectLost(SpindleError):
     """A user-defined object (``@spindle.shared``) was lost with its host process.
 
@@ -222,6 +228,7 @@ _SIMPLE: Dict[str, Callable[[str], BaseException]] = {
     "Cancelled": concurrent.futures.CancelledError,
     "FunctionTimeout": FunctionTimeout,
     "Unauthorized": Unauthorized,
+    "StorageError": StorageError,
     "Busy": SpindleError,
     "Internal": SpindleError,
 }

@@ -37,8 +37,8 @@ def _timeout(timeout: Optional[float]) -> Optional[float]:
 class Future(Proxy, type_name="Future"):
     """A shared future: ``set_result``/``set_exception`` once; ``result`` waits."""
 
-    def __init__(self, *, name: Optional[str] = None) -> None:
-        self._init([], name)
+    def __init__(self, *, name: Optional[str] = None, persistent: bool = False) -> None:
+        self._init([], name, persistent)
 
     def set_result(self, result: Any) -> None:
         """Complete with ``result``; ``InvalidStateError`` if already done."""

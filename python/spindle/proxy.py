@@ -66,14 +66,13 @@ class Proxy:
             cls._type = type_name
             _TYPES[type_name] = cls
 
-    def _init(self, args: List[Any], name: Optional[str]) -> bool:
-        """Create (or find, when named) the server object; True if it was created."""
+    def _init(self, args: List[Any], name: Optional[str], persistent: bool = False) -> bool:
+        """Create (or find, when named) the server object; True if it was created.
+        ``persistent``: logged and recovered after a restart (durable types only)."""
         client = _client_mod.current()
-        if name is None:
-            self._key = client.unnamed_key()
-            return client.create(self._type, self._key, args, True)
-        self._key = validate_name(name)
-        return client.create(self._type, self._key, args, False)
+        owned = name is None
+        self._key = client.unnamed_key() if owned else validate_name(name)
+        return client.create(self._type, self._key, args, owned, persistent=persistent)
 
     @classmethod
     def _attach(cls: Type[P], key: str) -> P:
@@ -164,9 +163,10 @@ def keep(obj: Proxy, name: Optional[str] = None) -> Proxy:
             obj._key = moved.new_key
 
 
-def objects(prefix: str = "") -> List[Tuple[str, str]]:
-    """``(name, type)`` of the objects whose key starts with ``prefix``, sorted by name."""
-    return [(n, t) for n, t in _client_mod.current().objects(prefix)]
+def objects(prefix: str = "", *, persistent: bool = False) -> List[Tuple[str, str]]:
+    """``(name, type)`` of the objects whose key starts with ``prefix``, sorted by name;
+    ``persistent``: only the persistent ones."""
+    return [(n, t) for n, t in _client_mod.current().objects(prefix, persistent)]
 
 
 def status() -> Dict[str, Any]:

@@ -22,10 +22,13 @@ def _block_args(block: bool, timeout: Optional[float]) -> List[Any]:
 
 
 class Queue(Proxy, type_name="Queue"):
-    """A FIFO queue; ``maxsize <= 0`` means unbounded."""
+    """A FIFO queue; ``maxsize <= 0`` means unbounded. ``persistent=True``: see
+    :mod:`spindle.data` (items survive a crash; callers waiting in ``get`` do not)."""
 
-    def __init__(self, maxsize: int = 0, *, name: Optional[str] = None) -> None:
-        self._init([maxsize], name)
+    def __init__(
+        self, maxsize: int = 0, *, name: Optional[str] = None, persistent: bool = False
+    ) -> None:
+        self._init([maxsize], name, persistent)
 
     def put(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         """Put ``item``, waiting for a free slot if needed; ``queue.Full`` on timeout."""

@@ -101,8 +101,9 @@ class Lock(Proxy, type_name="Lock"):
     previous holder's process died while holding the lock.
     """
 
-    def __init__(self, *, name: Optional[str] = None) -> None:
-        self._init([], name)
+    def __init__(self, *, name: Optional[str] = None, persistent: bool = False) -> None:
+        # persistent=True is refused by the server: a lock is ephemeral by nature.
+        self._init([], name, persistent)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         args = _lock_args(blocking, timeout)
@@ -134,10 +135,12 @@ class RLock(Lock, type_name="RLock"):
 class Semaphore(Proxy, type_name="Semaphore"):
     """A counting semaphore; permits held by a dead process are given back."""
 
-    def __init__(self, value: int = 1, *, name: Optional[str] = None) -> None:
+    def __init__(
+        self, value: int = 1, *, name: Optional[str] = None, persistent: bool = False
+    ) -> None:
         if value < 0:
             raise ValueError("semaphore initial value must be >= 0")
-        self._init([value], name)
+        self._init([value], name, persistent)
 
     def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
         args = _semaphore_args(blocking, timeout)
@@ -165,8 +168,8 @@ class BoundedSemaphore(Semaphore, type_name="BoundedSemaphore"):
 class Event(Proxy, type_name="Event"):
     """A flag that threads wait for, like ``threading.Event``."""
 
-    def __init__(self, *, name: Optional[str] = None) -> None:
-        self._init([], name)
+    def __init__(self, *, name: Optional[str] = None, persistent: bool = False) -> None:
+        self._init([], name, persistent)
 
     def set(self) -> None:
         self._call("set", [])
@@ -327,11 +330,12 @@ class Barrier(Proxy, type_name="Barrier"):
         timeout: Optional[float] = None,
         *,
         name: Optional[str] = None,
+        persistent: bool = False,
     ) -> None:
         if parties < 1:
             raise ValueError("parties must be >= 1")
         self._action = action
-        self._init([parties, action is not None, _timeout(timeout)], name)
+        self._init([parties, action is not None, _timeout(timeout)], name, persistent)
 
     def _attached(self) -> None:
         self._action = None
@@ -380,10 +384,12 @@ class Barrier(Proxy, type_name="Barrier"):
 class CountDownLatch(Proxy, type_name="CountDownLatch"):
     """A one-shot gate: ``wait`` returns once ``count_down`` was called ``count`` times."""
 
-    def __init__(self, count: int, *, name: Optional[str] = None) -> None:
+    def __init__(
+        self, count: int, *, name: Optional[str] = None, persistent: bool = False
+    ) -> None:
         if count < 0:
             raise ValueError("count must be >= 0")
-        self._init([count], name)
+        self._init([count], name, persistent)
 
     def count_down(self) -> int:
         """Decrement the count (never below 0); return what remains."""

@@ -111,6 +111,7 @@ pub fn status(address: &str) -> Result<(), String> {
         Some(Value::String(s)) => s.as_str().unwrap_or("?").to_string(),
         Some(Value::F64(x)) => format!("{x:.1}"),
         Some(Value::F32(x)) => format!("{x:.1}"),
+        Some(Value::Nil) => "-".to_string(),
         Some(other) => other.to_string(),
         None => "?".to_string(),
     };
@@ -123,6 +124,8 @@ pub fn status(address: &str) -> Result<(), String> {
         ("pid", text("pid")),
         ("uptime", uptime),
         ("objects", text("objects")),
+        ("persistent", text("persistent_objects")),
+        ("data dir", text("data_dir")),
         ("connections", text("connections")),
         ("sessions", text("sessions")),
         ("partitions", text("partitions")),
@@ -139,9 +142,10 @@ pub fn status(address: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `spindle objects [PREFIX]`: one `name  type` line per named object.
-pub fn objects(address: &str, prefix: &str) -> Result<(), String> {
-    let listing = Client::connect(address)?.request("objects", vec![Value::from(prefix)])?;
+/// `spindle objects [PREFIX] [--persistent]`: one `name  type` line per named object.
+pub fn objects(address: &str, prefix: &str, persistent: bool) -> Result<(), String> {
+    let listing =
+        Client::connect(address)?.request("objects", vec![Value::from(prefix), Value::Boolean(persistent)])?;
     let rows: Vec<(String, String)> = listing
         .as_array()
         .map(|items| {

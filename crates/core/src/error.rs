@@ -40,11 +40,13 @@ pub enum ErrorKind {
     Raised,
     /// A user-defined object's host died or was restarted.
     ObjectLost,
+    /// The op log could not be written (disk full, I/O error): the call's effect is not durable.
+    StorageError,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 28] = [
+    pub const ALL: [ErrorKind; 29] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -73,6 +75,7 @@ impl ErrorKind {
         ErrorKind::Unauthorized,
         ErrorKind::Raised,
         ErrorKind::ObjectLost,
+        ErrorKind::StorageError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -105,6 +108,7 @@ impl ErrorKind {
             ErrorKind::Unauthorized => "Unauthorized",
             ErrorKind::Raised => "Raised",
             ErrorKind::ObjectLost => "ObjectLost",
+            ErrorKind::StorageError => "StorageError",
         }
     }
 

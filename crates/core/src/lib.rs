@@ -9,6 +9,7 @@ pub mod error;
 pub mod object;
 pub mod objects;
 pub mod partition;
+pub mod record;
 pub mod value;
 
 pub use call::{Caller, ConnId, Delivery, Reply, Token};
@@ -16,3 +17,6 @@ pub use error::{Error, ErrorKind};
 pub use object::{Ctx, Object, Step};
 pub use partition::{Detached, Partition};
 pub use rmpv::Value;
+
+#[cfg(test)]
+mod replay_tests;

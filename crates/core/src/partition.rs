@@ -6,12 +6,20 @@
 //! [`Forward`]s, which the server drains with [`Partition::take_forwards`] right after each
 //! entry point (so a host sees one object's calls in the order applied here); the host's
 //! answers come back through [`Partition::complete`] and [`Partition::lose`].
+//!
+//! Persistent objects: every event that changes one (a mutating call, create or delete, and
+//! the expiry, withdrawal, disconnect or session end that resolves a parked call on one)
+//! leaves an op-log [`Record`](crate::record::Record), in the order applied, which the server
+//! drains with [`Partition::take_log`] under the same lock and makes durable before sending
+//! the replies. Recovery feeds the records back through [`Partition::replay`], which calls
+//! the very entry points that produced them.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::objects::user::{self, Forward, UserObject, UserState};
+use crate::record::{encode_apply, Record};
 use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
@@ -25,6 +33,19 @@ struct Entry {
     body: Body,
     /// The session an unnamed object lives and dies with; `None` for named or kept objects.
     owner: Option<Arc<str>>,
+    /// Its changes are logged and it is recovered after a restart.
+    persistent: bool,
+}
+
+/// Whether this partition may hold persistent objects.
+#[derive(Clone, Debug, Default, PartialEq)]
+enum Storage {
+    /// The server has no data directory.
+    #[default]
+    None,
+    Ok,
+    /// The op log failed (disk full...): no persistent write is accepted until a restart.
+    Failed(String),
 }
 
 enum Body {
@@ -74,7 +95,7 @@ impl ReplyLog {
 }
 
 /// A call as the partition receives it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// Create the object with `args` unless it exists; reply `true` if created.
     Create {
@@ -82,6 +103,8 @@ pub enum Op {
         key: String,
         args: Vec<Value>,
         owned: bool,
+        /// Logged and recovered after a restart (durable types only).
+        persistent: bool,
     },
     /// Run `method` on the object.
     Call {
@@ -125,6 +148,18 @@ pub struct Partition {
     /// User-defined objects by `(type, version)`, for `define` (one version at a time).
     versions: HashMap<(String, String), usize>,
     next_object_id: u64,
+    storage: Storage,
+    /// Op-log records produced since the server last took them, in order.
+    records: Vec<Vec<u8>>,
+    /// A call reached a persistent object since the last take: its replies wait for the
+    /// records before them to be durable, even if it wrote none (no reply reveals a state
+    /// that a crash could still take back).
+    touched_persistent: bool,
+    /// Connections and sessions named in logged records: their end is logged too, since it
+    /// drops their parked calls (and a session's unnamed objects and replies).
+    logged_conns: BTreeSet<ConnId>,
+    logged_clients: HashSet<Arc<str>>,
+    highest_logged_conn: ConnId,
 }
 
 fn system_caller() -> Caller {
@@ -145,6 +180,11 @@ impl Partition {
         self.objects.len()
     }
 
+    /// Number of persistent objects held.
+    pub fn persistent_len(&self) -> usize {
+        self.objects.values().filter(|e| e.persistent).count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
     }
@@ -162,13 +202,139 @@ impl Partition {
             .unwrap_or(0)
     }
 
-    /// Named objects whose name starts with `prefix`, as `(name, type)`.
-    pub fn objects(&self, prefix: &str) -> Vec<(String, String)> {
+    /// Named objects whose name starts with `prefix` (only persistent ones if
+    /// `persistent_only`), as `(name, type)`.
+    pub fn objects(&self, prefix: &str, persistent_only: bool) -> Vec<(String, String)> {
         self.objects
             .iter()
-            .filter(|(k, _)| !k.starts_with(UNNAMED_PREFIX) && k.starts_with(prefix))
+            .filter(|(k, e)| {
+                !k.starts_with(UNNAMED_PREFIX) && k.starts_with(prefix) && (e.persistent || !persistent_only)
+            })
             .map(|(k, e)| (k.clone(), e.body.type_name().to_string()))
             .collect()
+    }
+
+    /// Accept persistent objects: the server logs what [`take_log`](Self::take_log) gives.
+    pub fn enable_storage(&mut self) {
+        self.storage = Storage::Ok;
+    }
+
+    /// The op log failed: refuse every further persistent write (ephemeral objects go on).
+    pub fn storage_failed(&mut self, why: &str) {
+        self.storage = Storage::Failed(why.to_string());
+    }
+
+    /// The op-log records produced since the last call, in order, or `None` if no persistent
+    /// object was reached: then the replies may go at once. With `Some` (even empty), the
+    /// replies go only once everything logged before, and these records, are durable.
+    pub fn take_log(&mut self) -> Option<Vec<Vec<u8>>> {
+        if !self.touched_persistent && self.records.is_empty() {
+            return None;
+        }
+        self.touched_persistent = false;
+        Some(std::mem::take(&mut self.records))
+    }
+
+    /// The highest connection id in a logged record: new connections after a restart must
+    /// be numbered above it.
+    pub fn highest_logged_conn(&self) -> ConnId {
+        self.highest_logged_conn
+    }
+
+    /// Every persistent object's snapshot (`None` for one without: never, for durable types),
+    /// by key.
+    pub fn persistent_snapshots(&self) -> BTreeMap<String, (String, Option<Value>)> {
+        self.objects
+            .iter()
+            .filter(|(_, e)| e.persistent)
+            .map(|(k, e)| {
+                let snap = match &e.body {
+                    Body::Builtin(obj) => obj.snapshot(),
+                    Body::User(_) => None,
+                };
+                (k.clone(), (e.body.type_name().to_string(), snap))
+            })
+            .collect()
+    }
+
+    /// Recovery: apply one op-log record through the entry point that produced it. Replies
+    /// are dropped (their connections died with the old server) and no record is produced
+    /// again. Fails on a record that does not decode.
+    pub fn replay(&mut self, record: &[u8], now: Instant) -> Result<(), String> {
+        match Record::decode(record)? {
+            Record::Apply { caller, token, seq, op } => {
+                self.apply(&caller, token, seq, op, now);
+            }
+            // Forced: the replayed call's deadline was computed from the replay's clock.
+            Record::Expire { key, token } => {
+                self.withdraw(token, &key, now);
+            }
+            Record::Disconnect { conn } => {
+                self.disconnect(conn, now);
+            }
+            Record::EndSession { client } => {
+                self.end_session(&client, now);
+            }
+        }
+        self.records.clear();
+        self.touched_persistent = false;
+        Ok(())
+    }
+
+    /// After recovery: every connection of the old server is gone, so drop the calls still
+    /// parked. The disconnects are logged like live ones, so a later replay sees them too.
+    pub fn restart(&mut self, now: Instant) -> Vec<Delivery> {
+        let conns: Vec<ConnId> = self.logged_conns.iter().copied().collect();
+        conns.into_iter().flat_map(|c| self.disconnect(c, now)).collect()
+    }
+
+    fn log(&mut self, record: Vec<u8>) {
+        self.records.push(record);
+        self.touched_persistent = true;
+    }
+
+    /// Whether `key` holds a persistent object.
+    fn is_persistent(&self, key: &str) -> bool {
+        self.objects.get(key).is_some_and(|e| e.persistent)
+    }
+
+    /// A `create`'s `persistent` must suit the type, the server and the object already there.
+    fn check_persistence(&self, type_name: &str, key: &str, persistent: bool) -> Result<(), Error> {
+        if persistent {
+            if user::is_user_type(type_name) {
+                return Err(Error::value(format!(
+                    "{type_name} is a user-defined type: user-defined objects cannot be persistent yet"
+                )));
+            }
+            if objects::TYPES.contains(&type_name) && !objects::is_durable(type_name) {
+                return Err(Error::value(format!(
+                    "{type_name} is a synchronization object, ephemeral by nature: persistent=True is only \
+                     for data objects (Counter, Value, Dict, SortedDict, List, Blob, Array, Queue, LifoQueue, \
+                     PriorityQueue)"
+                )));
+            }
+            if self.storage == Storage::None {
+                return Err(Error::value(
+                    "persistent=True needs a server started with a data directory: this server has no --data-dir",
+                ));
+            }
+            // Forwarding notes are not logged: answer here, where a replay would too.
+            if let Some((new_key, _)) = self.moved.get(key) {
+                return Err(moved(key, new_key));
+            }
+        }
+        match self.objects.get(key) {
+            Some(e) if e.body.type_name() == type_name && e.persistent != persistent => {
+                let (is, not) = match e.persistent {
+                    true => ("persistent", "persistent=False"),
+                    false => ("ephemeral", "persistent=True"),
+                };
+                Err(Error::value(format!(
+                    "'{key}' is an existing {is} {type_name}: it cannot be used with {not} (delete it first, or use another name)"
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The requests for object hosts produced since the last call, in order.
@@ -180,6 +346,11 @@ impl Partition {
     /// Returns the caller's reply (unless the call parked) and any woken waiters' replies.
     pub fn apply(&mut self, caller: &Caller, token: Token, seq: u64, op: Op, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
+        let persistent = match &op {
+            Op::Create { persistent: true, .. } => self.storage != Storage::None,
+            op => self.is_persistent(op.key()),
+        };
+        self.touched_persistent |= persistent;
         if seq != 0 {
             if let Some(reply) = self.logs.get(&caller.client).and_then(|l| l.replies.get(&seq)) {
                 out.push(Delivery {
@@ -192,13 +363,48 @@ impl Partition {
                 return out;
             }
         }
+        if let Op::Create {
+            type_name,
+            key,
+            persistent,
+            ..
+        } = &op
+        {
+            if let Err(e) = self.check_persistence(type_name, key, *persistent) {
+                self.reply(caller, token, seq, true, Err(e), &mut out);
+                return out;
+            }
+        }
+        let logged = persistent
+            && match &op {
+                Op::Call { key, method, .. } => match self.objects.get(key).map(|e| &e.body) {
+                    Some(Body::Builtin(obj)) => obj.is_mutating(method),
+                    _ => false,
+                },
+                Op::Create { .. } | Op::Delete { .. } => true,
+            };
+        if logged {
+            if let Storage::Failed(why) = &self.storage {
+                let e = storage_error(why);
+                self.reply(caller, token, seq, true, Err(e), &mut out);
+                return out;
+            }
+            self.log(encode_apply(caller, token, seq, &op));
+            self.logged_conns.insert(caller.conn);
+            self.logged_clients.insert(caller.client.clone());
+            self.highest_logged_conn = self.highest_logged_conn.max(caller.conn);
+        }
         let (reply, record) = match op {
             Op::Create {
                 type_name,
                 key,
                 args,
                 owned,
-            } => (self.create(caller, token, type_name, key, args, owned), true),
+                persistent,
+            } => (
+                self.create(caller, token, type_name, key, args, owned, persistent),
+                true,
+            ),
             Op::Delete { key } => (Ok(Some(Value::Boolean(self.delete(&key, now, &mut out)))), true),
             Op::Call {
                 type_name,
@@ -270,6 +476,7 @@ impl Partition {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &mut self,
         caller: &Caller,
@@ -278,6 +485,7 @@ impl Partition {
         key: String,
         args: Vec<Value>,
         owned: bool,
+        persistent: bool,
     ) -> Result<Option<Value>, Error> {
         if key.is_empty() {
             return Err(Error::bad_args("an object name must not be empty"));
@@ -316,6 +524,7 @@ impl Partition {
                 Entry {
                     body: Body::Builtin(obj),
                     owner,
+                    persistent,
                 },
             );
             return Ok(Some(Value::Boolean(true)));
@@ -345,6 +554,7 @@ impl Partition {
             Entry {
                 body: Body::User(u),
                 owner,
+                persistent: false,
             },
         );
         // Answered when the constructor returns (`complete`).
@@ -567,9 +777,17 @@ impl Partition {
             }
             let (key, token) = entry.remove();
             self.timer_of.remove(&token);
-            if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
+            let Some(e) = self.objects.get_mut(&key) else {
+                continue;
+            };
+            let persistent = e.persistent;
+            if let Some(obj) = e.body.builtin() {
+                let before = out.len();
                 let mut ctx = Ctx::new(&caller, token, now, &mut out);
                 obj.expire(token, &mut ctx);
+                if persistent && out.len() > before {
+                    self.log(Record::Expire { key, token }.encode());
+                }
             }
         }
         self.settle(&out);
@@ -583,10 +801,18 @@ impl Partition {
     pub fn withdraw(&mut self, token: Token, key: &str, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
         let caller = system_caller();
-        if let Some(obj) = self.objects.get_mut(key).and_then(|e| e.body.builtin()) {
+        let Some(e) = self.objects.get_mut(key) else {
+            return out;
+        };
+        let persistent = e.persistent;
+        if let Some(obj) = e.body.builtin() {
             let mut ctx = Ctx::new(&caller, token, now, &mut out);
             ctx.withdrawing = true;
             obj.expire(token, &mut ctx);
+        }
+        if persistent && !out.is_empty() {
+            let key = key.to_string();
+            self.log(Record::Expire { key, token }.encode());
         }
         self.settle(&out);
         out
@@ -595,6 +821,9 @@ impl Partition {
     /// A connection closed: drop its parked calls and release what it held.
     pub fn disconnect(&mut self, conn: ConnId, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
+        if self.logged_conns.remove(&conn) {
+            self.log(Record::Disconnect { conn }.encode());
+        }
         let caller = system_caller();
         for key in self.conn_keys.remove(&conn).unwrap_or_default() {
             if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
@@ -621,6 +850,10 @@ impl Partition {
     /// A session ended: its unnamed objects go, and so does its reply log.
     pub fn end_session(&mut self, client: &str, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
+        if self.logged_clients.remove(client) {
+            let client = client.to_string();
+            self.log(Record::EndSession { client }.encode());
+        }
         let doomed: Vec<String> = self
             .objects
             .iter()
@@ -647,6 +880,9 @@ impl Partition {
             .get(key)
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
         check_type(key, e.body.type_name(), type_name)?;
+        if e.persistent {
+            return Err(persistent_keep(type_name, key));
+        }
         let obj = match &e.body {
             Body::Builtin(obj) => obj,
             Body::User(_) => {
@@ -684,6 +920,8 @@ impl Partition {
             Entry {
                 body: Body::Builtin(d.obj),
                 owner: None,
+                // `detach` refuses persistent objects.
+                persistent: false,
             },
         );
         Ok(())
@@ -696,6 +934,7 @@ impl Partition {
             Entry {
                 body: Body::Builtin(d.obj),
                 owner: d.owner,
+                persistent: false,
             },
         );
     }
@@ -712,6 +951,9 @@ impl Partition {
             .get_mut(key)
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
         check_type(key, e.body.type_name(), type_name)?;
+        if e.persistent && e.owner.is_some() {
+            return Err(persistent_keep(type_name, key));
+        }
         e.owner = None;
         Ok(())
     }
@@ -721,6 +963,23 @@ impl Detached {
     pub fn owner(&self) -> Option<Arc<str>> {
         self.owner.clone()
     }
+}
+
+fn storage_error(why: &str) -> Error {
+    Error::new(
+        ErrorKind::StorageError,
+        format!(
+            "persistent objects of this partition are read-only until the server restarts: the op log failed ({why})"
+        ),
+    )
+}
+
+/// `keep` moves objects between keys and sessions, which the op log does not record yet.
+fn persistent_keep(type_name: &str, key: &str) -> Error {
+    Error::value(format!(
+        "persistent {type_name} '{key}' cannot be kept under a new name or outside its session yet; \
+         construct it with name= instead"
+    ))
 }
 
 /// One user-defined object of its version less (deleted, or lost with its host).
@@ -868,6 +1127,7 @@ mod tests {
             key: "~c1.1".into(),
             args: vec![],
             owned: true,
+            persistent: false,
         };
         let t0 = p.token(1);
         p.p.apply(&owner, t0, 1, op, p.now);
@@ -933,6 +1193,7 @@ mod tests {
                 key: key.into(),
                 args,
                 owned,
+                persistent: false,
             };
             let out = h.p.apply(caller, token, seq, op, h.now);
             (token, out)
@@ -993,7 +1254,7 @@ mod tests {
             );
             // Nothing in flight: a stray reply is dropped.
             assert!(h.p.complete("c", id, Ok(8.into()), h.now).is_empty());
-            assert_eq!(h.p.objects(""), vec![("c".to_string(), T.to_string())]);
+            assert_eq!(h.p.objects("", false), vec![("c".to_string(), T.to_string())]);
             assert_eq!(
                 (
                     h.p.hosted_objects(),

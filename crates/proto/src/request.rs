@@ -26,6 +26,8 @@ pub enum Request {
         key: String,
         args: Vec<Value>,
         owned: bool,
+        /// Logged and recovered after a restart (optional 9th item, default `false`).
+        persistent: bool,
     },
     Call {
         id: u64,
@@ -52,6 +54,8 @@ pub enum Request {
     Objects {
         id: u64,
         prefix: String,
+        /// List only persistent objects (optional 4th item, default `false`).
+        persistent: bool,
     },
     Status {
         id: u64,
@@ -223,7 +227,11 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             Request::Hello { id, client, token }
         }
         "create" => {
-            p.arity("[id, \"create\", seq, thread, type, key, args, owned]", 6)?;
+            p.arity_range(
+                "[id, \"create\", seq, thread, type, key, args, owned, persistent]",
+                6,
+                7,
+            )?;
             Request::Create {
                 id,
                 seq: p.uint("seq")?,
@@ -232,6 +240,7 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 key: p.string("key")?,
                 args: p.array("args")?,
                 owned: p.boolean("owned")?,
+                persistent: p.optional_boolean("persistent")?,
             }
         }
         "call" => {
@@ -266,10 +275,11 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         }
         "objects" => {
             // The prefix may be left out or nil: list everything.
-            p.arity_range("[id, \"objects\", prefix]", 0, 1)?;
+            p.arity_range("[id, \"objects\", prefix, persistent]", 0, 2)?;
             Request::Objects {
                 id,
                 prefix: p.optional_string("prefix")?.unwrap_or_default(),
+                persistent: p.optional_boolean("persistent")?,
             }
         }
         "status" => {
@@ -417,6 +427,15 @@ impl Operands<'_> {
         match self.next() {
             Value::Boolean(b) => Ok(b),
             other => Err(self.error(field, "a bool", &other)),
+        }
+    }
+
+    /// A bool that may be left out or nil (`false`).
+    fn optional_boolean(&mut self, field: &str) -> Result<bool, RequestError> {
+        match self.next() {
+            Value::Nil => Ok(false),
+            Value::Boolean(b) => Ok(b),
+            other => Err(self.error(field, "a bool or nil", &other)),
         }
     }
 
@@ -655,9 +674,25 @@ mod tests {
                 type_name: "Counter".into(),
                 key: "k".into(),
                 args: vec![3.into()],
-                owned: true
+                owned: true,
+                persistent: false
             }
         );
+        let persistent = v(vec![
+            2.into(),
+            s("create"),
+            5.into(),
+            0.into(),
+            s("Counter"),
+            s("k"),
+            v(vec![]),
+            false.into(),
+            true.into(),
+        ]);
+        assert!(matches!(
+            parse_request(persistent).unwrap(),
+            Request::Create { persistent: true, .. }
+        ));
         let call = v(vec![
             3.into(),
             s("call"),
@@ -705,14 +740,16 @@ mod tests {
             parse_request(objects).unwrap(),
             Request::Objects {
                 id: 6,
-                prefix: "ab".into()
+                prefix: "ab".into(),
+                persistent: false
             }
         );
         assert_eq!(
             parse_request(v(vec![7.into(), s("objects")])).unwrap(),
             Request::Objects {
                 id: 7,
-                prefix: String::new()
+                prefix: String::new(),
+                persistent: false
             }
         );
         assert_eq!(

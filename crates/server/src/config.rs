@@ -21,6 +21,48 @@ pub struct Config {
     /// Object hosts, which run user-defined objects (they use `functions`' Python, token and
     /// start timeout).
     pub hosts: HostsConfig,
+    /// Where the op logs of persistent objects live; `None`: persistent objects are refused.
+    pub data_dir: Option<PathBuf>,
+    /// When logged changes are made durable (with `data_dir`).
+    pub fsync: Fsync,
+}
+
+/// When the op log is `fsync`ed, like Redis' `appendfsync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fsync {
+    /// Before any reply that depends on a logged change (group commit: one `fsync` per batch).
+    Always,
+    /// Replies after the write; an `fsync` every interval in the background (a crash loses
+    /// at most about that much of acknowledged writes; a process crash alone loses nothing).
+    Interval(Duration),
+    /// Replies after the write; the kernel flushes when it likes.
+    Never,
+}
+
+impl std::str::FromStr for Fsync {
+    type Err = String;
+
+    /// `always`, `never`, or `interval=<n>ms` / `interval=<n>s`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("--fsync takes always, interval=<n>ms (or <n>s) or never, not '{s}'");
+        match s {
+            "always" => Ok(Fsync::Always),
+            "never" => Ok(Fsync::Never),
+            _ => {
+                let every = s.strip_prefix("interval=").ok_or_else(bad)?;
+                let (number, unit) = match every.strip_suffix("ms") {
+                    Some(n) => (n, 1e-3),
+                    None => (every.strip_suffix('s').ok_or_else(bad)?, 1.0),
+                };
+                let n: f64 = number.parse().map_err(|_| bad())?;
+                Duration::try_from_secs_f64(n * unit)
+                    .ok()
+                    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(3600))
+                    .map(Fsync::Interval)
+                    .ok_or_else(bad)
+            }
+        }
+    }
 }
 
 /// Object hosts: how many, and how long one call may run.
@@ -69,6 +111,8 @@ impl Default for Config {
             session_ttl: Duration::from_secs(5),
             functions: FunctionsConfig::default(),
             hosts: HostsConfig::default(),
+            data_dir: None,
+            fsync: Fsync::Always,
         }
     }
 }
@@ -152,6 +196,24 @@ mod tests {
         }
         for host in ["0.0.0.0", "::", "10.0.0.1", "example.com"] {
             assert!(!is_loopback(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn fsync_policies() {
+        assert_eq!("always".parse(), Ok(Fsync::Always));
+        assert_eq!("never".parse(), Ok(Fsync::Never));
+        assert_eq!("interval=10ms".parse(), Ok(Fsync::Interval(Duration::from_millis(10))));
+        assert_eq!("interval=1s".parse(), Ok(Fsync::Interval(Duration::from_secs(1))));
+        for bad in [
+            "",
+            "sometimes",
+            "interval=",
+            "interval=0ms",
+            "interval=-1s",
+            "interval=10",
+        ] {
+            assert!(bad.parse::<Fsync>().unwrap_err().contains("--fsync"), "{bad}");
         }
     }
 

@@ -242,6 +242,7 @@ impl Connection {
                 key,
                 args,
                 owned,
+                persistent,
             } => {
                 let user_type = user::is_user_type(&type_name);
                 let op = Op::Create {
@@ -249,6 +250,7 @@ impl Connection {
                     key,
                     args,
                     owned,
+                    persistent,
                 };
                 match user_type {
                     true => self.create_user(id, seq, thread, op),
@@ -289,8 +291,8 @@ impl Connection {
                 let reply = self.shared.shards.keep(&type_name, &key, name.as_deref());
                 self.reply(id, reply)
             }
-            Request::Objects { id, prefix } => {
-                let reply = self.objects(&prefix);
+            Request::Objects { id, prefix, persistent } => {
+                let reply = self.objects(&prefix, persistent);
                 self.reply(id, Ok(reply))
             }
             Request::Status { id } => {
@@ -472,6 +474,7 @@ impl Connection {
         let applied = shared.shards.with(index, |s| {
             s.calls += 1;
             let deliveries = s.partition.apply(&caller, token, seq, op, Instant::now());
+            let deliveries = s.journal(deliveries);
             // User-defined objects' calls go to their hosts before the shard is unlocked, so
             // each host gets them in the order they were applied.
             (deliveries, hosts::forward(shared, &mut s.partition, code))
@@ -493,16 +496,18 @@ impl Connection {
             conn: self.id,
             req: call_id,
         };
-        match self
-            .shared
-            .shards
-            .with(index, |s| s.partition.withdraw(token, key, Instant::now()))
-        {
-            Ok(deliveries) => {
-                let withdrawn = deliveries.iter().any(|d| d.token == token);
-                self.route(deliveries);
-                self.reply(id, Ok(Value::Boolean(withdrawn)));
-            }
+        let this = Token { conn: self.id, req: id };
+        match self.shared.shards.with(index, |s| {
+            let mut deliveries = s.partition.withdraw(token, key, Instant::now());
+            let withdrawn = deliveries.iter().any(|d| d.token == token);
+            // After the withdrawn call's answer, on the same path (it may wait for the log).
+            deliveries.push(Delivery {
+                token: this,
+                reply: Ok(Value::Boolean(withdrawn)),
+            });
+            s.journal(deliveries)
+        }) {
+            Ok(deliveries) => self.route(deliveries),
             Err(e) => self.reply(id, Err(e)),
         }
     }
@@ -529,11 +534,11 @@ impl Connection {
         encode_reply(id, &reply, &mut self.replies);
     }
 
-    fn objects(&self, prefix: &str) -> Value {
+    fn objects(&self, prefix: &str, persistent: bool) -> Value {
         let shards = &self.shared.shards;
         let mut named: Vec<(String, String)> = Vec::new();
         for index in 0..shards.count() {
-            match shards.with(index, |s| s.partition.objects(prefix)) {
+            match shards.with(index, |s| s.partition.objects(prefix, persistent)) {
                 Ok(found) => named.extend(found),
                 Err(e) => warn!(shard = index, "objects: shard skipped: {e}"),
             }
@@ -564,7 +569,10 @@ impl Connection {
         shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
         let now = Instant::now();
         for (index, _) in self.touched.iter().enumerate().filter(|(_, t)| **t) {
-            match shared.shards.with(index, |s| s.partition.disconnect(self.id, now)) {
+            match shared.shards.with(index, |s| {
+                let deliveries = s.partition.disconnect(self.id, now);
+                s.journal(deliveries)
+            }) {
                 Ok(deliveries) => shared.registry.deliver(deliveries),
                 Err(e) => warn!(conn = self.id, shard = index, "disconnect clean-up skipped: {e}"),
             }

@@ -12,6 +12,7 @@ pub mod config;
 mod connection;
 mod gateway;
 mod hosts;
+mod journal;
 mod process;
 mod registry;
 mod sessions;
@@ -28,6 +29,7 @@ use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 pub use config::Config;
+pub use journal::RecoveryError;
 
 /// The server's version, reported by `hello` and `status`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -54,8 +56,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// Bind the listening socket (`port` 0 picks a free port).
-    pub async fn bind(config: Config) -> io::Result<Server> {
+    /// Recover persistent objects (with a data directory), then bind the listening socket
+    /// (`port` 0 picks a free port). A failed recovery is an error carrying a
+    /// [`RecoveryError`].
+    pub async fn bind(mut config: Config) -> io::Result<Server> {
+        if let Some(dir) = &config.data_dir {
+            config.partitions = journal::partitions(dir, config.partitions)?;
+        }
         let listener = TcpListener::bind((config.host.as_str(), config.port)).await?;
         let local = listener.local_addr()?;
         let address = local.to_string();
@@ -78,6 +85,9 @@ impl Server {
             address,
             config,
         });
+        if let Some(dir) = &shared.config.data_dir {
+            journal::start(&shared, dir, shared.config.fsync)?;
+        }
         Ok(Server { listener, shared })
     }
 

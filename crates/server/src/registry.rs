@@ -191,6 +191,12 @@ impl Registry {
         }
     }
 
+    /// Number connections from now on above `id` (the connections named in a recovered op
+    /// log belonged to the previous server).
+    pub(crate) fn start_after(&self, id: ConnId) {
+        self.next_id.fetch_max(id + 1, Ordering::Relaxed);
+    }
+
     /// Number a new connection and register its outbox.
     pub(crate) fn register(&self, outbox: Arc<Outbox>) -> ConnId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

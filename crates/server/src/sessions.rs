@@ -99,6 +99,7 @@ fn end_if_idle(shared: &Arc<Shared>, client: &Arc<str>, epoch: u64) {
         for index in 0..shared.shards.count() {
             match shared.shards.with(index, |s| {
                 let out = s.partition.end_session(client, now);
+                let out = s.journal(out);
                 (out, hosts::forward(shared, &mut s.partition, None))
             }) {
                 Ok((out, more)) => {

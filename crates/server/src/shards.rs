@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use spindle_core::partition::Op;
-use spindle_core::{Caller, Detached, Error, ErrorKind, Partition, Token, Value};
+use spindle_core::{Caller, Delivery, Detached, Error, ErrorKind, Partition, Token, Value};
 use tokio::sync::Notify;
 
+use crate::journal::LogHandle;
 use crate::Shared;
 
 /// What a shard's mutex guards.
@@ -19,6 +20,19 @@ pub(crate) struct ShardState {
     armed: Option<Instant>,
     /// Object operations applied here (for `status`).
     pub(crate) calls: u64,
+    /// The op log's writer (with `--data-dir`).
+    pub(crate) log: Option<LogHandle>,
+}
+
+impl ShardState {
+    /// After any partition entry point: hand its op-log records, with the replies that
+    /// depend on them, to the log writer. Returns the replies that may go now.
+    pub(crate) fn journal(&mut self, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+        match (self.partition.take_log(), &self.log) {
+            (Some(records), Some(log)) => log.submit(records, deliveries),
+            _ => deliveries,
+        }
+    }
 }
 
 struct Shard {
@@ -39,6 +53,7 @@ impl Shards {
                     partition: Partition::new(),
                     armed: None,
                     calls: 0,
+                    log: None,
                 }),
                 timer: Notify::new(),
             })
@@ -168,6 +183,7 @@ fn detach(partition: &mut Partition, type_name: &str, key: &str, name: &str) -> 
                 args: Vec::new(),
             };
             let token = Token { conn: 0, req: 0 };
+            // A missing key is never persistent: the probe leaves no op-log record.
             let replies = partition.apply(&caller, token, 0, probe, Instant::now());
             let moved_here = replies
                 .iter()
@@ -196,6 +212,7 @@ pub(crate) async fn run_timer(shared: Arc<Shared>, index: usize) {
     loop {
         let ticked = shared.shards.with(index, |s| {
             let replies = s.partition.tick(Instant::now());
+            let replies = s.journal(replies);
             s.armed = s.partition.next_deadline();
             (replies, s.armed)
         });
@@ -236,6 +253,7 @@ mod tests {
             key: key.into(),
             args: vec![],
             owned,
+            persistent: false,
         };
         let index = shards.index_of(key);
         let token = Token { conn: 1, req: 1 };
@@ -247,7 +265,7 @@ mod tests {
 
     fn names(shards: &Shards) -> Vec<String> {
         (0..shards.count())
-            .flat_map(|i| shards.with(i, |s| s.partition.objects("")).unwrap())
+            .flat_map(|i| shards.with(i, |s| s.partition.objects("", false)).unwrap())
             .map(|(name, _)| name)
             .collect()
     }

@@ -61,6 +61,13 @@ pub(crate) fn status(shared: &Shared) -> Value {
     let objects: usize = (0..shared.shards.count())
         .filter_map(|i| shared.shards.with(i, |s| s.partition.len()).ok())
         .sum();
+    let persistent: usize = (0..shared.shards.count())
+        .filter_map(|i| shared.shards.with(i, |s| s.partition.persistent_len()).ok())
+        .sum();
+    let data_dir = match &shared.config.data_dir {
+        Some(dir) => Value::from(dir.display().to_string()),
+        None => Value::Nil,
+    };
     let calls_per_s = f64::from_bits(shared.stats.calls_per_s.load(Ordering::Relaxed));
     let invocations_per_s = f64::from_bits(shared.stats.invocations_per_s.load(Ordering::Relaxed));
     let pool = shared.gateway.counts();
@@ -74,6 +81,8 @@ pub(crate) fn status(shared: &Shared) -> Value {
         ("pid", Value::from(std::process::id())),
         ("uptime", Value::F64(shared.stats.started.elapsed().as_secs_f64())),
         ("objects", Value::from(objects)),
+        ("persistent_objects", Value::from(persistent)),
+        ("data_dir", data_dir),
         (
             "connections",
             Value::from(shared.stats.connections.load(Ordering::Relaxed)),

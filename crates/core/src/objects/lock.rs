@@ -178,7 +178,7 @@ mod tests {
         let t2 = p.park(2, "Lock", "l", "acquire", vec![]);
         let t3 = p.park(3, "Lock", "l", "acquire", vec![]);
         let t4 = p.park(4, "Lock", "l", "acquire", vec![true.into(), 10.into()]);
-        assert!(p.p.objects("").iter().any(|(k, _)| k == "l"));
+        assert!(p.p.objects("", false).iter().any(|(k, _)| k == "l"));
         let (_, out) = p.call(&who(1), 0, "Lock", "l", "release", vec![]);
         assert_eq!(value_of(&out, t2), Value::Boolean(true));
         assert_eq!(reply_of(&out, t3), None);

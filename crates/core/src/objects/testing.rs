@@ -129,6 +129,7 @@ impl Harness {
             key: key.into(),
             args,
             owned: false,
+            persistent: false,
         };
         let out = self.p.apply(&caller, token, 0, op, self.now);
         reply_of(&out, token).expect("create always answers")

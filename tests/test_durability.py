@@ -1,0 +1,274 @@
+"""Persistent objects across real crashes: `kill -9` of the server, torn and corrupt logs,
+`spindle repair` (docs/durability.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+import spindle
+from conftest import ServerProcess, free_port, pythonpath_for_tests, server_binary
+
+# A client process: increments persistent counters and merges into a persistent Dict until
+# told to stop, recording every acknowledged result. The server dies under it again and
+# again; the SDK resends each call, with the same seq, until the restarted server answers.
+LOAD = r"""
+import json, os, sys
+import spindle, spindle.client
+spindle.client.RETRIES = 9  # reconnect for up to ~25 s: a restart takes milliseconds
+address, prefix, me, stop, out = sys.argv[1:]
+spindle.connect(address, embedded=False)
+shared = spindle.Counter(name=prefix + ".shared", persistent=True)
+mine = spindle.Counter(name=prefix + ".c" + me, persistent=True)
+merges = spindle.Dict(name=prefix + ".dict", persistent=True)
+seen, adds, merged = [], 0, 0
+while not os.path.exists(stop):
+    seen.append(shared.add(1))
+    adds = mine.add(1)
+    merged = merges.merge("k" + me, 1, "sum")
+with open(out, "w") as f:
+    json.dump({"seen": seen, "adds": adds, "merged": merged}, f)
+"""
+
+
+@contextlib.contextmanager
+def connected(address: str) -> Iterator[None]:
+    """This process's proxies talk to the server at ``address`` for the block."""
+    session = os.environ["SPINDLE_ADDRESS"]
+    spindle.connect(address, embedded=False)
+    try:
+        yield
+    finally:
+        spindle.connect(session, embedded=False)
+
+
+def durable_server(data_dir: Path, *args: str, port: int = 0, **kwargs) -> ServerProcess:
+    return ServerProcess("--data-dir", str(data_dir), *args, port=port, **kwargs)
+
+
+def segments(data_dir: Path) -> List[Path]:
+    return sorted(data_dir.glob("log-*.spl"))
+
+
+def start_refused(data_dir: Path) -> subprocess.CompletedProcess:
+    """Start a server that is expected to refuse to start."""
+    return subprocess.run(
+        [server_binary(), "server", "--port", "0", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_acknowledged_updates_survive_20_kills_exactly_once(tmp_path):
+    port = free_port()
+    server = durable_server(tmp_path, "--session-ttl", "30", port=port)
+    address = f"127.0.0.1:{port}"
+    stop = tmp_path / "stop"
+    env = dict(os.environ, PYTHONPATH=pythonpath_for_tests(), SPINDLE_ADDRESS=address)
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOAD, address, "load", str(i), str(stop), str(tmp_path / f"out{i}")],
+            env=env,
+        )
+        for i in range(3)
+    ]
+    rng = random.Random(5)
+    try:
+        time.sleep(0.3)
+        for _ in range(20):
+            time.sleep(rng.uniform(0.05, 0.4))
+            server.kill()  # SIGKILL
+            server = durable_server(tmp_path, "--session-ttl", "30", port=port)
+        time.sleep(0.3)
+        stop.touch()
+        for c in clients:
+            assert c.wait(60) == 0
+    finally:
+        stop.touch()
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+        server.kill()
+    results = [json.loads((tmp_path / f"out{i}").read_text()) for i in range(3)]
+    # One last crash, then check what the log rebuilt.
+    server = durable_server(tmp_path, port=port)
+    try:
+        client = spindle.Client(server.address)
+        seen = sorted(v for r in results for v in r["seen"])
+        assert len(seen) > 50, "the load ran"
+        # Every acknowledged increment is there, each exactly once: the results the
+        # clients saw are 1..n with no gap and no repeat.
+        assert seen == list(range(1, len(seen) + 1))
+        assert client.call("Counter", "load.shared", "get", []) == len(seen)
+        for i, r in enumerate(results):
+            assert client.call("Counter", f"load.c{i}", "get", []) == r["adds"]
+            assert client.call("Dict", "load.dict", "getitem", [f"k{i}"]) == r["merged"]
+            assert r["adds"] == r["merged"] == len(r["seen"])
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_ephemeral_objects_are_gone_after_a_restart_persistent_ones_are_there(tmp_path):
+    port = free_port()
+    server = durable_server(tmp_path, port=port)
+    try:
+        with connected(server.address):
+            kept = spindle.Dict({"a": 1}, name="kept", persistent=True)
+            kept["b"] = 2
+            queue = spindle.Queue(name="jobs", persistent=True)
+            queue.put("first")
+            queue.put("second")
+            assert queue.get() == "first"
+            spindle.Counter(5, name="scratch").add(1)
+            listed = subprocess.run(
+                [server_binary(), "objects", "--persistent", "--address", server.address],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert "kept" in listed and "jobs" in listed and "scratch" not in listed
+            server.kill()
+            server = durable_server(tmp_path, port=port)
+            assert dict(kept.items()) == {"a": 1, "b": 2}
+            assert queue.get(timeout=5) == "second"
+            with pytest.raises(spindle.ObjectNotFound):
+                spindle.attach("Counter", "scratch").get()
+            assert spindle.objects() == [("jobs", "Queue"), ("kept", "Dict")]
+            spindle.Counter(name="fresh")
+            assert spindle.objects(persistent=True) == [("jobs", "Queue"), ("kept", "Dict")]
+            # Delete is durable too.
+            assert spindle.delete(kept)
+            server.kill()
+            server = durable_server(tmp_path, port=port)
+            assert spindle.objects() == [("jobs", "Queue")], "deleted, and the ephemeral one gone"
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval=10ms", "never"])
+def test_every_fsync_policy_survives_a_crash_of_the_server(tmp_path, fsync):
+    # A process crash loses nothing under any policy: written means in the page cache.
+    port = free_port()
+    server = durable_server(tmp_path, "--fsync", fsync, port=port)
+    try:
+        with connected(server.address):
+            n = spindle.Counter(name="n", persistent=True)
+            for _ in range(200):
+                n.add(1)
+            server.kill()
+            server = durable_server(tmp_path, "--fsync", fsync, port=port)
+            assert n.get() == 200
+    finally:
+        server.stop()
+
+
+def test_a_parked_get_does_not_survive_a_restart(tmp_path):
+    port = free_port()
+    server = durable_server(tmp_path, port=port)
+    script = (
+        "import spindle, sys\n"
+        "spindle.connect(sys.argv[1], embedded=False)\n"
+        "spindle.Queue(name='q', persistent=True).get()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=pythonpath_for_tests())
+    getter = subprocess.Popen([sys.executable, "-c", script, server.address], env=env)
+    try:
+        with connected(server.address):
+            queue = spindle.Queue(name="q", persistent=True)
+            time.sleep(0.5)  # the getter parks
+            getter.kill()
+            getter.wait()
+            server.kill()
+            server = durable_server(tmp_path, port=port)
+            # Its put finds no getter from the old server: the item stays.
+            queue.put("x")
+            server.kill()
+            server = durable_server(tmp_path, port=port)
+            assert queue.qsize() == 1
+    finally:
+        getter.kill()
+        server.stop()
+
+
+def test_persistent_needs_a_durable_type_and_a_data_dir(tmp_path):
+    # The session's server has no --data-dir.
+    with pytest.raises(ValueError, match="Lock is a synchronization object, ephemeral by nature"):
+        spindle.Lock(name="never", persistent=True)
+    with pytest.raises(ValueError, match="this server has no --data-dir"):
+        spindle.Counter(name="never", persistent=True)
+    server = durable_server(tmp_path)
+    try:
+        with connected(server.address):
+            with pytest.raises(ValueError, match="Event is a synchronization object"):
+                spindle.Event(name="e", persistent=True)
+            spindle.Counter(name="plain")
+            with pytest.raises(ValueError, match="existing ephemeral Counter"):
+                spindle.Counter(name="plain", persistent=True)
+    finally:
+        server.stop()
+
+
+def test_a_torn_tail_is_truncated_at_start(tmp_path):
+    server = durable_server(tmp_path, "--partitions", "1")
+    with connected(server.address):
+        n = spindle.Counter(name="n", persistent=True)
+        for _ in range(10):
+            n.add(1)
+    server.kill()
+    [segment] = segments(tmp_path)
+    # A write cut short by a crash: half of a new record at the end.
+    with open(segment, "ab") as f:
+        f.write(b"\x40\x00\x00\x00\x12\x34")
+    size = segment.stat().st_size
+    with tempfile.TemporaryFile("w+") as log:
+        server = durable_server(tmp_path, "--partitions", "1", stderr=log)
+        try:
+            with connected(server.address):
+                assert n.get() == 10
+                n.add(1)
+            log.seek(0)
+            assert f"truncating the torn tail of {segment} at byte offset {size - 6}" in log.read()
+        finally:
+            server.stop()
+
+
+def test_mid_file_corruption_refuses_to_start_until_repaired(tmp_path):
+    server = durable_server(tmp_path, "--partitions", "1")
+    with connected(server.address):
+        spindle.Counter(1, name="a", persistent=True)
+        spindle.Counter(2, name="b", persistent=True).add(5)
+    server.kill()
+    [segment] = segments(tmp_path)
+    data = bytearray(segment.read_bytes())
+    data[32 + 8 + 3] ^= 0xFF  # inside the first record (a's create), past the header
+    segment.write_bytes(bytes(data))
+    refused = start_refused(tmp_path)
+    assert refused.returncode != 0
+    assert f"corrupt op log {segment} at byte offset 32" in refused.stderr
+    assert "spindle repair" in refused.stderr
+    repaired = subprocess.run(
+        [server_binary(), "repair", "--data-dir", str(tmp_path)], capture_output=True, text=True
+    )
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"{segment}: kept " in repaired.stdout and "at byte offset 32" in repaired.stdout
+    assert Path(f"{segment}.corrupt").exists(), "the original is kept"
+    server = durable_server(tmp_path, "--partitions", "1")
+    try:
+        with connected(server.address):
+            assert spindle.objects() == [("b", "Counter")]
+            assert spindle.Counter(name="b", persistent=True).get() == 7
+    finally:
+        server.stop()
