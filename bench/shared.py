@@ -651,10 +651,10 @@ def write_docs(args, rt_table, hop, t_table, c_table, w_table, tput, costs, over
          + (f". On one core the hop adds {one[USER] - one[BUILTIN]:.0f} µs ({one[USER] / one[BUILTIN]:.1f}x "
             f"the built-in): one echo and the host's work are {one['echo'] + host_us:.0f} µs of it, "
             f"and the other {one[USER] - one[BUILTIN] - one['echo'] - host_us:.0f} µs are the "
-            "server's forwarding: the call for the host and the reply to the client are each "
-            "pushed to a connection's outbox and written by that connection's writer task (one "
-            "more task wake-up each way), where a built-in reply is written directly by the task "
-            "that read the call" if one else "")
+            "server's side of the extra hop: one more socket read, socket write and event-loop "
+            "wait per call, and the switches to and from the host process, mostly kernel time "
+            "(the call and the host's answer are written to their sockets directly by the task "
+            "that read them, as built-in replies are, with no task wake-up in between)" if one else "")
          + (f". With the host on the other core the hop adds {other[USER] - other[BUILTIN]:.0f} µs "
             f"({other[USER] / other[BUILTIN]:.1f}x): two cross-core wake-ups" if other else "")
          + "."),

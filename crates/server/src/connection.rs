@@ -11,13 +11,13 @@ use spindle_core::partition::Op;
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, Request, Split, PROTOCOL_VERSION};
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
-use crate::registry::{log_error_reply, Drain, Outbox};
+use crate::registry::{self, log_error_reply, Outbox};
 use crate::{sessions, status, Shared};
 
 /// Read buffer of an idle connection; it grows for large frames and shrinks back after.
@@ -51,10 +51,9 @@ struct Connection {
     client: Option<Arc<str>>,
     /// Shards this connection called into, which must hear of its end.
     touched: Vec<bool>,
+    /// In front of the socket's write side (shared with the writer task; the write side
+    /// shuts down when both let go).
     outbox: Arc<Outbox>,
-    /// The socket's write side, for direct writes of replies (shared with the writer task;
-    /// the socket's write side shuts down when both let go).
-    socket: Option<Arc<OwnedWriteHalf>>,
     /// Replies to this connection's own requests in the current batch, flushed to the
     /// outbox once per read.
     replies: Vec<u8>,
@@ -74,12 +73,12 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         debug!(%peer, "could not set TCP_NODELAY: {e}");
     }
     let (mut reader, writer) = stream.into_split();
-    let outbox = Arc::new(Outbox::new());
+    let writer = Arc::new(writer);
+    let outbox = Arc::new(Outbox::new(writer.clone()));
     let id = shared.registry.register(outbox.clone());
     shared.stats.connections.fetch_add(1, Ordering::Relaxed);
     debug!(conn = id, %peer, "connection opened");
-    let writer = Arc::new(writer);
-    let writer_task = tokio::spawn(write_loop(writer.clone(), outbox.clone(), id));
+    let writer_task = tokio::spawn(registry::write_loop(writer, outbox.clone(), id));
 
     let mut conn = Connection {
         id,
@@ -87,7 +86,6 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         shared,
         client: None,
         outbox,
-        socket: Some(writer),
         replies: Vec::new(),
         authorized: false,
         invoked: false,
@@ -181,28 +179,7 @@ impl Connection {
     /// Send this batch's replies: straight to the socket when it is free and takes them all,
     /// otherwise through the writer task. Returns the bytes left waiting for the writer.
     fn flush(&mut self) -> usize {
-        if self.replies.is_empty() {
-            return 0;
-        }
-        let Some(socket) = self.socket.as_ref().filter(|_| self.outbox.claim()) else {
-            return self.outbox.push_frames(&mut self.replies);
-        };
-        let mut written = 0;
-        while written < self.replies.len() {
-            match socket.try_write(&self.replies[written..]) {
-                Ok(n) => written += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    debug!(conn = self.id, "write failed, dropping further replies: {e}");
-                    self.outbox.kill();
-                    self.replies.clear();
-                    return 0;
-                }
-            }
-        }
-        let pending = self.outbox.release(&self.replies[written..]);
-        self.replies.clear();
+        let pending = self.outbox.push_frames(&mut self.replies);
         if self.replies.capacity() > KEEP_BUFFER {
             self.replies = Vec::new();
         }
@@ -579,7 +556,6 @@ impl Connection {
         }
         self.flush();
         // Only the writer task may still write; when it lets go, the write side shuts down.
-        self.socket = None;
         self.outbox.close();
         if let Some(client) = self.client.take() {
             sessions::connection_closed(&shared, client);
@@ -601,47 +577,6 @@ fn hello_reply(resumed: bool) -> Value {
         (Value::from("protocol"), Value::from(PROTOCOL_VERSION)),
         (Value::from("resumed"), Value::Boolean(resumed)),
     ])
-}
-
-/// Send queued replies until the connection closes; many replies leave in one write.
-async fn write_loop(socket: Arc<OwnedWriteHalf>, outbox: Arc<Outbox>, conn: ConnId) {
-    let mut batch = Vec::new();
-    loop {
-        match outbox.take(&mut batch) {
-            Drain::Write => {
-                if let Err(e) = write_all(&socket, &batch).await {
-                    debug!(conn, "write failed, dropping further replies: {e}");
-                    outbox.kill();
-                    return;
-                }
-                outbox.written();
-                batch.clear();
-                if batch.capacity() > KEEP_BUFFER {
-                    batch = Vec::new();
-                }
-                outbox.notify_drained();
-            }
-            Drain::Wait => outbox.wait_ready().await,
-            // Dropping the last handle of the write half shuts it down (FIN after the data).
-            Drain::Finish => return,
-        }
-    }
-}
-
-async fn write_all(socket: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        socket.writable().await?;
-        match socket.try_write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 async fn discard_input(reader: &mut OwnedReadHalf) {

@@ -1,18 +1,23 @@
-//! Where replies go: every connection has an [`Outbox`] that its writer task drains, and the
+//! Where replies go: every connection has an [`Outbox`] in front of its socket, and the
 //! registry finds the outbox of any connection so a call can wake waiters parked elsewhere.
 //!
-//! One party at a time holds the right to write to the socket: the connection's reader, which
-//! writes its own replies straight away when nothing else is queued (no task hop on the hot
-//! path), or the writer task, which sends everything else.
+//! One party at a time holds the right to write to the socket. Whoever produces frames (the
+//! connection's own reader, or any task sending to it: a forwarded call, a host's answer, a
+//! woken waiter) writes them straight to the socket when nothing is queued and nobody is
+//! writing, with a non-blocking `try_write` (no task hop on the hot path); what the socket
+//! does not take is queued, and the connection's writer task sends the queue, waiting for
+//! the socket to be writable.
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use spindle_core::{ConnId, Delivery, Error, ErrorKind, Reply};
+use spindle_core::{ConnId, Delivery, Error, ErrorKind};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
-/// Encoded reply frames waiting for a connection's writer task. Replies are appended as
+/// A queue of encoded frames in front of a connection's socket. Frames are appended as
 /// bytes, so the writer sends everything queued in one `write` call.
 pub(crate) struct Outbox {
     state: Mutex<OutboxState>,
@@ -23,18 +28,24 @@ pub(crate) struct Outbox {
 }
 
 #[derive(Default)]
-pub(crate) struct OutboxState {
-    pub(crate) bytes: Vec<u8>,
+struct OutboxState {
+    bytes: Vec<u8>,
     /// Someone is writing to the socket; queued bytes wait for them to finish.
     writing: bool,
     /// No more replies will come: the writer flushes what is queued and exits.
     closing: bool,
     /// The socket failed; queued and future bytes are dropped.
     dead: bool,
+    /// The socket, for direct writes; let go when the connection closes, so that the writer
+    /// task holds the last handle and the write side shuts down after the queue is sent.
+    socket: Option<Arc<OwnedWriteHalf>>,
 }
 
+/// The writer task's batch buffer is released after a write above this size.
+const KEEP_BATCH: usize = 256 * 1024;
+
 /// What the writer should do next.
-pub(crate) enum Drain {
+enum Drain {
     /// Bytes to send (swapped out of the outbox).
     Write,
     /// Nothing queued yet.
@@ -44,9 +55,13 @@ pub(crate) enum Drain {
 }
 
 impl Outbox {
-    pub(crate) fn new() -> Self {
+    /// An outbox whose frames go to `socket`, directly when it is free.
+    pub(crate) fn new(socket: Arc<OwnedWriteHalf>) -> Self {
         Outbox {
-            state: Mutex::new(OutboxState::default()),
+            state: Mutex::new(OutboxState {
+                socket: Some(socket),
+                ..OutboxState::default()
+            }),
             ready: Notify::new(),
             drained: Notify::new(),
         }
@@ -57,36 +72,78 @@ impl Outbox {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Append already-encoded frames, leaving `frames` empty. Returns how many bytes are now
-    /// waiting for the writer.
+    /// Send already-encoded frames, leaving `frames` empty (its allocation may be swapped
+    /// for another). When nothing is queued and nobody is writing, they go straight to the
+    /// socket, as much of them as it takes without blocking; the rest is queued behind
+    /// anything queued before, for the writer task. Never blocks (a lock held by the caller,
+    /// such as a shard's, stays short). Returns how many bytes now wait for the writer (0
+    /// when `frames` is empty: nothing was sent, so nothing to throttle).
     pub(crate) fn push_frames(&self, frames: &mut Vec<u8>) -> usize {
+        if frames.is_empty() {
+            return 0;
+        }
         let mut state = self.lock();
         if state.dead {
             frames.clear();
             return 0;
         }
-        if state.bytes.is_empty() {
-            // The usual case: hand the buffer over instead of copying it.
-            std::mem::swap(&mut state.bytes, frames);
-        } else {
-            state.bytes.extend_from_slice(frames);
-            frames.clear();
-        }
-        let pending = state.bytes.len();
+        let socket = match &state.socket {
+            Some(socket) if !state.writing && state.bytes.is_empty() => socket.clone(),
+            _ => {
+                // Busy (or closing): queue behind what is there.
+                if state.bytes.is_empty() {
+                    // Hand the buffer over instead of copying it.
+                    std::mem::swap(&mut state.bytes, frames);
+                } else {
+                    state.bytes.extend_from_slice(frames);
+                    frames.clear();
+                }
+                let pending = state.bytes.len();
+                drop(state);
+                self.ready.notify_one();
+                return pending;
+            }
+        };
+        state.writing = true;
         drop(state);
-        self.ready.notify_one();
-        pending
+        let written = try_write_all(&socket, frames);
+        drop(socket);
+        match written {
+            Ok(n) => self.release(frames, n),
+            Err(e) => {
+                tracing::debug!("write failed, dropping further frames: {e}");
+                frames.clear();
+                self.kill();
+                0
+            }
+        }
     }
 
-    /// Encode and append one reply.
-    pub(crate) fn push_reply(&self, id: u64, reply: &Reply) {
+    /// End a direct write that sent `frames[..written]`: the rest goes first in the queue,
+    /// before what others queued meanwhile. Leaves `frames` empty; returns how many bytes
+    /// wait for the writer task.
+    fn release(&self, frames: &mut Vec<u8>, written: usize) -> usize {
         let mut state = self.lock();
+        state.writing = false;
         if state.dead {
-            return;
+            frames.clear();
+            return 0;
         }
-        spindle_proto::encode_reply(id, reply, &mut state.bytes);
+        if written < frames.len() {
+            if written == 0 && state.bytes.is_empty() {
+                std::mem::swap(&mut state.bytes, frames);
+            } else {
+                state.bytes.splice(0..0, frames[written..].iter().copied());
+            }
+        }
+        frames.clear();
+        let pending = state.bytes.len();
         drop(state);
-        self.ready.notify_one();
+        if pending > 0 {
+            // Queued while we wrote, or left over: the writer's turn.
+            self.ready.notify_one();
+        }
+        pending
     }
 
     /// Bytes queued and not yet handed to the writer.
@@ -96,10 +153,10 @@ impl Outbox {
 
     /// Swap the queued bytes into `into` (which must be empty) so they can be written
     /// without holding the lock.
-    pub(crate) fn take(&self, into: &mut Vec<u8>) -> Drain {
+    fn take(&self, into: &mut Vec<u8>) -> Drain {
         let mut state = self.lock();
         if state.writing {
-            // The reader is writing directly; it wakes us when it is done.
+            // Someone is writing directly; they wake us if they leave bytes behind.
             Drain::Wait
         } else if !state.bytes.is_empty() {
             std::mem::swap(&mut state.bytes, into);
@@ -113,45 +170,15 @@ impl Outbox {
     }
 
     /// The writer task sent what [`take`](Self::take) gave it.
-    pub(crate) fn written(&self) {
+    fn written(&self) {
         self.lock().writing = false;
     }
 
-    /// Claim the socket for a direct write: only when nothing is queued or being written,
-    /// so bytes leave in the order they were produced.
-    pub(crate) fn claim(&self) -> bool {
-        let mut state = self.lock();
-        if state.writing || state.dead || !state.bytes.is_empty() {
-            return false;
-        }
-        state.writing = true;
-        true
-    }
-
-    /// End a direct write; what the socket did not take goes first in the queue.
-    /// Returns how many bytes wait for the writer task.
-    pub(crate) fn release(&self, unwritten: &[u8]) -> usize {
-        let mut state = self.lock();
-        state.writing = false;
-        if state.dead {
-            return 0;
-        }
-        if !unwritten.is_empty() {
-            state.bytes.splice(0..0, unwritten.iter().copied());
-        }
-        let pending = state.bytes.len();
-        drop(state);
-        if pending > 0 {
-            self.ready.notify_one();
-        }
-        pending
-    }
-
-    pub(crate) async fn wait_ready(&self) {
+    async fn wait_ready(&self) {
         self.ready.notified().await
     }
 
-    pub(crate) fn notify_drained(&self) {
+    fn notify_drained(&self) {
         self.drained.notify_one();
     }
 
@@ -159,21 +186,83 @@ impl Outbox {
         self.drained.notified().await
     }
 
-    /// The reader is done: flush what is queued, then close.
+    /// The reader is done: flush what is queued, then close. Only the writer task writes
+    /// from now on, and the write side shuts down when it lets go of the socket.
     pub(crate) fn close(&self) {
-        self.lock().closing = true;
+        let mut state = self.lock();
+        state.closing = true;
+        let socket = state.socket.take();
+        drop(state);
+        drop(socket);
         self.ready.notify_one();
     }
 
-    /// The socket failed: drop what is queued and refuse more.
+    /// The socket failed (whoever was writing gives up the socket): drop what is queued and
+    /// refuse more.
     pub(crate) fn kill(&self) {
         let mut state = self.lock();
         state.dead = true;
+        state.writing = false;
         state.bytes = Vec::new();
+        let socket = state.socket.take();
         drop(state);
-        // A reader throttled on this outbox must not wait forever.
+        drop(socket);
+        // The writer task exits, and a reader throttled on this outbox must not wait forever.
+        self.ready.notify_one();
         self.drained.notify_one();
     }
+}
+
+/// Send queued replies until the connection closes; many replies leave in one write.
+pub(crate) async fn write_loop(socket: Arc<OwnedWriteHalf>, outbox: Arc<Outbox>, conn: ConnId) {
+    let mut batch = Vec::new();
+    loop {
+        match outbox.take(&mut batch) {
+            Drain::Write => {
+                if let Err(e) = write_all(&socket, &batch).await {
+                    tracing::debug!(conn, "write failed, dropping further replies: {e}");
+                    outbox.kill();
+                    return;
+                }
+                outbox.written();
+                batch.clear();
+                if batch.capacity() > KEEP_BATCH {
+                    batch = Vec::new();
+                }
+                outbox.notify_drained();
+            }
+            Drain::Wait => outbox.wait_ready().await,
+            // Dropping the last handle of the write half shuts it down (FIN after the data).
+            Drain::Finish => return,
+        }
+    }
+}
+
+async fn write_all(socket: &OwnedWriteHalf, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        socket.writable().await?;
+        match socket.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Write as much of `bytes` as the socket takes without blocking; returns how much it took.
+fn try_write_all(socket: &OwnedWriteHalf, bytes: &[u8]) -> io::Result<usize> {
+    let mut written = 0;
+    while written < bytes.len() {
+        match socket.try_write(&bytes[written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 /// Live connections by id.
@@ -214,7 +303,8 @@ impl Registry {
             .remove(&id);
     }
 
-    /// Queue already-encoded frames for connection `id`. Returns false if it is closed.
+    /// Send already-encoded frames to connection `id` (see [`Outbox::push_frames`]: straight
+    /// to its socket when it is free). Returns false if it is closed.
     pub(crate) fn send(&self, id: ConnId, frames: &mut Vec<u8>) -> bool {
         let outboxes = self.outboxes.read().unwrap_or_else(PoisonError::into_inner);
         match outboxes.get(&id) {
@@ -227,21 +317,36 @@ impl Registry {
     }
 
     /// Send replies produced outside any connection's own call (timeouts, waiters woken by
-    /// another connection, session ends). Replies for closed connections are dropped.
+    /// another connection, hosts' answers, session ends). Replies for closed connections are
+    /// dropped. Consecutive replies to one connection leave together.
     pub(crate) fn deliver(&self, deliveries: impl IntoIterator<Item = Delivery>) {
         let outboxes = self.outboxes.read().unwrap_or_else(PoisonError::into_inner);
+        let mut frames = Vec::new();
+        let mut to: Option<(ConnId, &Arc<Outbox>)> = None;
         for d in deliveries {
             if let Err(e) = &d.reply {
                 log_error_reply(d.token.conn, d.token.req, e);
             }
-            match outboxes.get(&d.token.conn) {
-                Some(outbox) => outbox.push_reply(d.token.req, &d.reply),
-                None => tracing::debug!(
-                    conn = d.token.conn,
-                    id = d.token.req,
-                    "reply for a closed connection dropped"
-                ),
+            if to.is_none_or(|(conn, _)| conn != d.token.conn) {
+                if let Some((_, outbox)) = to.take() {
+                    outbox.push_frames(&mut frames);
+                }
+                match outboxes.get(&d.token.conn) {
+                    Some(outbox) => to = Some((d.token.conn, outbox)),
+                    None => {
+                        tracing::debug!(
+                            conn = d.token.conn,
+                            id = d.token.req,
+                            "reply for a closed connection dropped"
+                        );
+                        continue;
+                    }
+                }
             }
+            spindle_proto::encode_reply(d.token.req, &d.reply, &mut frames);
+        }
+        if let Some((_, outbox)) = to {
+            outbox.push_frames(&mut frames);
         }
     }
 }
@@ -267,5 +372,192 @@ pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
         | ErrorKind::Raised
         | ErrorKind::Moved => tracing::debug!(conn, id, kind, "{}", e.message),
         _ => tracing::info!(conn, id, kind, "{}", e.message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+    use super::*;
+
+    /// A connected pair whose sending side has small kernel buffers, so writes come up short
+    /// soon: the outbox (with its writer task) on one end, the raw peer on the other.
+    async fn pair() -> (Arc<Outbox>, tokio::task::JoinHandle<()>, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(256 * 1024).unwrap();
+        let (ours, theirs) = tokio::join!(socket.connect(listener.local_addr().unwrap()), listener.accept());
+        let (ours, (theirs, _)) = (ours.unwrap(), theirs.unwrap());
+        let (_, write) = ours.into_split();
+        let write = Arc::new(write);
+        let outbox = Arc::new(Outbox::new(write.clone()));
+        let writer = tokio::spawn(write_loop(write, outbox.clone(), 1));
+        (outbox, writer, theirs)
+    }
+
+    /// Frame `seq` of `producer`: a length-prefixed body of `(producer, seq)` and filler.
+    fn frame(producer: u32, seq: u32, filler: usize, into: &mut Vec<u8>) {
+        into.extend_from_slice(&(8 + filler as u32).to_be_bytes());
+        into.extend_from_slice(&producer.to_be_bytes());
+        into.extend_from_slice(&seq.to_be_bytes());
+        into.extend(std::iter::repeat_n((seq % 251) as u8, filler));
+    }
+
+    /// Read frames until EOF; check each producer's frames come in order and intact, and
+    /// return how many came from each.
+    async fn read_all(peer: &mut TcpStream, producers: usize) -> Vec<u32> {
+        let mut bytes = Vec::new();
+        peer.read_to_end(&mut bytes).await.unwrap();
+        let mut next = vec![0u32; producers];
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let len = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+            let body = &rest[4..4 + len];
+            let producer = u32::from_be_bytes(body[..4].try_into().unwrap()) as usize;
+            let seq = u32::from_be_bytes(body[4..8].try_into().unwrap());
+            assert_eq!(seq, next[producer], "producer {producer}: frame out of order");
+            assert!(
+                body[8..].iter().all(|b| *b == (seq % 251) as u8),
+                "frame {seq} corrupted"
+            );
+            next[producer] += 1;
+            rest = &rest[4 + len..];
+        }
+        next
+    }
+
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid timespec to write to.
+        assert_eq!(
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+            0
+        );
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    /// One producer, frames of mixed sizes: some go out directly, some come up short and
+    /// queue, later ones queue behind them; the peer gets every frame, in order, then EOF.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn direct_and_queued_writes_keep_order() {
+        let (outbox, writer, mut peer) = pair().await;
+        let reader = tokio::spawn(async move { read_all(&mut peer, 1).await });
+        let mut frames = Vec::new();
+        let mut left_over = 0;
+        for seq in 0..4_000u32 {
+            let filler = [0, 10, 3000, 20_000][seq as usize % 4];
+            frame(0, seq, filler, &mut frames);
+            if outbox.push_frames(&mut frames) > 0 {
+                left_over += 1;
+            }
+            assert!(frames.is_empty());
+            if seq % 100 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(
+            left_over > 0,
+            "no write came up short: the test does not test partial writes"
+        );
+        outbox.close();
+        writer.await.unwrap();
+        drop(outbox);
+        assert_eq!(reader.await.unwrap(), vec![4_000]);
+    }
+
+    /// Several threads send to one connection at once (the way connection tasks deliver to
+    /// another): each one's frames arrive in its order, none lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_producers_keep_their_order() {
+        let (outbox, writer, mut peer) = pair().await;
+        let reader = tokio::spawn(async move { read_all(&mut peer, 4).await });
+        let threads: Vec<_> = (0..4u32)
+            .map(|producer| {
+                let outbox = outbox.clone();
+                std::thread::spawn(move || {
+                    let mut frames = Vec::new();
+                    for seq in 0..2_000u32 {
+                        frame(producer, seq, (seq as usize * 37) % 2000, &mut frames);
+                        outbox.push_frames(&mut frames);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        outbox.close();
+        writer.await.unwrap();
+        drop(outbox);
+        assert_eq!(reader.await.unwrap(), vec![2_000; 4]);
+    }
+
+    /// A peer that stops reading: the socket fills, frames queue (nothing lost), the writer
+    /// waits without spinning, and everything arrives once the peer reads again.
+    #[tokio::test(flavor = "current_thread")]
+    async fn stalled_peer_queues_without_spinning() {
+        let (outbox, writer, mut peer) = pair().await;
+        let mut frames = Vec::new();
+        let mut pending = 0;
+        let mut seq = 0;
+        while pending < 4 << 20 {
+            frame(0, seq, 1000, &mut frames);
+            let now = outbox.push_frames(&mut frames);
+            assert!(now >= pending, "queued bytes went missing");
+            pending = now;
+            seq += 1;
+        }
+        // The writer runs (on this thread) and finds the socket full: it must sleep.
+        let cpu = thread_cpu();
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let busy = thread_cpu() - cpu;
+        assert!(
+            busy < Duration::from_millis(60),
+            "busy {busy:?} of {:?}",
+            start.elapsed()
+        );
+        let stuck = {
+            let state = outbox.lock();
+            state.writing || !state.bytes.is_empty()
+        };
+        assert!(stuck, "the peer does not read, yet all was sent");
+        // More frames queue behind (no direct write while bytes wait).
+        frame(0, seq, 10, &mut frames);
+        assert!(outbox.push_frames(&mut frames) > 0);
+        seq += 1;
+        outbox.close();
+        drop(outbox);
+        let (counts, ()) = tokio::join!(read_all(&mut peer, 1), async { writer.await.unwrap() });
+        assert_eq!(counts, vec![seq]);
+    }
+
+    /// After the peer goes away, frames are dropped, not queued forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_socket_drops_frames() {
+        let (outbox, writer, peer) = pair().await;
+        drop(peer); // our next writes get a reset, then fail
+        let mut frames = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            frame(0, 0, 100, &mut frames);
+            if outbox.push_frames(&mut frames) == 0 && outbox.lock().dead {
+                break;
+            }
+            assert!(Instant::now() < deadline, "writes to a reset socket never failed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        frame(0, 1, 100, &mut frames);
+        assert_eq!(outbox.push_frames(&mut frames), 0);
+        assert!(frames.is_empty());
+        // The writer exits without waiting for close.
+        tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
