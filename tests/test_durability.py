@@ -272,3 +272,20 @@ def test_mid_file_corruption_refuses_to_start_until_repaired(tmp_path):
             assert spindle.Counter(name="b", persistent=True).get() == 7
     finally:
         server.stop()
+
+
+def test_a_data_directory_in_use_is_refused_to_a_second_server_and_to_repair(tmp_path):
+    server = durable_server(tmp_path)
+    try:
+        refused = start_refused(tmp_path)
+        assert refused.returncode != 0
+        assert f"the data directory {tmp_path} is in use by another process" in refused.stderr
+        repair = subprocess.run(
+            [server_binary(), "repair", "--data-dir", str(tmp_path)], capture_output=True, text=True
+        )
+        assert repair.returncode != 0
+        assert "is in use by another process" in repair.stderr
+        with connected(server.address):  # the first server serves on, its log untouched
+            assert spindle.Counter(name="c", persistent=True).add(1) == 1
+    finally:
+        server.stop()

@@ -196,6 +196,7 @@ fn repair(dir: &std::path::Path) -> Result<(), String> {
     if !dir.is_dir() {
         return Err(format!("{} is not a directory", dir.display()));
     }
+    let _lock = spindle_storage::lock_dir(dir).map_err(|e| e.to_string())?;
     let reports = spindle_storage::repair_dir(dir).map_err(|e| format!("repair of {} failed: {e}", dir.display()))?;
     let mut damaged = 0;
     for r in &reports {

@@ -324,6 +324,11 @@ impl Partition {
             }
         }
         match self.objects.get(key) {
+            // Refused here, unlogged: a replay has no ephemeral object at `key`, so a logged
+            // create would succeed there and diverge from the live run.
+            Some(e) if persistent && !e.persistent && e.body.type_name() != type_name => {
+                check_type(key, e.body.type_name(), type_name)
+            }
             Some(e) if e.body.type_name() == type_name && e.persistent != persistent => {
                 let (is, not) = match e.persistent {
                     true => ("persistent", "persistent=False"),

@@ -336,3 +336,21 @@ fn replaying_a_random_history_rebuilds_every_persistent_object() {
         l.check();
     }
 }
+
+#[test]
+fn a_persistent_create_refused_over_an_ephemeral_object_is_not_logged() {
+    let mut l = Live::new();
+    l.create(1, "Dict", "k", vec![], false);
+    let out = l.create(1, "List", "k", vec![], true);
+    assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::TypeMismatch);
+    // Had the refused create been logged, a replay would hold a persistent List at `k`, and
+    // the acknowledged writes to the persistent Dict made there next would be lost.
+    l.apply(1, Op::Delete { key: "k".into() });
+    assert_eq!(
+        l.create(1, "Dict", "k", vec![], true)[0].reply,
+        Ok(Value::Boolean(true))
+    );
+    let (_, out) = l.call(1, "Dict", "k", "setitem", vec!["a".into(), 1.into()]);
+    assert!(out[0].reply.is_ok());
+    l.check();
+}

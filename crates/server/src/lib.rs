@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) hosts: hosts::Hosts,
     /// Where workers connect (the bound address, loopback when bound to every interface).
     pub(crate) worker_address: String,
+    /// This server's claim on its data directory, held for its life.
+    _data_lock: Option<spindle_storage::DirLock>,
 }
 
 /// A bound server, ready to [`run`](Server::run).
@@ -60,9 +62,14 @@ impl Server {
     /// (`port` 0 picks a free port). A failed recovery is an error carrying a
     /// [`RecoveryError`].
     pub async fn bind(mut config: Config) -> io::Result<Server> {
-        if let Some(dir) = &config.data_dir {
-            config.partitions = journal::partitions(dir, config.partitions)?;
-        }
+        let data_lock = match &config.data_dir {
+            Some(dir) => {
+                let lock = spindle_storage::lock_dir(dir)?;
+                config.partitions = journal::partitions(dir, config.partitions)?;
+                Some(lock)
+            }
+            None => None,
+        };
         let listener = TcpListener::bind((config.host.as_str(), config.port)).await?;
         let local = listener.local_addr()?;
         let address = local.to_string();
@@ -84,6 +91,7 @@ impl Server {
             worker_address: reachable.to_string(),
             address,
             config,
+            _data_lock: data_lock,
         });
         if let Some(dir) = &shared.config.data_dir {
             journal::start(&shared, dir, shared.config.fsync)?;

@@ -127,6 +127,8 @@ impl Outbox {
         state.writing = false;
         if state.dead {
             frames.clear();
+            drop(state);
+            self.ready.notify_one();
             return 0;
         }
         if written < frames.len() {
@@ -138,9 +140,11 @@ impl Outbox {
         }
         frames.clear();
         let pending = state.bytes.len();
+        // Queued while we wrote, or left over, or closed meanwhile: the writer's turn (a
+        // writer that found us writing has used up its wake-up and waits for this one).
+        let wake = pending > 0 || state.closing;
         drop(state);
-        if pending > 0 {
-            // Queued while we wrote, or left over: the writer's turn.
+        if wake {
             self.ready.notify_one();
         }
         pending
@@ -559,5 +563,29 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn closing_during_a_direct_write_still_ends_the_writer() {
+        let (outbox, writer, mut theirs) = pair().await;
+        // Another thread (the op-log writer releasing replies) claimed the socket for a direct write.
+        outbox.lock().writing = true;
+        // The reader ends meanwhile; the writer task finds the socket busy and waits.
+        outbox.close();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The direct write completes with everything written.
+        let mut frames = Vec::new();
+        frame(1, 1, 10, &mut frames);
+        let n = frames.len();
+        outbox.release(&mut frames, n);
+        let done = tokio::time::timeout(Duration::from_secs(5), writer).await;
+        assert!(
+            done.is_ok(),
+            "the writer task never exits, so the write side never shuts down"
+        );
+        // (The test only pretended to write the frame.) The peer sees the end of the stream.
+        let mut buf = [0u8; 1];
+        let eof = tokio::time::timeout(Duration::from_secs(5), theirs.read(&mut buf)).await;
+        assert!(matches!(eof, Ok(Ok(0))), "no end of file: {eof:?}");
     }
 }

@@ -212,6 +212,40 @@ impl<T> ResultExt<T> for io::Result<T> {
     }
 }
 
+/// An exclusive claim on a data directory, held as long as this value lives: two processes
+/// writing one directory's logs at the same offsets would silently destroy each other's
+/// records.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Claim `dir` (through `<dir>/LOCK`, an advisory `flock`); an error names the directory when
+/// another process holds it.
+pub fn lock_dir(dir: &Path) -> io::Result<DirLock> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(DirLock { _file: file }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "the data directory {} is in use by another process (a running spindle server, or spindle repair)",
+                dir.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(io::Error::new(e.kind(), format!("cannot lock {}: {e}", path.display())))
+        }
+    }
+}
+
 /// Makes renames, creations and deletions inside `dir` durable: on Linux a new directory
 /// entry is only crash-safe once the directory itself has been fsynced.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
