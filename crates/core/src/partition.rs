@@ -355,13 +355,20 @@ impl Partition {
             Op::Create { persistent: true, .. } => self.storage != Storage::None,
             op => self.is_persistent(op.key()),
         };
-        self.touched_persistent |= persistent;
+        // An absent key may be a persistent object whose delete is not durable yet: answers
+        // about it wait for the log like answers about persistent objects.
+        let durable = self.storage != Storage::None;
+        self.touched_persistent |= persistent || (durable && !self.objects.contains_key(op.key()));
         if seq != 0 {
             if let Some(reply) = self.logs.get(&caller.client).and_then(|l| l.replies.get(&seq)) {
-                out.push(Delivery {
-                    token,
-                    reply: reply.clone(),
-                });
+                // A recorded reply may be about a change whose record is still being written
+                // (it waits like one), or whose write failed (then it is not durable).
+                self.touched_persistent |= durable;
+                let reply = match &self.storage {
+                    Storage::Failed(why) if persistent => Err(storage_error(why)),
+                    _ => reply.clone(),
+                };
+                out.push(Delivery { token, reply });
                 return out;
             }
             if !matches!(op, Op::Delete { .. }) && self.take_over(&caller.client, token, seq, op.key()) {
@@ -806,6 +813,9 @@ impl Partition {
     pub fn withdraw(&mut self, token: Token, key: &str, now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
         let caller = system_caller();
+        // The call may have been answered by a change still being written: the `withdraw`
+        // reply must not overtake that answer.
+        self.touched_persistent |= self.storage != Storage::None;
         let Some(e) = self.objects.get_mut(key) else {
             return out;
         };

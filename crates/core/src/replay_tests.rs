@@ -354,3 +354,67 @@ fn a_persistent_create_refused_over_an_ephemeral_object_is_not_logged() {
     assert!(out[0].reply.is_ok());
     l.check();
 }
+
+#[test]
+fn answers_about_a_delete_still_being_written_wait_for_it() {
+    let mut l = Live::new();
+    l.create(1, "Counter", "n", vec![], true);
+    let _ = l.p.take_log();
+    let caller = Caller {
+        conn: 1,
+        client: Arc::from("c1"),
+        thread: 0,
+    };
+    let delete = || Op::Delete { key: "n".into() };
+    let out = l.p.apply(&caller, Token { conn: 1, req: 5 }, 55, delete(), l.now);
+    assert_eq!(out[0].reply, Ok(Value::Boolean(true)));
+    assert_eq!(l.p.take_log().map(|r| r.len()), Some(1), "the delete is being written");
+    // Its resend (the connection was lost) gets the recorded reply, after the record.
+    let again = Caller { conn: 2, ..caller };
+    let out = l.p.apply(&again, Token { conn: 2, req: 1 }, 55, delete(), l.now);
+    assert_eq!(out[0].reply, Ok(Value::Boolean(true)));
+    assert!(l.p.take_log().is_some(), "a recorded reply waits for the log");
+    // Another client's read finds nothing, and must not say so before the delete is durable.
+    let other = Caller {
+        conn: 3,
+        client: Arc::from("c2"),
+        thread: 0,
+    };
+    let get = Op::Call {
+        type_name: "Counter".into(),
+        key: "n".into(),
+        method: "get".into(),
+        args: vec![],
+    };
+    let out = l.p.apply(&other, Token { conn: 3, req: 1 }, 0, get, l.now);
+    assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::NotFound);
+    assert!(
+        l.p.take_log().is_some(),
+        "an answer about an absent key waits for the log"
+    );
+}
+
+#[test]
+fn a_resent_call_whose_write_failed_is_not_acknowledged() {
+    let mut l = Live::new();
+    l.create(1, "Counter", "n", vec![], true);
+    let caller = Caller {
+        conn: 1,
+        client: Arc::from("c1"),
+        thread: 0,
+    };
+    let add = || Op::Call {
+        type_name: "Counter".into(),
+        key: "n".into(),
+        method: "add".into(),
+        args: vec![5.into()],
+    };
+    l.p.apply(&caller, Token { conn: 1, req: 9 }, 777, add(), l.now);
+    let _ = l.p.take_log();
+    // The journal fails that record's write (its caller gets StorageError) and tells the
+    // partition; the SDK resends seq 777 on a new connection.
+    l.p.storage_failed("disk full");
+    let again = Caller { conn: 2, ..caller };
+    let out = l.p.apply(&again, Token { conn: 2, req: 1 }, 777, add(), l.now);
+    assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::StorageError);
+}
