@@ -30,11 +30,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import msgpack
 
-import spindle
 from spindle import codec
 from spindle import proxy as _proxy
-from spindle.client import Connection, frame, parse_address
-from spindle.worker import ERROR_TEXT_LIMIT, MAX_FRAME, _error_of, _pickle_exception
+from spindle.client import frame
+from spindle.worker import ERROR_TEXT_LIMIT, MAX_FRAME, _error_of, _pickle_exception, announce
 
 REPLY_OVERHEAD = 4 << 10  # bytes of a reply besides its value (ids, kinds, framing)
 
@@ -237,13 +236,7 @@ class _Raised(Exception):
 
 def serve(address: str, host_id: str) -> None:
     """Connect, say ``host``, and answer requests until the server closes the connection."""
-    client = spindle.connect(address, embedded=False)  # also the methods' own client
-    host, port = parse_address(address)
-    conn = Connection(host, port, client.session, next(client._seq), client.token)
-    hello_id = next(client._seq)
-    reply = conn.roundtrip(frame([hello_id, "host", {"id": host_id, "pid": os.getpid()}]), hello_id)
-    if reply[1] != 0:
-        raise SystemExit(f"spindle host: the server refused this host: {reply[2]!r}")
+    conn = announce(address, "host", {"id": host_id, "pid": os.getpid()})
     state = Host()
     read_body, sendall, handle = conn.read_body, conn.sock.sendall, state.handle
     while True:

@@ -222,16 +222,23 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
     }
 
 
-def serve(address: str, worker_id: str) -> None:
-    """Connect, say ``worker``, and run tasks until the server closes the connection."""
+def announce(address: str, role: str, info: Dict[str, Any]) -> Connection:
+    """Connect this process (a ``worker`` or object ``host`` the server started) and open
+    the connection on which it says ``role`` and then serves the server's requests. The
+    process's own client (for the objects its code uses) never starts a server of its own."""
     client = spindle.connect(address, embedded=False)
     host, port = parse_address(address)
     conn = Connection(host, port, client.session, next(client._seq), client.token)
     hello_id = next(client._seq)
-    info = {"id": worker_id, "pid": os.getpid(), "runtime": "python"}
-    reply = conn.roundtrip(_frame([hello_id, "worker", info]), hello_id)
+    reply = conn.roundtrip(_frame([hello_id, role, info]), hello_id)
     if reply[1] != 0:
-        raise SystemExit(f"spindle worker: the server refused this worker: {reply[2]!r}")
+        raise SystemExit(f"spindle {role}: the server refused this {role}: {reply[2]!r}")
+    return conn
+
+
+def serve(address: str, worker_id: str) -> None:
+    """Connect, say ``worker``, and run tasks until the server closes the connection."""
+    conn = announce(address, "worker", {"id": worker_id, "pid": os.getpid(), "runtime": "python"})
     global _capture
     capture = _capture = Capture()
     capture.collect()  # start-up chatter (import warnings, say) belongs to no call

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::objects::testing::Rng;
 use crate::partition::Op;
 use crate::{Caller, Delivery, ErrorKind, Partition, Token, Value};
 
@@ -258,18 +259,6 @@ fn persistence_rules() {
     assert_eq!(out[0].reply, Ok(Value::from(1)));
 }
 
-/// A small deterministic generator (no dependency for one test).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn replaying_a_random_history_rebuilds_every_persistent_object() {
     for seed in 1..=40u64 {
@@ -285,8 +274,8 @@ fn replaying_a_random_history_rebuilds_every_persistent_object() {
             ("Counter", "~c1.1"),
         ];
         for _ in 0..300 {
-            let conn = 1 + rng.below(6);
-            let (type_name, key) = keys[rng.below(keys.len() as u64) as usize];
+            let conn = 1 + rng.below(6) as u64;
+            let (type_name, key) = keys[rng.below(keys.len())];
             let persistent = key != "l";
             match rng.below(16) {
                 0 => {
@@ -296,7 +285,7 @@ fn replaying_a_random_history_rebuilds_every_persistent_object() {
                 1 if rng.below(4) == 0 => {
                     l.apply(conn, Op::Delete { key: key.into() });
                 }
-                2 => l.tick(Duration::from_millis(rng.below(400))),
+                2 => l.tick(Duration::from_millis(rng.below(400) as u64)),
                 3 => {
                     if let Some((token, key)) = parked.pop() {
                         let out = l.p.withdraw(token, key, l.now);
@@ -322,7 +311,9 @@ fn replaying_a_random_history_rebuilds_every_persistent_object() {
                             "merge",
                             vec![format!("k{}", rng.below(4)).into(), 1.into(), "sum".into()],
                         ),
-                        "Queue" if rng.below(2) == 0 => ("put", vec![rng.below(100).into(), true.into(), timeout]),
+                        "Queue" if rng.below(2) == 0 => {
+                            ("put", vec![(rng.below(100) as u64).into(), true.into(), timeout])
+                        }
                         "Queue" => ("get", vec![true.into(), timeout]),
                         _ => ("append", vec![1.into()]),
                     };

@@ -211,26 +211,6 @@ mod tests {
     use crate::objects::create;
     use crate::objects::testing::*;
 
-    /// A fixed-seed xorshift generator (no proptest in this workspace).
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 % n as u64) as usize
-        }
-
-        fn int(&mut self, lo: i64, hi: i64) -> i64 {
-            lo + self.below((hi - lo + 1) as usize) as i64
-        }
-
-        fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
-            xs[self.below(xs.len())].clone()
-        }
-    }
-
     /// One of `xs` (built before the choice, so it may draw from `r` too).
     fn one_of(mut xs: Vec<Value>, r: &mut Rng) -> Value {
         let i = r.below(xs.len());

@@ -239,3 +239,23 @@ pub fn error_of(out: &[Delivery], token: Token) -> Error {
 pub fn tokens(out: &[Delivery]) -> Vec<Token> {
     out.iter().map(|d| d.token).collect()
 }
+
+/// A fixed-seed xorshift generator for randomized tests (no proptest in this workspace).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+
+    pub fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo + 1) as usize) as i64
+    }
+
+    pub fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())].clone()
+    }
+}
