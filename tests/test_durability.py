@@ -17,7 +17,7 @@ from typing import Iterator, List
 import pytest
 
 import spindle
-from conftest import ServerProcess, free_port, pythonpath_for_tests, server_binary
+from conftest import ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
 
 # A client process: increments persistent counters and merges into a persistent Dict until
 # told to stop, recording every acknowledged result. The server dies under it again and
@@ -71,9 +71,12 @@ def start_refused(data_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_acknowledged_updates_survive_20_kills_exactly_once(tmp_path):
+# Without snapshots the log only grows; with a tiny --snapshot-after, kills also land while
+# snapshots are captured and written, and recovery starts from one.
+@pytest.mark.parametrize("snapshots", [[], ["--snapshot-after", "4096"]], ids=["log-only", "snapshots"])
+def test_acknowledged_updates_survive_20_kills_exactly_once(tmp_path, snapshots):
     port = free_port()
-    server = durable_server(tmp_path, "--session-ttl", "30", port=port)
+    server = durable_server(tmp_path, "--session-ttl", "30", *snapshots, port=port)
     address = f"127.0.0.1:{port}"
     stop = tmp_path / "stop"
     env = dict(os.environ, PYTHONPATH=pythonpath_for_tests(), SPINDLE_ADDRESS=address)
@@ -90,7 +93,7 @@ def test_acknowledged_updates_survive_20_kills_exactly_once(tmp_path):
         for _ in range(20):
             time.sleep(rng.uniform(0.05, 0.4))
             server.kill()  # SIGKILL
-            server = durable_server(tmp_path, "--session-ttl", "30", port=port)
+            server = durable_server(tmp_path, "--session-ttl", "30", *snapshots, port=port)
         time.sleep(0.3)
         stop.touch()
         for c in clients:
@@ -117,6 +120,119 @@ def test_acknowledged_updates_survive_20_kills_exactly_once(tmp_path):
             assert client.call("Dict", "load.dict", "getitem", [f"k{i}"]) == r["merged"]
             assert r["adds"] == r["merged"] == len(r["seen"])
         client.close()
+    finally:
+        server.stop()
+    if snapshots:
+        assert list(tmp_path.glob("snap-*.sps")), "snapshots were written"
+        assert not list(tmp_path.glob("log-*-00000000000000000001.spl")), "the log was compacted"
+
+
+def recovered_records(log: str) -> int:
+    """The ``records`` (replayed) of the server log's "recovered" line."""
+    line = next(line for line in log.splitlines() if "recovered in" in line)
+    return int(line.split("records=")[1].split()[0])
+
+
+def test_recovery_loads_a_snapshot_and_replays_only_the_log_after_it(tmp_path):
+    port = free_port()
+    flags = ["--partitions", "2", "--snapshot-after", "4096"]
+    server = durable_server(tmp_path, *flags, port=port)
+    try:
+        with connected(server.address):
+            counters = [spindle.Counter(name=f"c{i}", persistent=True) for i in range(20)]
+            totals = spindle.Dict(name="totals", persistent=True)
+            jobs = spindle.Queue(name="jobs", persistent=True)
+            for round in range(150):
+                for c in counters:
+                    c.add(1)
+                totals.merge(f"k{round % 7}", 1, "sum")
+                jobs.put(round)
+            assert jobs.get() == 0
+            history = 150 * 22 + 20 + 3 + 1
+            server.kill()
+            log = tmp_path / "server.log"
+            with open(log, "w") as stderr:
+                server = durable_server(tmp_path, *flags, port=port, stderr=stderr)
+            assert [c.get() for c in counters] == [150] * 20
+            assert sum(totals.values()) == 150 and len(totals) == 7
+            assert jobs.qsize() == 149 and jobs.get() == 1
+            # Recovery time follows the snapshot and the tail, not the history.
+            replayed = recovered_records(log.read_text())
+            assert replayed < history // 4, f"replayed {replayed} of {history} records"
+            assert "snapshots=2" in log.read_text()
+            # The log behind the snapshots is gone: a few segments per partition are left.
+            assert len(segments(tmp_path)) <= 2 * 3, segments(tmp_path)
+            assert len(list(tmp_path.glob("snap-*.sps"))) <= 2 * 2
+    finally:
+        server.stop()
+
+
+# A client that makes an unnamed persistent object (owned by its session), says so, and
+# waits to be killed.
+OWNER = r"""
+import sys, time
+import spindle
+spindle.connect(sys.argv[1], embedded=False)
+mine = spindle.Counter(persistent=True)
+mine.add(7)
+print("made", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_session_that_never_comes_back_after_a_restart_ends(tmp_path):
+    port = free_port()
+    server = durable_server(tmp_path, "--session-ttl", "1", port=port)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, server.address],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=pythonpath_for_tests()),
+    )
+    try:
+        assert owner.stdout.readline().strip() == "made"
+        # The server and its client die together; the client never comes back.
+        server.kill()
+        owner.kill()
+        owner.wait()
+        server = durable_server(tmp_path, "--session-ttl", "1", port=port)
+        client = spindle.Client(server.address)
+        assert client.status()["persistent_objects"] == 1, "recovered with its session"
+        # The session ends a TTL after the restart, durably: its unnamed object goes.
+        assert wait_until(lambda: client.status()["persistent_objects"] == 0, deadline=15)
+        client.close()
+        server.kill()
+        server = durable_server(tmp_path, "--session-ttl", "1", port=port)
+        client = spindle.Client(server.address)
+        assert client.status()["persistent_objects"] == 0
+        client.close()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        server.stop()
+
+
+def test_a_damaged_newest_snapshot_falls_back_to_the_older_one(tmp_path):
+    port = free_port()
+    flags = ["--partitions", "1", "--snapshot-after", "2048"]
+    server = durable_server(tmp_path, *flags, port=port)
+    try:
+        with connected(server.address):
+            n = spindle.Counter(name="n", persistent=True)
+            for _ in range(400):
+                n.add(1)
+            assert wait_until(lambda: len(list(tmp_path.glob("snap-*.sps"))) == 2)
+            server.kill()
+            newest = sorted(tmp_path.glob("snap-*.sps"))[-1]
+            data = bytearray(newest.read_bytes())
+            data[-3] ^= 0xFF
+            newest.write_bytes(bytes(data))
+            log = tmp_path / "server.log"
+            with open(log, "w") as stderr:
+                server = durable_server(tmp_path, *flags, port=port, stderr=stderr)
+            assert n.get() == 400
+            text = log.read_text()
+            assert f"ignoring snapshot {newest}" in text and "checksum" in text, text
     finally:
         server.stop()
 

@@ -85,6 +85,11 @@ struct ServerArgs {
     /// (the kernel decides). A crash of the server alone loses nothing with any of them.
     #[arg(long, default_value = "always", value_parser = clap::value_parser!(Fsync))]
     fsync: Fsync,
+    /// Log bytes a partition writes before it snapshots its persistent objects (in the
+    /// background) and deletes the log behind the snapshot; recovery loads the snapshot and
+    /// replays at most about this much log. 0: never snapshot.
+    #[arg(long, default_value_t = spindle_server::config::DEFAULT_SNAPSHOT_AFTER, value_name = "BYTES")]
+    snapshot_after: u64,
     #[command(flatten)]
     functions: FunctionArgs,
     #[command(flatten)]
@@ -266,6 +271,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
         hosts,
         data_dir: args.data_dir,
         fsync: args.fsync,
+        snapshot_after: args.snapshot_after,
     };
     if let Err(message) = config.check() {
         error!("{message}");

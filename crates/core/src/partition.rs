@@ -19,8 +19,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::objects::user::{self, Forward, UserObject, UserState};
-use crate::record::{encode_apply, Record};
+use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
+
+mod snapshot;
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
 /// older than its oldest call in flight, so a window is enough.
@@ -35,6 +37,9 @@ struct Entry {
     owner: Option<Arc<str>>,
     /// Its changes are logged and it is recovered after a restart.
     persistent: bool,
+    /// The partition's snapshot epoch when it was made or last captured: a snapshot in
+    /// progress still needs it while this is older than the snapshot's epoch.
+    epoch: u64,
 }
 
 /// Whether this partition may hold persistent objects.
@@ -77,13 +82,15 @@ pub struct Detached {
 
 #[derive(Default)]
 struct ReplyLog {
-    replies: HashMap<u64, Reply>,
+    /// Each reply, and whether its call is in the op log (only those go into snapshots:
+    /// a replay would not have recorded the others).
+    replies: HashMap<u64, (Reply, bool)>,
     order: VecDeque<u64>,
 }
 
 impl ReplyLog {
-    fn record(&mut self, seq: u64, reply: Reply) {
-        if self.replies.insert(seq, reply).is_none() {
+    fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
+        if self.replies.insert(seq, (reply, durable)).is_none() {
             self.order.push_back(seq);
             if self.order.len() > REPLY_LOG_LEN {
                 if let Some(old) = self.order.pop_front() {
@@ -160,6 +167,14 @@ pub struct Partition {
     logged_conns: BTreeSet<ConnId>,
     logged_clients: HashSet<Arc<str>>,
     highest_logged_conn: ConnId,
+    /// The op-log records of logged calls parked on persistent objects, with their park
+    /// order: a snapshot carries them, and its restore applies them again.
+    parked_records: HashMap<Token, (u64, Vec<u8>)>,
+    parked_order: u64,
+    /// Bumped by every snapshot; see [`Entry::epoch`].
+    snapshot_epoch: u64,
+    /// The snapshot being captured, if any (see [`snapshot`]).
+    capture: Option<snapshot::Capture>,
 }
 
 fn system_caller() -> Caller {
@@ -235,6 +250,11 @@ impl Partition {
         Some(std::mem::take(&mut self.records))
     }
 
+    /// The sessions named in logged records that have not ended.
+    pub fn logged_clients(&self) -> Vec<Arc<str>> {
+        self.logged_clients.iter().cloned().collect()
+    }
+
     /// The highest connection id in a logged record: new connections after a restart must
     /// be numbered above it.
     pub fn highest_logged_conn(&self) -> ConnId {
@@ -254,6 +274,26 @@ impl Partition {
                 };
                 (k.clone(), (e.body.type_name().to_string(), snap))
             })
+            .collect()
+    }
+
+    /// The recorded replies of logged calls, by client (what a snapshot carries).
+    #[cfg(test)]
+    pub(crate) fn durable_replies(&self) -> BTreeMap<String, Vec<(u64, Reply)>> {
+        self.logs
+            .iter()
+            .map(|(client, log)| {
+                let replies = log
+                    .order
+                    .iter()
+                    .filter_map(|seq| match log.replies.get(seq) {
+                        Some((reply, true)) => Some((*seq, reply.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                (client.to_string(), replies)
+            })
+            .filter(|(_, replies): &(String, Vec<_>)| !replies.is_empty())
             .collect()
     }
 
@@ -359,8 +399,11 @@ impl Partition {
         // about it wait for the log like answers about persistent objects.
         let durable = self.storage != Storage::None;
         self.touched_persistent |= persistent || (durable && !self.objects.contains_key(op.key()));
+        if persistent {
+            self.preserve(op.key());
+        }
         if seq != 0 {
-            if let Some(reply) = self.logs.get(&caller.client).and_then(|l| l.replies.get(&seq)) {
+            if let Some((reply, _)) = self.logs.get(&caller.client).and_then(|l| l.replies.get(&seq)) {
                 // A recorded reply may be about a change whose record is still being written
                 // (it waits like one), or whose write failed (then it is not durable).
                 self.touched_persistent |= durable;
@@ -383,7 +426,7 @@ impl Partition {
         } = &op
         {
             if let Err(e) = self.check_persistence(type_name, key, *persistent) {
-                self.reply(caller, token, seq, true, Err(e), &mut out);
+                self.reply(caller, token, seq, true, false, Err(e), &mut out);
                 return out;
             }
         }
@@ -395,13 +438,25 @@ impl Partition {
                 },
                 Op::Create { .. } | Op::Delete { .. } => true,
             };
+        let logged_at = self.records.len();
         if logged {
             if let Storage::Failed(why) = &self.storage {
                 let e = storage_error(why);
-                self.reply(caller, token, seq, true, Err(e), &mut out);
+                self.reply(caller, token, seq, true, false, Err(e), &mut out);
                 return out;
             }
-            self.log(encode_apply(caller, token, seq, &op));
+            let record = encode_apply(caller, token, seq, &op);
+            if record.len() > MAX_RECORD_LEN {
+                let e = Error::value(format!(
+                    "this change to persistent object '{}' would be an op-log record of {} bytes, more than \
+                     the {MAX_RECORD_LEN} a record may hold: make it in smaller parts",
+                    op.key(),
+                    record.len()
+                ));
+                self.reply(caller, token, seq, true, false, Err(e), &mut out);
+                return out;
+            }
+            self.log(record);
             self.logged_conns.insert(caller.conn);
             self.logged_clients.insert(caller.client.clone());
             self.highest_logged_conn = self.highest_logged_conn.max(caller.conn);
@@ -430,9 +485,13 @@ impl Partition {
                 if record && seq != 0 {
                     self.parked_seqs.insert(token, (caller.client.clone(), seq));
                 }
+                if let (true, Some(record)) = (logged, self.records.get(logged_at)) {
+                    self.parked_order += 1;
+                    self.parked_records.insert(token, (self.parked_order, record.clone()));
+                }
             }
-            Ok(Some(v)) => self.reply(caller, token, seq, record, Ok(v), &mut out),
-            Err(e) => self.reply(caller, token, seq, record, Err(e), &mut out),
+            Ok(Some(v)) => self.reply(caller, token, seq, record, logged, Ok(v), &mut out),
+            Err(e) => self.reply(caller, token, seq, record, logged, Err(e), &mut out),
         }
         self.settle(&out);
         out
@@ -464,12 +523,22 @@ impl Partition {
         true
     }
 
-    fn reply(&mut self, caller: &Caller, token: Token, seq: u64, record: bool, reply: Reply, out: &mut Vec<Delivery>) {
+    #[allow(clippy::too_many_arguments)]
+    fn reply(
+        &mut self,
+        caller: &Caller,
+        token: Token,
+        seq: u64,
+        record: bool,
+        logged: bool,
+        reply: Reply,
+        out: &mut Vec<Delivery>,
+    ) {
         if record && seq != 0 {
             self.logs
                 .entry(caller.client.clone())
                 .or_default()
-                .record(seq, reply.clone());
+                .record(seq, reply.clone(), logged);
         }
         out.push(Delivery { token, reply });
     }
@@ -482,8 +551,12 @@ impl Partition {
                 self.timers.remove(&at);
             }
             self.hosted.remove(&d.token);
+            let logged = self.parked_records.remove(&d.token).is_some();
             if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
-                self.logs.entry(client).or_default().record(seq, d.reply.clone());
+                self.logs
+                    .entry(client)
+                    .or_default()
+                    .record(seq, d.reply.clone(), logged);
             }
         }
     }
@@ -537,6 +610,7 @@ impl Partition {
                     body: Body::Builtin(obj),
                     owner,
                     persistent,
+                    epoch: self.snapshot_epoch,
                 },
             );
             return Ok(Some(Value::Boolean(true)));
@@ -567,6 +641,7 @@ impl Partition {
                 body: Body::User(u),
                 owner,
                 persistent: false,
+                epoch: self.snapshot_epoch,
             },
         );
         // Answered when the constructor returns (`complete`).
@@ -647,6 +722,7 @@ impl Partition {
 
     fn delete(&mut self, key: &str, now: Instant, out: &mut Vec<Delivery>) -> bool {
         self.moved.remove(key);
+        self.preserve(key);
         let Some(e) = self.remove(key) else {
             return false;
         };
@@ -789,6 +865,7 @@ impl Partition {
             }
             let (key, token) = entry.remove();
             self.timer_of.remove(&token);
+            self.preserve(&key);
             let Some(e) = self.objects.get_mut(&key) else {
                 continue;
             };
@@ -816,6 +893,7 @@ impl Partition {
         // The call may have been answered by a change still being written: the `withdraw`
         // reply must not overtake that answer.
         self.touched_persistent |= self.storage != Storage::None;
+        self.preserve(key);
         let Some(e) = self.objects.get_mut(key) else {
             return out;
         };
@@ -841,6 +919,7 @@ impl Partition {
         }
         let caller = system_caller();
         for key in self.conn_keys.remove(&conn).unwrap_or_default() {
+            self.preserve(&key);
             if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
                 let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
                 obj.disconnect(conn, &mut ctx);
@@ -849,6 +928,7 @@ impl Partition {
         // Calls with an object host still run there: a retry must get their reply.
         let hosted = &self.hosted;
         self.parked_seqs.retain(|t, _| t.conn != conn || hosted.contains(t));
+        self.parked_records.retain(|t, _| t.conn != conn);
         let timers = &mut self.timers;
         self.timer_of.retain(|t, at| {
             let keep = t.conn != conn;
@@ -937,6 +1017,7 @@ impl Partition {
                 owner: None,
                 // `detach` refuses persistent objects.
                 persistent: false,
+                epoch: self.snapshot_epoch,
             },
         );
         Ok(())
@@ -950,6 +1031,7 @@ impl Partition {
                 body: Body::Builtin(d.obj),
                 owner: d.owner,
                 persistent: false,
+                epoch: self.snapshot_epoch,
             },
         );
     }

@@ -24,6 +24,10 @@ use crate::{Caller, ConnId, Token, Value};
 /// The record format version written by [`Record::encode`].
 pub const RECORD_VERSION: u64 = 1;
 
+/// The largest record the op log holds (the storage crate's limit): a change that would
+/// need more is refused before it is applied, rather than failing the log.
+pub const MAX_RECORD_LEN: usize = 64 << 20;
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     Apply {

@@ -259,73 +259,201 @@ fn persistence_rules() {
     assert_eq!(out[0].reply, Ok(Value::from(1)));
 }
 
+/// The keys of the random histories, and one random step of a history on them.
+const KEYS: [(&str, &str); 6] = [
+    ("Counter", "n"),
+    ("Dict", "d"),
+    ("Queue", "q"),
+    ("Queue", "bq"),
+    ("List", "l"),
+    ("Counter", "~c1.1"),
+];
+
+fn random_step(l: &mut Live, rng: &mut Rng, parked: &mut Vec<(Token, &'static str)>) {
+    let conn = 1 + rng.below(6) as u64;
+    let (type_name, key) = KEYS[rng.below(KEYS.len())];
+    let persistent = key != "l";
+    match rng.below(16) {
+        0 => {
+            let args = if key == "bq" { vec![2.into()] } else { vec![] };
+            l.create(conn, type_name, key, args, persistent);
+        }
+        1 if rng.below(4) == 0 => {
+            l.apply(conn, Op::Delete { key: key.into() });
+        }
+        2 => l.tick(Duration::from_millis(rng.below(400) as u64)),
+        3 => {
+            if let Some((token, key)) = parked.pop() {
+                let out = l.p.withdraw(token, key, l.now);
+                l.drain(out);
+            }
+        }
+        4 if rng.below(3) == 0 => {
+            let out = l.p.disconnect(conn, l.now);
+            l.drain(out);
+        }
+        5 if rng.below(8) == 0 => {
+            let out = l.p.end_session(&format!("c{}", conn % 3), l.now);
+            l.drain(out);
+        }
+        _ => {
+            let timeout = match rng.below(3) {
+                0 => Value::Nil,
+                n => Value::F64(n as f64 * 0.1),
+            };
+            let (method, args): (&str, Vec<Value>) = match type_name {
+                "Counter" => ("add", vec![(rng.below(10) as i64).into()]),
+                "Dict" => (
+                    "merge",
+                    vec![format!("k{}", rng.below(4)).into(), 1.into(), "sum".into()],
+                ),
+                "Queue" if rng.below(2) == 0 => ("put", vec![(rng.below(100) as u64).into(), true.into(), timeout]),
+                "Queue" => ("get", vec![true.into(), timeout]),
+                _ => ("append", vec![1.into()]),
+            };
+            let (token, out) = l.call(conn, type_name, key, method, args);
+            if out.iter().all(|d| d.token != token) {
+                parked.push((token, key));
+            }
+        }
+    }
+}
+
+fn seeded(seed: u64) -> Rng {
+    Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+}
+
 #[test]
 fn replaying_a_random_history_rebuilds_every_persistent_object() {
     for seed in 1..=40u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = seeded(seed);
         let mut l = Live::new();
-        let mut parked: Vec<(Token, &str)> = Vec::new();
-        let keys = [
-            ("Counter", "n"),
-            ("Dict", "d"),
-            ("Queue", "q"),
-            ("Queue", "bq"),
-            ("List", "l"),
-            ("Counter", "~c1.1"),
-        ];
+        let mut parked = Vec::new();
         for _ in 0..300 {
-            let conn = 1 + rng.below(6) as u64;
-            let (type_name, key) = keys[rng.below(keys.len())];
-            let persistent = key != "l";
-            match rng.below(16) {
-                0 => {
-                    let args = if key == "bq" { vec![2.into()] } else { vec![] };
-                    l.create(conn, type_name, key, args, persistent);
-                }
-                1 if rng.below(4) == 0 => {
-                    l.apply(conn, Op::Delete { key: key.into() });
-                }
-                2 => l.tick(Duration::from_millis(rng.below(400) as u64)),
-                3 => {
-                    if let Some((token, key)) = parked.pop() {
-                        let out = l.p.withdraw(token, key, l.now);
-                        l.drain(out);
-                    }
-                }
-                4 if rng.below(3) == 0 => {
-                    let out = l.p.disconnect(conn, l.now);
-                    l.drain(out);
-                }
-                5 if rng.below(8) == 0 => {
-                    let out = l.p.end_session(&format!("c{}", conn % 3), l.now);
-                    l.drain(out);
-                }
-                _ => {
-                    let timeout = match rng.below(3) {
-                        0 => Value::Nil,
-                        n => Value::F64(n as f64 * 0.1),
-                    };
-                    let (method, args): (&str, Vec<Value>) = match type_name {
-                        "Counter" => ("add", vec![(rng.below(10) as i64).into()]),
-                        "Dict" => (
-                            "merge",
-                            vec![format!("k{}", rng.below(4)).into(), 1.into(), "sum".into()],
-                        ),
-                        "Queue" if rng.below(2) == 0 => {
-                            ("put", vec![(rng.below(100) as u64).into(), true.into(), timeout])
-                        }
-                        "Queue" => ("get", vec![true.into(), timeout]),
-                        _ => ("append", vec![1.into()]),
-                    };
-                    let (token, out) = l.call(conn, type_name, key, method, args);
-                    if out.iter().all(|d| d.token != token) {
-                        parked.push((token, key));
-                    }
-                }
-            }
+            random_step(&mut l, &mut rng, &mut parked);
         }
         l.check();
     }
+}
+
+/// A fresh partition from a snapshot body and the log records after it.
+fn restored(body: &[u8], tail: &[Vec<u8>]) -> Partition {
+    let mut p = Partition::new();
+    p.enable_storage();
+    let now = Instant::now();
+    p.restore_snapshot(body, now).expect("the snapshot restores");
+    for record in tail {
+        p.replay(record, now).expect("records decode");
+    }
+    p
+}
+
+#[test]
+fn a_snapshot_taken_while_calls_go_on_plus_the_tail_equals_a_full_replay() {
+    for seed in 1..=60u64 {
+        let mut rng = seeded(seed);
+        let mut l = Live::new();
+        let mut parked = Vec::new();
+        for _ in 0..rng.below(150) {
+            random_step(&mut l, &mut rng, &mut parked);
+        }
+        // The moment of the snapshot: the log so far is behind it.
+        let at = l.log.len();
+        let mut body = l.p.begin_snapshot();
+        // Capture one object at a time, with calls changing, deleting and making objects
+        // in between (copy on write keeps the snapshot at its moment).
+        loop {
+            if rng.below(2) == 0 {
+                random_step(&mut l, &mut rng, &mut parked);
+                continue;
+            }
+            let (chunk, done) = l.p.snapshot_chunk(1);
+            body.extend(chunk);
+            if done {
+                break;
+            }
+        }
+        for _ in 0..rng.below(150) {
+            random_step(&mut l, &mut rng, &mut parked);
+        }
+        let from_snapshot = restored(&body, &l.log[at..]);
+        let full = l.replayed();
+        assert_eq!(
+            from_snapshot.persistent_snapshots(),
+            full.persistent_snapshots(),
+            "seed {seed}"
+        );
+        assert_eq!(
+            from_snapshot.persistent_snapshots(),
+            l.p.persistent_snapshots(),
+            "seed {seed}"
+        );
+        assert_eq!(from_snapshot.durable_replies(), full.durable_replies(), "seed {seed}");
+        // The snapshot alone is the state at its moment.
+        let at_moment = restored(&body, &[]);
+        let mut replayed_to_moment = Partition::new();
+        replayed_to_moment.enable_storage();
+        for record in &l.log[..at] {
+            replayed_to_moment.replay(record, l.now).unwrap();
+        }
+        assert_eq!(
+            at_moment.persistent_snapshots(),
+            replayed_to_moment.persistent_snapshots(),
+            "seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn a_get_parked_at_the_snapshot_takes_the_item_of_a_later_put() {
+    let mut l = Live::new();
+    l.create(1, "Queue", "q", vec![], true);
+    let (get, _) = l.call(2, "Queue", "q", "get", vec![true.into(), Value::Nil]);
+    let at = l.log.len();
+    let mut body = l.p.begin_snapshot();
+    body.extend(l.p.snapshot_chunk(usize::MAX).0);
+    let (_, out) = l.call(3, "Queue", "q", "put", vec!["x".into()]);
+    assert_eq!(reply(&out, get), Some(&Ok(Value::from("x"))));
+    let mut p = restored(&body, &l.log[at..]);
+    assert_eq!(p.persistent_snapshots(), l.p.persistent_snapshots());
+    // The get's reply is recorded: its client resending it after a restart gets "x" again.
+    let caller = Caller {
+        conn: 40,
+        client: Arc::from("c2"),
+        thread: 0,
+    };
+    let op = Op::Call {
+        type_name: "Queue".into(),
+        key: "q".into(),
+        method: "get".into(),
+        args: vec![true.into(), Value::Nil],
+    };
+    let get_seq = 2; // The Live helper numbers calls 1, 2, 3...
+    let out = p.apply(&caller, Token { conn: 40, req: 1 }, get_seq, op, l.now);
+    assert_eq!(out[0].reply, Ok(Value::from("x")));
+}
+
+#[test]
+fn a_damaged_snapshot_body_is_an_error_never_a_panic() {
+    let mut l = Live::new();
+    l.create(1, "Dict", "d", vec![], true);
+    l.call(1, "Dict", "d", "setitem", vec!["a".into(), 1.into()]);
+    l.create(1, "Queue", "q", vec![], true);
+    l.call(2, "Queue", "q", "get", vec![true.into(), Value::Nil]);
+    let mut body = l.p.begin_snapshot();
+    body.extend(l.p.snapshot_chunk(usize::MAX).0);
+    let whole = restored(&body, &[]);
+    assert_eq!(whole.persistent_snapshots(), l.p.persistent_snapshots());
+    for cut in 0..body.len() {
+        let mut p = Partition::new();
+        p.enable_storage();
+        assert!(p.restore_snapshot(&body[..cut], l.now).is_err(), "cut at {cut}");
+    }
+    let mut extra = body.clone();
+    extra.push(0xc0);
+    let mut p = Partition::new();
+    p.enable_storage();
+    assert!(p.restore_snapshot(&extra, l.now).unwrap_err().contains("after the end"));
 }
 
 #[test]
@@ -408,4 +536,21 @@ fn a_resent_call_whose_write_failed_is_not_acknowledged() {
     let again = Caller { conn: 2, ..caller };
     let out = l.p.apply(&again, Token { conn: 2, req: 1 }, 777, add(), l.now);
     assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::StorageError);
+}
+
+#[test]
+fn a_change_too_large_for_one_record_is_refused_before_it_is_applied() {
+    let mut l = Live::new();
+    l.create(1, "Blob", "b", vec![], true);
+    let big = Value::Binary(vec![7; crate::record::MAX_RECORD_LEN]);
+    let (_, out) = l.call(1, "Blob", "b", "set", vec![big]);
+    let e = out[0].reply.clone().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::ValueError);
+    assert!(e.message.contains("smaller parts"), "{e}");
+    let (_, out) = l.call(1, "Blob", "b", "len", vec![]);
+    assert_eq!(out[0].reply, Ok(Value::from(0)), "not applied");
+    // The log stays writable: the next change is logged as usual.
+    let (_, out) = l.call(1, "Blob", "b", "set", vec![Value::Binary(vec![1, 2])]);
+    assert!(out[0].reply.is_ok());
+    l.check();
 }

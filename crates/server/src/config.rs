@@ -25,7 +25,13 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// When logged changes are made durable (with `data_dir`).
     pub fsync: Fsync,
+    /// Log bytes a partition writes before it snapshots its persistent objects and drops
+    /// the log behind the snapshot (0: never).
+    pub snapshot_after: u64,
 }
+
+/// A snapshot after this much log keeps recovery to about a second of replay.
+pub const DEFAULT_SNAPSHOT_AFTER: u64 = 64 << 20;
 
 /// When the op log is `fsync`ed, like Redis' `appendfsync`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +119,7 @@ impl Default for Config {
             hosts: HostsConfig::default(),
             data_dir: None,
             fsync: Fsync::Always,
+            snapshot_after: DEFAULT_SNAPSHOT_AFTER,
         }
     }
 }

@@ -9,24 +9,39 @@
 //! and only then releases the replies. A call that only reads a persistent object sends
 //! its reply the same way while records are in flight, so no reply shows a state a crash
 //! could take back.
+//!
+//! Snapshots: after `--snapshot-after` bytes of log, the writer starts a snapshot under the
+//! shard lock ([`Partition::begin_snapshot`](spindle_core::Partition::begin_snapshot)) and
+//! puts a marker in its own queue there, so the marker sits exactly between the records
+//! before the snapshot's moment and those after. Reaching the marker, the writer starts a
+//! new segment: the snapshot covers the log up to its start. A thread of its own then
+//! captures the objects a chunk at a time (calls go on between chunks), writes the file,
+//! and deletes the log behind the older of the two newest snapshots.
 
 use std::fs;
-use std::io;
-use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
 use spindle_core::{ConnId, Delivery, Error, ErrorKind};
-use spindle_storage::{self as storage, LogFile, LogWriter, FIRST_SEGMENT_SEQ};
+use spindle_storage::{self as storage, LogFile, LogPosition, LogWriter, FIRST_SEGMENT_SEQ};
 use tracing::{error, info, warn};
 
 use crate::config::Fsync;
 use crate::Shared;
 
+// A record the partition accepts must fit the log.
+const _: () = assert!(spindle_core::record::MAX_RECORD_LEN == storage::MAX_RECORD_LEN as usize);
+
 /// Most queued batches committed together (bounds the latency of the first of them).
 const MAX_GROUP: usize = 4096;
+/// Bytes of objects a snapshot captures per hold of the shard lock.
+const SNAPSHOT_CHUNK: usize = 256 << 10;
+/// Snapshots kept; the log is deleted behind the oldest (a damaged newest one falls back).
+const SNAPSHOTS_KEPT: usize = 2;
 /// The file that records how many partitions the data directory was written with: keys
 /// are placed by hash over that number, so it must never change.
 const PARTITIONS_FILE: &str = "partitions";
@@ -53,10 +68,17 @@ struct Batch {
     deliveries: Vec<Delivery>,
 }
 
+/// What a shard's writer is sent, in the partition's order.
+enum Item {
+    Batch(Batch),
+    /// A snapshot began here (its header): the records before it are behind its moment.
+    Snapshot(Vec<u8>),
+}
+
 /// A shard's way to its writer.
 pub(crate) struct LogHandle {
     index: usize,
-    tx: Sender<Batch>,
+    tx: Sender<Item>,
     /// Batches with records queued or being written, not yet answered.
     inflight: Arc<AtomicUsize>,
 }
@@ -73,16 +95,33 @@ impl LogHandle {
         if logged {
             self.inflight.fetch_add(1, Ordering::AcqRel);
         }
-        match self.tx.send(Batch { records, deliveries }) {
+        match self.tx.send(Item::Batch(Batch { records, deliveries })) {
             Ok(()) => Vec::new(),
-            Err(mpsc::SendError(batch)) => {
+            Err(mpsc::SendError(item)) => {
                 if logged {
                     self.inflight.fetch_sub(1, Ordering::AcqRel);
                 }
-                fail(self.index, "its log writer stopped", batch.deliveries)
+                match item {
+                    Item::Batch(batch) => fail(self.index, "its log writer stopped", batch.deliveries),
+                    Item::Snapshot(_) => Vec::new(),
+                }
             }
         }
     }
+}
+
+/// Start a snapshot of shard `s` now (call with the shard locked): its moment is here, in
+/// the order of the log. Returns whether the writer got the marker.
+fn begin_snapshot(s: &mut crate::shards::ShardState) -> bool {
+    let header = s.partition.begin_snapshot();
+    let sent = s
+        .log
+        .as_ref()
+        .is_some_and(|log| log.tx.send(Item::Snapshot(header)).is_ok());
+    if !sent {
+        s.partition.abort_snapshot();
+    }
+    sent
 }
 
 fn fail(index: usize, why: &str, deliveries: Vec<Delivery>) -> Vec<Delivery> {
@@ -139,12 +178,13 @@ pub(crate) fn partitions(dir: &Path, configured: usize) -> io::Result<usize> {
 
 /// Recover every shard from the logs in `dir`, then start their writers. Runs before the
 /// server accepts connections.
-pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync) -> io::Result<()> {
+pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_after: u64) -> io::Result<()> {
     let started = Instant::now();
     storage::remove_stale_temp_files(dir).map_err(|e| recovery_error(e.to_string()))?;
     let mut highest_conn: ConnId = 0;
+    let mut clients = Vec::new();
     let mut writers = Vec::new();
-    let (mut records, mut objects) = (0, 0);
+    let (mut records, mut objects, mut snapshots) = (0, 0, 0);
     for index in 0..shared.shards.count() {
         let recovered = shared
             .shards
@@ -152,21 +192,23 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync) -> io::Resul
                 s.partition.enable_storage();
                 let log = recover(&mut s.partition, dir, index as u32)?;
                 highest_conn = highest_conn.max(s.partition.highest_logged_conn());
+                clients.extend(s.partition.logged_clients());
                 objects += s.partition.persistent_snapshots().len();
                 Ok(log)
             })
             .map_err(|e| recovery_error(format!("partition {index}: {e}")))?;
-        let (log, replayed) =
-            recovered.map_err(|e| match e.get_ref().is_some_and(|inner| inner.is::<RecoveryError>()) {
-                true => e,
-                // The storage crate's message names the file and the offset.
-                false => recovery_error(e.to_string()),
-            })?;
-        records += replayed;
-        writers.push(log);
+        let recovered = recovered.map_err(|e| match e.get_ref().is_some_and(|inner| inner.is::<RecoveryError>()) {
+            true => e,
+            // The storage crate's message names the file and the offset.
+            false => recovery_error(e.to_string()),
+        })?;
+        records += recovered.records;
+        snapshots += u64::from(recovered.from_snapshot);
+        writers.push(recovered);
     }
     shared.registry.start_after(highest_conn);
-    for (index, log) in writers.into_iter().enumerate() {
+    crate::sessions::recovered(shared, clients);
+    for (index, recovered) in writers.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel();
         let inflight = Arc::new(AtomicUsize::new(0));
         let handle = LogHandle {
@@ -178,14 +220,25 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync) -> io::Resul
             .shards
             .with(index, |s| s.log = Some(handle))
             .map_err(io::Error::other)?;
+        let w = Writer {
+            index,
+            log: recovered.log,
+            fsync,
+            failed: None,
+            dir: dir.to_owned(),
+            snapshot_after,
+            since_snapshot: recovered.tail_bytes,
+            snapshotting: Arc::new(AtomicBool::new(false)),
+        };
         let shared = shared.clone();
         std::thread::Builder::new()
             .name(format!("oplog-{index}"))
-            .spawn(move || write_loop(&shared, index, log, fsync, rx, &inflight))?;
+            .spawn(move || write_loop(&shared, w, rx, &inflight))?;
     }
     info!(
         data_dir = %dir.display(),
         records,
+        snapshots,
         persistent_objects = objects,
         fsync = ?fsync,
         "recovered in {:.1} ms",
@@ -194,10 +247,39 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync) -> io::Resul
     Ok(())
 }
 
-/// Replay partition `index`'s log, cut a torn tail, and open the log for appending.
-fn recover(partition: &mut spindle_core::Partition, dir: &Path, index: u32) -> io::Result<(LogWriter, u64)> {
+/// A partition's log after recovery.
+struct Recovered {
+    log: LogWriter,
+    /// Records replayed.
+    records: u64,
+    /// Bytes of log after the snapshot loaded (all of it without one).
+    tail_bytes: u64,
+    from_snapshot: bool,
+}
+
+/// Load partition `index`'s newest snapshot, replay the log after it, cut a torn tail, and
+/// open the log for appending.
+fn recover(partition: &mut spindle_core::Partition, dir: &Path, index: u32) -> io::Result<Recovered> {
     let plan = storage::plan_recovery(dir, index)?;
     let now = Instant::now();
+    for rejected in &plan.rejected_snapshots {
+        warn!(
+            "ignoring snapshot {}: {} (using an older one and more of the log)",
+            rejected.path.display(),
+            rejected.reason
+        );
+    }
+    if let Some(snapshot) = &plan.snapshot {
+        let (_, body) = storage::read_snapshot(&snapshot.path)?;
+        partition
+            .restore_snapshot(&body, now)
+            .map_err(|why| recovery_error(format!("snapshot {} does not restore: {why}", snapshot.path.display())))?;
+    }
+    let tail_bytes = plan
+        .segments
+        .iter()
+        .map(|s| fs::metadata(&s.path).map_or(0, |m| m.len().saturating_sub(s.start_offset)))
+        .sum();
     let outcome = storage::replay(&plan, |pos, record| {
         partition.replay(record, now).map_err(|why| {
             let path = storage::segment_path(dir, index, pos.seq);
@@ -230,63 +312,68 @@ fn recover(partition: &mut spindle_core::Partition, dir: &Path, index: u32) -> i
         log.append_batch(&records)?;
         log.sync()?;
     }
-    Ok((log, outcome.records))
+    Ok(Recovered {
+        log,
+        records: outcome.records,
+        tail_bytes,
+        from_snapshot: plan.snapshot.is_some(),
+    })
 }
 
 /// A shard's writer: group commit until the server exits.
-fn write_loop(
-    shared: &Shared,
-    index: usize,
-    log: LogWriter,
-    fsync: Fsync,
-    rx: Receiver<Batch>,
-    inflight: &AtomicUsize,
-) {
-    let mut w = Writer {
-        index,
-        log,
-        fsync,
-        failed: None,
-    };
+fn write_loop(shared: &Arc<Shared>, mut w: Writer, rx: Receiver<Item>, inflight: &AtomicUsize) {
+    let fsync = w.fsync;
     let mut last_sync = Instant::now();
     let mut group: Vec<Batch> = Vec::new();
     loop {
+        w.maybe_snapshot(shared);
         let unsynced = w.failed.is_none() && w.log.position() != w.log.synced_position();
         let first = match fsync {
             Fsync::Interval(every) if unsynced => {
                 match rx.recv_timeout((last_sync + every).saturating_duration_since(Instant::now())) {
-                    Ok(batch) => Some(batch),
+                    Ok(item) => Some(item),
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
             _ => match rx.recv() {
-                Ok(batch) => Some(batch),
+                Ok(item) => Some(item),
                 Err(_) => return,
             },
         };
-        if let Some(first) = first {
-            group.push(first);
-            while group.len() < MAX_GROUP {
-                match rx.try_recv() {
-                    Ok(batch) => group.push(batch),
-                    Err(_) => break,
+        // Everything queued up to a snapshot marker goes in one group; the marker after it.
+        let mut marker = None;
+        let mut next = first;
+        while let Some(item) = next.take() {
+            match item {
+                Item::Batch(batch) => group.push(batch),
+                Item::Snapshot(header) => {
+                    marker = Some(header);
+                    break;
                 }
             }
+            if group.len() < MAX_GROUP {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !group.is_empty() {
             let logged = group.iter().filter(|b| !b.records.is_empty()).count();
             let (out, newly_failed) = w.commit(&mut group);
             if let Some(why) = newly_failed {
-                storage_failed(shared, index, &why);
+                storage_failed(shared, w.index, &why);
             }
             shared.registry.deliver(out);
             // Only now: a read that finds nothing in flight answers at once.
             inflight.fetch_sub(logged, Ordering::AcqRel);
         }
+        if let Some(header) = marker {
+            w.snapshot_at_marker(shared, header);
+        }
         if let (Fsync::Interval(every), None) = (fsync, &w.failed) {
             if last_sync.elapsed() >= every {
                 if let Err(e) = w.log.sync() {
                     let why = e.to_string();
-                    storage_failed(shared, index, &why);
+                    storage_failed(shared, w.index, &why);
                     w.failed = Some(why);
                 }
                 last_sync = Instant::now();
@@ -296,12 +383,115 @@ fn write_loop(
 }
 
 /// A shard's log as its writer sees it.
-struct Writer<F: LogFile> {
+struct Writer<F: LogFile = fs::File> {
     index: usize,
     log: LogWriter<F>,
     fsync: Fsync,
     /// Why the log failed: every later record is refused (the file's state is unknown).
     failed: Option<String>,
+    dir: PathBuf,
+    /// `--snapshot-after` (0: never).
+    snapshot_after: u64,
+    /// Log bytes written since the last snapshot's moment.
+    since_snapshot: u64,
+    /// A snapshot is being captured or written.
+    snapshotting: Arc<AtomicBool>,
+}
+
+impl Writer {
+    /// Start a snapshot if enough log was written since the last one (and none is running).
+    fn maybe_snapshot(&mut self, shared: &Shared) {
+        if self.snapshot_after == 0
+            || self.since_snapshot < self.snapshot_after
+            || self.failed.is_some()
+            || self.snapshotting.load(Ordering::Acquire)
+        {
+            return;
+        }
+        match shared.shards.with(self.index, begin_snapshot) {
+            Ok(true) => {
+                self.snapshotting.store(true, Ordering::Release);
+                self.since_snapshot = 0;
+            }
+            Ok(false) => {}
+            Err(e) => error!(partition = self.index, "cannot start a snapshot: {e}"),
+        }
+    }
+
+    /// The snapshot marker came through: every record before it is written. Start a new
+    /// segment (the snapshot covers the log up to it) and write the snapshot in the background.
+    fn snapshot_at_marker(&mut self, shared: &Arc<Shared>, header: Vec<u8>) {
+        let position = match &self.failed {
+            // The state may hold changes that never reached the disk: never snapshot it.
+            Some(why) => Err(why.clone()),
+            None => self.log.rotate().map_err(|e| e.to_string()),
+        };
+        let position = match position {
+            Ok(p) => p,
+            Err(why) => {
+                if self.failed.is_none() {
+                    storage_failed(shared, self.index, &why);
+                    self.failed = Some(why);
+                }
+                let _ = shared.shards.with(self.index, |s| s.partition.abort_snapshot());
+                self.snapshotting.store(false, Ordering::Release);
+                return;
+            }
+        };
+        let (background, index, dir, flag) = (shared.clone(), self.index, self.dir.clone(), self.snapshotting.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("snapshot-{index}"))
+            .spawn(move || {
+                let started = Instant::now();
+                match write_snapshot(&background, index, &dir, position, &header) {
+                    Ok(info) => info!(
+                        partition = index,
+                        bytes = info.body_len,
+                        "snapshot {} written in {:.1} ms",
+                        info.path.display(),
+                        started.elapsed().as_secs_f64() * 1e3
+                    ),
+                    Err(e) => {
+                        warn!(partition = index, "snapshot failed (the log is kept): {e}");
+                        let _ = background.shards.with(index, |s| s.partition.abort_snapshot());
+                    }
+                }
+                flag.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            warn!(partition = self.index, "cannot start a snapshot thread: {e}");
+            let _ = shared.shards.with(self.index, |s| s.partition.abort_snapshot());
+            self.snapshotting.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Capture partition `index`'s snapshot a chunk at a time, write it as the snapshot at
+/// `position`, and delete the log behind the oldest snapshot kept.
+fn write_snapshot(
+    shared: &Shared,
+    index: usize,
+    dir: &Path,
+    position: LogPosition,
+    header: &[u8],
+) -> io::Result<storage::SnapshotInfo> {
+    let mut file = storage::begin_snapshot(dir, index as u32, position)?;
+    file.write_all(header)?;
+    loop {
+        let (chunk, done) = shared
+            .shards
+            .with(index, |s| s.partition.snapshot_chunk(SNAPSHOT_CHUNK))
+            .map_err(io::Error::other)?;
+        file.write_all(&chunk)?;
+        if done {
+            break;
+        }
+    }
+    let info = file.finish()?;
+    if let Some(floor) = storage::prune_snapshots(dir, index as u32, SNAPSHOTS_KEPT)? {
+        storage::delete_segments_before(dir, index as u32, floor.seq)?;
+    }
+    Ok(info)
 }
 
 impl<F: LogFile> Writer<F> {
@@ -315,6 +505,10 @@ impl<F: LogFile> Writer<F> {
             None => self
                 .log
                 .append_batch(group.iter().flat_map(|b| b.records.iter()))
+                .inspect(|_| {
+                    let bytes: usize = group.iter().flat_map(|b| b.records.iter()).map(Vec::len).sum();
+                    self.since_snapshot += bytes as u64;
+                })
                 .and_then(|_| match self.fsync {
                     Fsync::Always => self.log.sync(),
                     _ => Ok(()),
@@ -395,6 +589,10 @@ mod tests {
             log,
             fsync: Fsync::Always,
             failed: None,
+            dir: dir.clone(),
+            snapshot_after: 0,
+            since_snapshot: 0,
+            snapshotting: Arc::new(AtomicBool::new(false)),
         };
         // Two records fit: one append, one sync, replies released as they were.
         let (out, failed) = w.commit(&mut vec![batch(1, 1), batch(1, 2)]);

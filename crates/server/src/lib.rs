@@ -58,9 +58,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Recover persistent objects (with a data directory), then bind the listening socket
-    /// (`port` 0 picks a free port). A failed recovery is an error carrying a
-    /// [`RecoveryError`].
+    /// Bind the listening socket (`port` 0 picks a free port), then recover persistent
+    /// objects (with a data directory) before anything is served: connections made meanwhile
+    /// wait in the listen backlog. A failed recovery is an error carrying a [`RecoveryError`].
     pub async fn bind(mut config: Config) -> io::Result<Server> {
         let data_lock = match &config.data_dir {
             Some(dir) => {
@@ -94,7 +94,7 @@ impl Server {
             _data_lock: data_lock,
         });
         if let Some(dir) = &shared.config.data_dir {
-            journal::start(&shared, dir, shared.config.fsync)?;
+            journal::start(&shared, dir, shared.config.fsync, shared.config.snapshot_after)?;
         }
         Ok(Server { listener, shared })
     }

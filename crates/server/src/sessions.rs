@@ -75,6 +75,32 @@ pub(crate) fn connection_closed(shared: &Arc<Shared>, client: Arc<str>) {
         }
         session.epoch
     };
+    end_after_ttl(shared, client, epoch);
+}
+
+/// Sessions named in the op log of a recovered server: their clients may come back to retry
+/// their calls (and get the recorded replies), or never. Like sessions whose last connection
+/// just closed, each ends `session_ttl` from now unless a connection comes back first, so
+/// its reply log and unnamed objects do not stay forever (in memory and in every snapshot).
+pub(crate) fn recovered(shared: &Arc<Shared>, clients: impl IntoIterator<Item = Arc<str>>) {
+    for client in clients {
+        {
+            let mut sessions = shared.sessions.lock();
+            if sessions.contains_key(&client) {
+                continue;
+            }
+            let session = Session {
+                id: client.clone(),
+                connections: 0,
+                epoch: 0,
+            };
+            sessions.insert(client.clone(), session);
+        }
+        end_after_ttl(shared, client, 0);
+    }
+}
+
+fn end_after_ttl(shared: &Arc<Shared>, client: Arc<str>, epoch: u64) {
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(shared.config.session_ttl).await;

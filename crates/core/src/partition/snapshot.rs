@@ -1,0 +1,400 @@
+//! Partition snapshots: the persistent part of a partition as of one moment, captured while
+//! calls go on, so the op log behind it can be dropped and recovery replays only the tail.
+//!
+//! [`Partition::begin_snapshot`] marks the moment: it returns the snapshot's header (the
+//! partition-wide state: recorded replies, logged connections and sessions, the calls parked
+//! on persistent objects) and lists the persistent objects. The objects themselves are
+//! captured later, a chunk at a time ([`Partition::snapshot_chunk`]), each under a short hold
+//! of the shard lock: an object about to change before its turn is captured first (copy on
+//! write, [`Partition::preserve`]), and objects made after the moment are left out, so the
+//! snapshot is exactly the state at that moment. The server puts the moment in the log (it
+//! starts a new segment there), and recovery loads the snapshot, then replays the log after it.
+//!
+//! # Body format, version 1
+//!
+//! A stream of MessagePack values:
+//!
+//! ```text
+//! [1, "partition", header]                      header: a map, below
+//! ["object", key, type, owner | nil, state]     one per persistent object (state: Object::snapshot)
+//! ["end", objects]                              the number of "object" values before it
+//! ```
+//!
+//! `header` has exactly the fields `next_object_id`, `highest_logged_conn` (ints),
+//! `logged_conns` (array of ints), `logged_clients` (array of strings), `replies` (array of
+//! `[client, [[seq, reply]...]]`, oldest reply first; `reply` is `["ok", value]` or
+//! `["err", kind, message, data]`) and `parked` (array of op-log records as bin, in park
+//! order). Restoring applies the parked records again, so the calls parked at the moment are
+//! parked again and a later record that answered one (a `put` handing its item to a waiting
+//! `get`) replays as it ran.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Body, Entry, Partition, ReplyLog, Storage};
+use crate::{objects, Error, ErrorKind, Reply, Value};
+
+/// The snapshot format version.
+pub const SNAPSHOT_VERSION: u64 = 1;
+
+/// A snapshot being captured.
+pub(super) struct Capture {
+    epoch: u64,
+    /// Persistent objects at the moment of the snapshot not captured yet (taken from the end).
+    pending: Vec<String>,
+    /// Encoded objects captured and not yet handed out.
+    ready: Vec<u8>,
+    objects: u64,
+}
+
+impl Partition {
+    /// Start a snapshot of the persistent objects as they are now; returns its header (the
+    /// first bytes of the body). Write the log position of this moment with it. A snapshot
+    /// already in progress is abandoned.
+    pub fn begin_snapshot(&mut self) -> Vec<u8> {
+        self.snapshot_epoch += 1;
+        let pending = self
+            .objects
+            .iter()
+            .filter(|(_, e)| e.persistent)
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.capture = Some(Capture {
+            epoch: self.snapshot_epoch,
+            pending,
+            ready: Vec::new(),
+            objects: 0,
+        });
+        let mut replies = Vec::new();
+        for (client, log) in &self.logs {
+            let durable: Vec<Value> = log
+                .order
+                .iter()
+                .filter_map(|seq| match log.replies.get(seq) {
+                    Some((reply, true)) => Some(Value::Array(vec![(*seq).into(), encode_reply(reply)])),
+                    _ => None,
+                })
+                .collect();
+            if !durable.is_empty() {
+                replies.push(Value::Array(vec![(**client).into(), Value::Array(durable)]));
+            }
+        }
+        let mut parked: Vec<&(u64, Vec<u8>)> = self.parked_records.values().collect();
+        parked.sort_unstable_by_key(|(order, _)| *order);
+        let mut clients: Vec<&str> = self.logged_clients.iter().map(|c| &**c).collect();
+        clients.sort_unstable();
+        let header = vec![
+            ("next_object_id", self.next_object_id.into()),
+            ("highest_logged_conn", self.highest_logged_conn.into()),
+            (
+                "logged_conns",
+                Value::Array(self.logged_conns.iter().map(|c| (*c).into()).collect()),
+            ),
+            (
+                "logged_clients",
+                Value::Array(clients.into_iter().map(Value::from).collect()),
+            ),
+            ("replies", Value::Array(replies)),
+            (
+                "parked",
+                Value::Array(parked.into_iter().map(|(_, r)| Value::Binary(r.clone())).collect()),
+            ),
+        ];
+        let header = Value::Map(header.into_iter().map(|(k, v)| (Value::from(k), v)).collect());
+        let mut buf = Vec::new();
+        write(
+            &mut buf,
+            Value::Array(vec![SNAPSHOT_VERSION.into(), "partition".into(), header]),
+        );
+        buf
+    }
+
+    /// The next part of the snapshot in progress: about `budget` bytes of captured objects,
+    /// and `true` with the last part (which ends the snapshot). Empty and `true` when no
+    /// snapshot is in progress.
+    pub fn snapshot_chunk(&mut self, budget: usize) -> (Vec<u8>, bool) {
+        let Some(c) = self.capture.as_mut() else {
+            return (Vec::new(), true);
+        };
+        while c.ready.len() < budget {
+            let Some(key) = c.pending.pop() else { break };
+            if let Some(e) = self.objects.get_mut(&key) {
+                capture(c, &key, e);
+            }
+        }
+        let mut out = std::mem::take(&mut c.ready);
+        if !c.pending.is_empty() {
+            return (out, false);
+        }
+        write(&mut out, Value::Array(vec!["end".into(), c.objects.into()]));
+        self.capture = None;
+        (out, true)
+    }
+
+    /// Give up the snapshot in progress (its file could not be written).
+    pub fn abort_snapshot(&mut self) {
+        self.capture = None;
+    }
+
+    /// Before `key`'s object changes: capture it first if the snapshot in progress still
+    /// needs it as it was.
+    pub(super) fn preserve(&mut self, key: &str) {
+        if let (Some(c), Some(e)) = (self.capture.as_mut(), self.objects.get_mut(key)) {
+            capture(c, key, e);
+        }
+    }
+
+    /// Rebuild a fresh partition from a snapshot body (recovery, before replaying the log
+    /// after the snapshot). Fails, naming what is wrong, on a body that does not decode.
+    pub fn restore_snapshot(&mut self, body: &[u8], now: Instant) -> Result<(), String> {
+        if !self.objects.is_empty() || !self.logs.is_empty() {
+            return Err("a snapshot is restored into an empty partition only".into());
+        }
+        if self.storage == Storage::None {
+            return Err("a snapshot is restored into a partition with storage enabled only".into());
+        }
+        let mut rest = body;
+        let mut next = |what: &str| -> Result<Vec<Value>, String> {
+            if rest.is_empty() {
+                return Err(format!("the body ends before {what}"));
+            }
+            match rmpv::decode::read_value(&mut rest) {
+                Ok(Value::Array(items)) => Ok(items),
+                Ok(_) => Err(format!("{what} is not an array")),
+                Err(e) => Err(format!("{what} is not MessagePack: {e}")),
+            }
+        };
+        let mut head = Items::new(next("the header")?, "the header");
+        let version = head.uint("version")?;
+        if version != SNAPSHOT_VERSION {
+            return Err(format!(
+                "snapshot format version {version}, this server knows {SNAPSHOT_VERSION}"
+            ));
+        }
+        head.tag("partition")?;
+        let header = head.next("header")?;
+        head.end()?;
+        let mut fields = header_fields(header)?;
+        let mut field = |name: &str| {
+            fields
+                .remove(name)
+                .ok_or_else(|| format!("header field {name} is missing"))
+        };
+        self.next_object_id = uint(field("next_object_id")?, "next_object_id")?;
+        self.highest_logged_conn = uint(field("highest_logged_conn")?, "highest_logged_conn")?;
+        for c in array(field("logged_conns")?, "logged_conns")? {
+            self.logged_conns.insert(uint(c, "a logged connection")?);
+        }
+        for c in array(field("logged_clients")?, "logged_clients")? {
+            self.logged_clients.insert(Arc::from(string(c, "a logged client")?));
+        }
+        for entry in array(field("replies")?, "replies")? {
+            let mut items = Items::new(array(entry, "a reply log")?, "a reply log");
+            let client: Arc<str> = Arc::from(items.string("client")?);
+            let mut log = ReplyLog::default();
+            for r in items.array("replies")? {
+                let mut r = Items::new(array(r, "a reply")?, "a reply");
+                let seq = r.uint("seq")?;
+                let reply = decode_reply(r.next("reply")?)?;
+                r.end()?;
+                log.record(seq, reply, true);
+            }
+            items.end()?;
+            self.logs.insert(client, log);
+        }
+        let parked: Vec<Vec<u8>> = array(field("parked")?, "parked")?
+            .into_iter()
+            .map(|r| match r {
+                Value::Binary(b) => Ok(b),
+                _ => Err("a parked record is not bin".to_string()),
+            })
+            .collect::<Result<_, _>>()?;
+        if let Some(extra) = fields.keys().next() {
+            return Err(format!("unexpected header field {extra}"));
+        }
+        let mut count = 0u64;
+        loop {
+            let mut items = Items::new(next("the end")?, "an object");
+            match items.string("tag")?.as_str() {
+                "object" => {
+                    let key = items.string("key")?;
+                    let type_name = items.string("type")?;
+                    let owner = match items.next("owner")? {
+                        Value::Nil => None,
+                        v => Some(Arc::from(string(v, "owner")?)),
+                    };
+                    let state = items.next("state")?;
+                    items.end()?;
+                    let obj = objects::snapshot::restore(&type_name, &state)
+                        .map_err(|e| format!("object '{key}': {}", e.message))?;
+                    let entry = Entry {
+                        body: Body::Builtin(obj),
+                        owner,
+                        persistent: true,
+                        epoch: self.snapshot_epoch,
+                    };
+                    if self.objects.insert(key.clone(), entry).is_some() {
+                        return Err(format!("object '{key}' appears twice"));
+                    }
+                    count += 1;
+                }
+                "end" => {
+                    let n = items.uint("count")?;
+                    items.end()?;
+                    if n != count {
+                        return Err(format!("the end says {n} objects, the body holds {count}"));
+                    }
+                    break;
+                }
+                other => return Err(format!("unknown entry '{other}'")),
+            }
+        }
+        if !rest.is_empty() {
+            return Err(format!("{} bytes after the end", rest.len()));
+        }
+        // The calls parked at the moment of the snapshot park again, in their order.
+        for record in parked {
+            self.replay(&record, now)?;
+        }
+        Ok(())
+    }
+}
+
+/// Capture `e` into `c` unless it is not needed (ephemeral, made after the snapshot's
+/// moment, or captured already).
+fn capture(c: &mut Capture, key: &str, e: &mut Entry) {
+    if !e.persistent || e.epoch >= c.epoch {
+        return;
+    }
+    e.epoch = c.epoch;
+    let state = match &e.body {
+        Body::Builtin(obj) => obj.snapshot().unwrap_or(Value::Nil),
+        Body::User(_) => Value::Nil,
+    };
+    let owner = e.owner.as_deref().map_or(Value::Nil, Value::from);
+    write(
+        &mut c.ready,
+        Value::Array(vec![
+            "object".into(),
+            key.into(),
+            e.body.type_name().into(),
+            owner,
+            state,
+        ]),
+    );
+    c.objects += 1;
+}
+
+fn write(buf: &mut Vec<u8>, value: Value) {
+    // Writing to a Vec cannot fail.
+    let _ = rmpv::encode::write_value(buf, &value);
+}
+
+fn encode_reply(reply: &Reply) -> Value {
+    match reply {
+        Ok(v) => Value::Array(vec!["ok".into(), v.clone()]),
+        Err(e) => Value::Array(vec![
+            "err".into(),
+            e.kind.as_str().into(),
+            e.message.as_str().into(),
+            e.data.clone(),
+        ]),
+    }
+}
+
+fn decode_reply(value: Value) -> Result<Reply, String> {
+    let mut items = Items::new(array(value, "a reply")?, "a reply");
+    let reply = match items.string("outcome")?.as_str() {
+        "ok" => Ok(items.next("value")?),
+        "err" => {
+            let kind = items.string("kind")?;
+            let kind = ErrorKind::from_name(&kind).ok_or_else(|| format!("unknown error kind '{kind}'"))?;
+            let message = items.string("message")?;
+            Err(Error::new(kind, message).with_data(items.next("data")?))
+        }
+        other => return Err(format!("unknown reply outcome '{other}'")),
+    };
+    items.end()?;
+    Ok(reply)
+}
+
+fn header_fields(header: Value) -> Result<HashMap<String, Value>, String> {
+    let Value::Map(pairs) = header else {
+        return Err("the header is not a map".into());
+    };
+    let mut fields = HashMap::new();
+    for (k, v) in pairs {
+        let name = string(k, "a header field name")?;
+        if fields.insert(name.clone(), v).is_some() {
+            return Err(format!("header field {name} appears twice"));
+        }
+    }
+    Ok(fields)
+}
+
+fn uint(v: Value, what: &str) -> Result<u64, String> {
+    v.as_u64()
+        .ok_or_else(|| format!("{what} is not a non-negative integer"))
+}
+
+fn string(v: Value, what: &str) -> Result<String, String> {
+    match v {
+        Value::String(s) => s.into_str().ok_or_else(|| format!("{what} is not UTF-8")),
+        _ => Err(format!("{what} is not a string")),
+    }
+}
+
+fn array(v: Value, what: &str) -> Result<Vec<Value>, String> {
+    match v {
+        Value::Array(items) => Ok(items),
+        _ => Err(format!("{what} is not an array")),
+    }
+}
+
+/// The items of one array value, taken in order.
+struct Items {
+    items: std::vec::IntoIter<Value>,
+    what: &'static str,
+}
+
+impl Items {
+    fn new(items: Vec<Value>, what: &'static str) -> Self {
+        Items {
+            items: items.into_iter(),
+            what,
+        }
+    }
+
+    fn next(&mut self, name: &str) -> Result<Value, String> {
+        self.items
+            .next()
+            .ok_or_else(|| format!("{} lacks its {name}", self.what))
+    }
+
+    fn uint(&mut self, name: &str) -> Result<u64, String> {
+        uint(self.next(name)?, name)
+    }
+
+    fn string(&mut self, name: &str) -> Result<String, String> {
+        string(self.next(name)?, name)
+    }
+
+    fn array(&mut self, name: &str) -> Result<Vec<Value>, String> {
+        array(self.next(name)?, name)
+    }
+
+    fn tag(&mut self, expected: &str) -> Result<(), String> {
+        match self.string("tag")? {
+            t if t == expected => Ok(()),
+            t => Err(format!("{} is '{t}', not '{expected}'", self.what)),
+        }
+    }
+
+    fn end(&mut self) -> Result<(), String> {
+        match self.items.len() {
+            0 => Ok(()),
+            n => Err(format!("{} has {n} unexpected items at its end", self.what)),
+        }
+    }
+}
