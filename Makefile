@@ -44,6 +44,7 @@ bench: setup
 	$(PY) bench/functions.py
 	$(PY) bench/ml.py
 	$(PY) bench/santa.py
+	$(PY) bench/durability.py
 
 clean:
 	rm -rf $(VENV) target
