@@ -181,27 +181,28 @@ pub(crate) fn partitions(dir: &Path, configured: usize) -> io::Result<usize> {
 pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_after: u64) -> io::Result<()> {
     let started = Instant::now();
     storage::remove_stale_temp_files(dir).map_err(|e| recovery_error(e.to_string()))?;
+    // Partitions recover in parallel: one thread each, every one locking only its own shard.
+    let results: Vec<io::Result<Recovered>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..shared.shards.count())
+            .map(|index| scope.spawn(move || recover_shard(shared, dir, index)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(recovery_error("recovery panicked".into())))
+            })
+            .collect()
+    });
     let mut highest_conn: ConnId = 0;
     let mut clients = Vec::new();
     let mut writers = Vec::new();
     let (mut records, mut objects, mut snapshots) = (0, 0, 0);
-    for index in 0..shared.shards.count() {
-        let recovered = shared
-            .shards
-            .with(index, |s| -> io::Result<_> {
-                s.partition.enable_storage();
-                let log = recover(&mut s.partition, dir, index as u32)?;
-                highest_conn = highest_conn.max(s.partition.highest_logged_conn());
-                clients.extend(s.partition.logged_clients());
-                objects += s.partition.persistent_snapshots().len();
-                Ok(log)
-            })
-            .map_err(|e| recovery_error(format!("partition {index}: {e}")))?;
-        let recovered = recovered.map_err(|e| match e.get_ref().is_some_and(|inner| inner.is::<RecoveryError>()) {
-            true => e,
-            // The storage crate's message names the file and the offset.
-            false => recovery_error(e.to_string()),
-        })?;
+    for recovered in results {
+        let mut recovered = recovered?;
+        highest_conn = highest_conn.max(recovered.highest_conn);
+        clients.append(&mut recovered.clients);
+        objects += recovered.objects;
         records += recovered.records;
         snapshots += u64::from(recovered.from_snapshot);
         writers.push(recovered);
@@ -247,11 +248,32 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
     Ok(())
 }
 
+/// Recover shard `index` (see [`recover`]); errors name the partition.
+fn recover_shard(shared: &Shared, dir: &Path, index: usize) -> io::Result<Recovered> {
+    let recovered = shared
+        .shards
+        .with(index, |s| {
+            s.partition.enable_storage();
+            recover(&mut s.partition, dir, index as u32)
+        })
+        .map_err(|e| recovery_error(format!("partition {index}: {e}")))?;
+    recovered.map_err(|e| match e.get_ref().is_some_and(|inner| inner.is::<RecoveryError>()) {
+        true => e,
+        // The storage crate's message names the file and the offset.
+        false => recovery_error(e.to_string()),
+    })
+}
+
 /// A partition's log after recovery.
 struct Recovered {
     log: LogWriter,
     /// Records replayed.
     records: u64,
+    /// Persistent objects recovered.
+    objects: usize,
+    /// The highest connection id in the log, and the sessions it names that have not ended.
+    highest_conn: ConnId,
+    clients: Vec<Arc<str>>,
     /// Bytes of log after the snapshot loaded (all of it without one).
     tail_bytes: u64,
     from_snapshot: bool,
@@ -315,6 +337,9 @@ fn recover(partition: &mut spindle_core::Partition, dir: &Path, index: u32) -> i
     Ok(Recovered {
         log,
         records: outcome.records,
+        objects: partition.persistent_len(),
+        highest_conn: partition.highest_logged_conn(),
+        clients: partition.logged_clients(),
         tail_bytes,
         from_snapshot: plan.snapshot.is_some(),
     })
