@@ -166,6 +166,7 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync) -> io::Resul
         writers.push(log);
     }
     shared.registry.start_after(highest_conn);
+    let classes = crate::hosts::register_recovered_classes(shared).map_err(io::Error::other)?;
     for (index, log) in writers.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel();
         let inflight = Arc::new(AtomicUsize::new(0));
@@ -187,6 +188,7 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync) -> io::Resul
         data_dir = %dir.display(),
         records,
         persistent_objects = objects,
+        classes,
         fsync = ?fsync,
         "recovered in {:.1} ms",
         started.elapsed().as_secs_f64() * 1e3
@@ -382,6 +384,13 @@ mod tests {
                 reply: Ok(Value::from(req)),
             }],
         }
+    }
+
+    #[test]
+    fn the_partition_knows_the_longest_record() {
+        // A persistent user object's state over it is refused by the partition, never
+        // handed to the writer (which would fail the whole partition's log).
+        assert_eq!(spindle_core::record::MAX_RECORD_LEN, storage::MAX_RECORD_LEN as usize);
     }
 
     #[test]
