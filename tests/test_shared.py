@@ -267,11 +267,19 @@ def test_static_and_class_methods_run_here():
     assert isinstance(box, Box) and box.get() == 3
 
 
-def test_persistent_objects_are_refused_for_now():
-    with pytest.raises(NotImplementedError, match="persistent"):
-        @spindle.shared(persistent=True)
-        class Durable:
-            pass
+@needs_hosts
+def test_persistent_objects_need_a_data_directory(uniq):
+    # Accepted by the decorator (tests/test_shared_durability.py runs them with --data-dir);
+    # the session's server has no data directory, so constructing one is refused.
+    @spindle.shared(persistent=True)
+    class Durable:
+        def get(self) -> int:
+            return 1
+
+    with pytest.raises(ValueError, match="no --data-dir"):
+        Durable(name=f"{uniq}.durable")
+    with pytest.raises(ValueError, match="no --data-dir"):
+        Durable()
 
     @spindle.shared(persistent=False)
     class Ephemeral:

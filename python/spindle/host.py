@@ -14,6 +14,16 @@ are kept by type and version; instances are kept by key. Arguments and results a
 on; a crash (``os._exit``, a signal) or a call past the server's time limit costs the host,
 and the server reports its objects lost.
 
+Persistent objects (``@spindle.shared(persistent=True)``; docs/durability.md, "Persistent
+user-defined objects"): a ``construct`` with its persistent operand, or a ``restore``, makes
+the instance persistent here: after its constructor and after each of its method calls
+(returning or raising) the host pickles its state (``obj.__getstate__()``, with cloudpickle)
+and sends it as a 4th item of the reply, ``[rid, status, result, state]``, for the server to
+log. A state that does not pickle is a ``TypeError`` reply, and the instance goes back to
+its last state sent (so the host never holds a state the server has not logged). ``restore``
+rebuilds an instance from a state as pickle does (``cls.__new__(cls)``, then
+``__setstate__(state)`` or the ``__dict__`` and slots update).
+
 While a constructor or method runs, ``spindle.proxy.running_method`` names it, so SDK calls
 that could wait raise ``spindle.BlockingCallError`` instead of hanging the host ("Methods do
 not wait"). Methods reach other objects through this process's ordinary client.
@@ -28,6 +38,7 @@ import sys
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import cloudpickle
 import msgpack
 
 from spindle import codec
@@ -36,6 +47,9 @@ from spindle.client import frame
 from spindle.worker import ERROR_TEXT_LIMIT, MAX_FRAME, _error_of, _pickle_exception, announce
 
 REPLY_OVERHEAD = 4 << 10  # bytes of a reply besides its value (ids, kinds, framing)
+# The longest state (with its reply) a persistent object can log: a frame, and an op-log
+# record (64 MiB) holding the key, type and session besides.
+STATE_LIMIT = min(MAX_FRAME, 64 << 20) - (64 << 10)
 
 
 class HostError(Exception):
@@ -91,6 +105,7 @@ class Host:
         self.classes: Dict[Tuple[str, str], type] = {}  # by (type, version)
         self.instances: Dict[str, Tuple[Any, type, str]] = {}  # by key: (instance, class, type)
         self._methods: Dict[Tuple[type, str], bool] = {}  # (class, name): is it shared?
+        self.states: Dict[str, bytes] = {}  # persistent instances by key: their last state sent
 
     # -- requests ----------------------------------------------------------------------
 
@@ -105,14 +120,31 @@ class Host:
             op = request[1]
             if op == "call":
                 _, _, key, method, args, kwargs = request
+                if key in self.states:
+                    return self._call_persistent(rid, key, method, args, kwargs)
                 where, value, me = self.call(key, method, args, kwargs)
                 return self._reply(rid, value, where, me)
             if op == "construct":
-                _, _, key, type_name, version, code, args, kwargs = request
+                _, _, key, type_name, version, code, args, kwargs, *rest = request
+                self.states.pop(key, None)
                 self.construct(key, type_name, version, code, args, kwargs)
+                if rest and rest[0]:  # persistent: the state goes with the reply
+                    obj, cls, _ = self.instances[key]
+                    try:
+                        state = self._state_of(obj, f"{cls.__qualname__}.__init__")
+                    except _Raised:
+                        self.instances.pop(key, None)  # no object is left, as if it raised
+                        raise
+                    self.states[key] = state
+                    return frame([rid, 0, None, state])
+                return frame([rid, 0, None])
+            if op == "restore":
+                _, _, key, type_name, version, code, state = request
+                self.restore(key, type_name, version, code, state)
                 return frame([rid, 0, None])
             if op == "drop":
                 self.instances.pop(request[2], None)
+                self.states.pop(request[2], None)
                 return frame([rid, 0, None])
             if op == "ping":
                 return frame([rid, 0, "pong"])
@@ -124,8 +156,7 @@ class Host:
         except (ValueError, TypeError, LookupError) as exc:  # a request of the wrong shape
             return frame([rid, 1, ["ProtocolError", f"bad request to an object host: {exc}", None]])
 
-    def construct(self, key: str, type_name: str, version: str, code: Optional[bytes],
-                  args: List[Any], kwargs: Dict[str, Any]) -> None:
+    def _class(self, type_name: str, version: str, code: Optional[bytes]) -> type:
         cls = self.classes.get((type_name, version))
         if cls is None:
             if code is None:
@@ -137,9 +168,113 @@ class Host:
             if not isinstance(cls, type):
                 raise HostError("ProtocolError", f"the code of {type_name} is not a class")
             self.classes[(type_name, version)] = cls
+        return cls
+
+    def construct(self, key: str, type_name: str, version: str, code: Optional[bytes],
+                  args: List[Any], kwargs: Dict[str, Any]) -> None:
+        cls = self._class(type_name, version, code)
         self.instances.pop(key, None)  # constructed again (after it was lost, say)
         obj = self._run(cls, f"{cls.__qualname__}.__init__", args, kwargs)
         self.instances[key] = (obj, cls, type_name)
+
+    def restore(self, key: str, type_name: str, version: str, code: Optional[bytes],
+                state: bytes) -> None:
+        """Rebuild persistent object ``key`` from its last logged state."""
+        cls = self._class(type_name, version, code)
+        self.instances.pop(key, None)
+        self.states.pop(key, None)
+        obj = self._rebuild(cls, state, f"restoring {cls.__qualname__}")
+        self.instances[key] = (obj, cls, type_name)
+        self.states[key] = state
+
+    @staticmethod
+    def _rebuild(cls: type, state: bytes, where: str) -> Any:
+        """An instance of ``cls`` with the pickled ``state``, as ``pickle`` builds one."""
+        _proxy.running_method = where
+        try:
+            obj = cls.__new__(cls)
+            value = pickle.loads(state)
+            setstate = getattr(obj, "__setstate__", None)
+            if setstate is not None:
+                setstate(value)
+            else:
+                slots = None
+                if isinstance(value, tuple) and len(value) == 2:
+                    value, slots = value
+                if value:
+                    obj.__dict__.update(value)
+                if slots:
+                    for name, item in slots.items():
+                        setattr(obj, name, item)
+            return obj
+        except BaseException as exc:
+            raise _Raised(raised(exc, where)) from None
+        finally:
+            _proxy.running_method = None
+
+    @staticmethod
+    def _state_of(obj: Any, where: str) -> bytes:
+        """The pickled state of ``obj`` after ``where`` ran; ``_Raised`` (a ``TypeError``)
+        if it does not pickle or cannot be sent."""
+        try:
+            state = cloudpickle.dumps(obj.__getstate__(), protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException as exc:
+            err: BaseException = TypeError(
+                f"cannot pickle the state of the persistent object {type(obj).__qualname__} "
+                f"after {where} ({type(exc).__name__}: {exc}): the object keeps its last "
+                "acknowledged state and this call did not take effect"
+            )
+            raise _Raised(raised(err, where)) from None
+        if len(state) > STATE_LIMIT:
+            err = ValueError(
+                f"the state of the persistent object {type(obj).__qualname__} after {where} is "
+                f"{len(state):,} bytes, over the {STATE_LIMIT:,} that can be logged: the object "
+                "keeps its last acknowledged state and this call did not take effect (keep large "
+                "data in a spindle.Blob or spindle.Array)"
+            )
+            raise _Raised(raised(err, where)) from None
+        return state
+
+    def _call_persistent(self, rid: int, key: str, method: str, args: List[Any],
+                         kwargs: Dict[str, Any]) -> bytes:
+        """A call on a persistent instance: its reply carries the state after it (also when
+        the method raised); if that state does not pickle, the instance goes back to its last
+        state sent and the call is a ``TypeError``."""
+        entry = self.instances.get(key)
+        if entry is None:
+            raise HostError("NotFound", f"this host holds no object {key!r}")
+        cls = entry[1]
+        where = f"{cls.__qualname__}.{method}"
+        try:
+            where, value, me = self.call(key, method, args, kwargs)
+            error: Optional[List[Any]] = None
+        except _Raised as err:
+            error, value, me = err.error, None, (entry[0], entry[2], key)
+        # HostError (the method never ran) goes up: no state, nothing changed.
+        try:
+            state = self._state_of(me[0], where)
+        except _Raised as err:
+            try:
+                obj = self._rebuild(cls, self.states[key], f"restoring {cls.__qualname__}")
+                self.instances[key] = (obj, cls, entry[2])
+            except _Raised:  # cannot happen for a state that loaded before; drop it then
+                self.instances.pop(key, None)
+                self.states.pop(key, None)
+            return frame([rid, 1, err.error])
+        self.states[key] = state
+        if error is not None:
+            return frame([rid, 1, error, state])
+        # The result's frame (a fixarray of 3) with the state as a 4th item.
+        body = self._reply(rid, value, where, me)[4:]
+        extra = msgpack.packb(state, use_bin_type=True)
+        if len(body) + len(extra) > STATE_LIMIT:
+            err = ValueError(
+                f"the result of {where} and the object's state are {len(body) + len(extra):,} "
+                f"bytes, over the {STATE_LIMIT:,} that can be logged: return smaller parts"
+            )
+            return frame([rid, 1, raised(err, where), state])
+        out = b"\x94" + body[1:] + extra
+        return len(out).to_bytes(4, "big") + out
 
     def call(self, key: str, method: str, args: List[Any],
              kwargs: Dict[str, Any]) -> Tuple[str, Any, Tuple[Any, str, str]]:

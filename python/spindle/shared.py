@@ -72,6 +72,7 @@ class SharedProxy(Proxy):
     _refused: Dict[str, str] = {}
     _qualname: str = ""
     _version: Optional[str] = None  # see class_code
+    _persistent: bool = False  # @spindle.shared(persistent=True)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         for base in cls.__bases__:
@@ -103,11 +104,12 @@ class SharedProxy(Proxy):
             client.define(cls._type, version, code)
             defined.add((cls._type, version))
         try:
+            persistent = cls._persistent
             try:
-                return bool(client.create(cls._type, key, payload, owned, True))
+                return bool(client.create(cls._type, key, payload, owned, True, persistent))
             except UnknownType:  # the server forgot the class (it restarted, say): define again
                 client.define(cls._type, version, code)
-                return bool(client.create(cls._type, key, payload, owned, True))
+                return bool(client.create(cls._type, key, payload, owned, True, persistent))
         except TypeError as exc:  # the constructor's arguments
             own = name is not None and not isinstance(exc, SpindleError)
             hint = _own_name_hint(cls, len(args), name) if own else None  # type: ignore[arg-type]
@@ -584,7 +586,7 @@ Spindle's keyword: a constructor parameter called ``name`` can only be given pos
 """
 
 
-def _proxy_class(cls: type) -> Type[SharedProxy]:
+def _proxy_class(cls: type, persistent: bool = False) -> Type[SharedProxy]:
     # A child that multiprocessing spawns imports the main script as __mp_main__: the same
     # classes as the parent's __main__ ones, so the same types.
     module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
@@ -598,6 +600,7 @@ def _proxy_class(cls: type) -> Type[SharedProxy]:
         "__wrapped__": cls,
         "_qualname": cls.__qualname__,
         "_version": _source_version(cls),
+        "_persistent": persistent,
     }
     refused: Dict[str, str] = {}
     for name in dir(cls):
@@ -664,23 +667,23 @@ def shared(cls: Optional[C] = None, *, persistent: bool = False) -> Union[C, Cal
       other shared objects, starting functions): such calls raise
       :class:`spindle.BlockingCallError` inside a method.
     - Proxies pickle as references; a process without the class gets a generic proxy.
-    - ``persistent=True`` (objects that survive a host or server crash) is not supported yet.
+    - ``persistent=True``: the objects survive a crash of their host (a method calling
+      ``os._exit``, one past the object call timeout) and a restart of the server, with no
+      acknowledged call lost. The server needs ``--data-dir``. After the constructor and
+      after every method call (returning or raising) the object's state
+      (``__getstate__()``) is pickled and logged before the call returns, so methods need
+      not be deterministic; a state that does not pickle is a ``TypeError`` and the object
+      keeps its last logged state. See docs/durability.md, "Persistent user-defined objects".
 
     The class is shipped with cloudpickle (by value unless its module is an installed
     package) on first construction; one that does not pickle raises ``TypeError`` then.
     """
-    if persistent:
-        raise NotImplementedError(
-            "persistent shared objects are not supported yet (durability comes later): "
-            "use @spindle.shared or @spindle.shared(persistent=False)"
-        )
-
     def decorate(klass: C) -> C:
         if not isinstance(klass, type):
             raise TypeError(f"@spindle.shared decorates a class, not {type(klass).__name__}")
         if issubclass(klass, Proxy):
             raise TypeError(f"{klass.__qualname__} is a Spindle proxy class already")
-        return _proxy_class(klass)  # type: ignore[return-value]
+        return _proxy_class(klass, bool(persistent))  # type: ignore[return-value]
 
     if cls is None:
         return decorate

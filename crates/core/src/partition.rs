@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::objects::user::{self, Forward, UserObject, UserState};
-use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
+use crate::record::{encode_apply, encode_class, encode_user_state, Record, UserStateRef, MAX_RECORD_LEN};
 use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
 mod snapshot;
@@ -72,6 +72,18 @@ impl Body {
             Body::User(_) => None,
         }
     }
+}
+
+/// A persistent user-defined object as logged: what a partition snapshot keeps of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredUser {
+    pub key: String,
+    pub type_name: String,
+    pub version: String,
+    /// The session owning it (an unnamed object), if any.
+    pub owner: Option<String>,
+    /// Its last logged state (a pickle; opaque here).
+    pub state: Vec<u8>,
 }
 
 /// An object taken out of its partition by `keep`, on its way to another key.
@@ -154,6 +166,13 @@ pub struct Partition {
     hosted: HashSet<Token>,
     /// User-defined objects by `(type, version)`, for `define` (one version at a time).
     versions: HashMap<(String, String), usize>,
+    /// Code of the user-defined classes whose `class` record this partition logged (or
+    /// replayed), by `(type, version)`: restoring a stored object needs it, and so will a
+    /// partition snapshot.
+    classes: HashMap<(String, String), Arc<Vec<u8>>>,
+    /// Code offered by persistent creates ([`offer_class`](Self::offer_class)), logged
+    /// with the first state of its version.
+    unlogged_classes: HashMap<(String, String), Arc<Vec<u8>>>,
     next_object_id: u64,
     storage: Storage,
     /// Op-log records produced since the server last took them, in order.
@@ -171,6 +190,9 @@ pub struct Partition {
     /// order: a snapshot carries them, and its restore applies them again.
     parked_records: HashMap<Token, (u64, Vec<u8>)>,
     parked_order: u64,
+    /// Calls of persistent user-defined objects whose reply is in a logged `user_state`
+    /// record (recorded as durable when they settle).
+    logged_hosted: HashSet<Token>,
     /// Bumped by every snapshot; see [`Entry::epoch`].
     snapshot_epoch: u64,
     /// The snapshot being captured, if any (see [`snapshot`]).
@@ -217,6 +239,105 @@ impl Partition {
             .unwrap_or(0)
     }
 
+    /// The code of class `type_name` at `version`, if this partition logged it.
+    pub fn class_code(&self, type_name: &str, version: &str) -> Option<&Arc<Vec<u8>>> {
+        self.classes.get(&(type_name.to_string(), version.to_string()))
+    }
+
+    /// Every class whose code this partition logged, as `(type, version, code)` (for a
+    /// partition snapshot, and to register them with the server after recovery).
+    pub fn classes(&self) -> Vec<(String, String, Arc<Vec<u8>>)> {
+        self.classes
+            .iter()
+            .map(|((t, v), code)| (t.clone(), v.clone(), code.clone()))
+            .collect()
+    }
+
+    /// A persistent create of a user-defined type is about to be applied with `code` as
+    /// its class: keep the code to log it with the first state of that version here.
+    pub fn offer_class(&mut self, type_name: &str, version: &str, code: &Arc<Vec<u8>>) {
+        let class = (type_name.to_string(), version.to_string());
+        if self.storage != Storage::None && !self.classes.contains_key(&class) {
+            self.unlogged_classes.entry(class).or_insert_with(|| code.clone());
+        }
+    }
+
+    /// Put a class logged earlier back (replay, or a partition snapshot being restored).
+    pub fn insert_class(&mut self, type_name: &str, version: &str, code: Arc<Vec<u8>>) {
+        let class = (type_name.to_string(), version.to_string());
+        self.unlogged_classes.remove(&class);
+        self.classes.insert(class, code);
+    }
+
+    /// Every persistent user-defined object with its last logged state, by key (for a
+    /// partition snapshot). One still constructing has no state yet and is left out.
+    pub fn stored_user_objects(&self) -> Vec<StoredUser> {
+        let mut found: Vec<StoredUser> = self
+            .objects
+            .iter()
+            .filter(|(_, e)| e.persistent)
+            .filter_map(|(k, e)| match &e.body {
+                Body::User(u) => u.last_state.as_ref().map(|state| StoredUser {
+                    key: k.clone(),
+                    type_name: u.type_name.clone(),
+                    version: u.version.clone(),
+                    owner: e.owner.as_deref().map(str::to_string),
+                    state: state.clone(),
+                }),
+                Body::Builtin(_) => None,
+            })
+            .collect();
+        found.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        found
+    }
+
+    /// Put a persistent user-defined object at `o.key` with no instance in any host (the
+    /// next call restores it from `o.state`), replacing what was there: replay of its
+    /// `user_state` record, or a partition snapshot being restored.
+    pub fn insert_stored_user(&mut self, o: StoredUser) {
+        let same = matches!(
+            self.objects.get(&o.key),
+            Some(Entry { body: Body::User(u), persistent: true, .. })
+                if u.type_name == o.type_name && u.version == o.version && u.calls.is_empty()
+        );
+        if same {
+            if let Some(Entry {
+                body: Body::User(u),
+                owner,
+                ..
+            }) = self.objects.get_mut(&o.key)
+            {
+                u.state = UserState::Stored;
+                u.last_state = Some(o.state);
+                *owner = o.owner.map(Arc::from);
+            }
+            return;
+        }
+        self.remove(&o.key);
+        self.next_object_id += 1;
+        *self
+            .versions
+            .entry((o.type_name.clone(), o.version.clone()))
+            .or_default() += 1;
+        let u = UserObject {
+            type_name: o.type_name,
+            version: o.version,
+            id: self.next_object_id,
+            state: UserState::Stored,
+            calls: VecDeque::new(),
+            last_state: Some(o.state),
+        };
+        self.objects.insert(
+            o.key,
+            Entry {
+                body: Body::User(u),
+                owner: o.owner.map(Arc::from),
+                persistent: true,
+                epoch: self.snapshot_epoch,
+            },
+        );
+    }
+
     /// Named objects whose name starts with `prefix` (only persistent ones if
     /// `persistent_only`), as `(name, type)`.
     pub fn objects(&self, prefix: &str, persistent_only: bool) -> Vec<(String, String)> {
@@ -261,7 +382,8 @@ impl Partition {
         self.highest_logged_conn
     }
 
-    /// Every persistent object's snapshot (`None` for one without: never, for durable types),
+    /// Every persistent object's snapshot (`None` for one without: never, for durable types;
+    /// always for user-defined ones, whose state is [`stored_user_objects`](Self::stored_user_objects)),
     /// by key.
     pub fn persistent_snapshots(&self) -> BTreeMap<String, (String, Option<Value>)> {
         self.objects
@@ -315,7 +437,42 @@ impl Partition {
             Record::EndSession { client } => {
                 self.end_session(&client, now);
             }
+            Record::UserState {
+                key,
+                type_name,
+                version,
+                owner,
+                token,
+                client,
+                seq,
+                reply,
+                state,
+            } => {
+                if let Some(owner) = &owner {
+                    self.logged_clients.insert(Arc::from(owner.as_str()));
+                }
+                if let Some(client) = client.filter(|_| seq != 0) {
+                    let client: Arc<str> = Arc::from(client);
+                    self.logs.entry(client.clone()).or_default().record(seq, reply, true);
+                    self.logged_clients.insert(client);
+                }
+                self.highest_logged_conn = self.highest_logged_conn.max(token.conn);
+                self.insert_stored_user(StoredUser {
+                    key,
+                    type_name,
+                    version,
+                    owner,
+                    state,
+                });
+            }
+            Record::Class {
+                type_name,
+                version,
+                code,
+            } => self.insert_class(&type_name, &version, Arc::new(code)),
         }
+        // Nothing runs in a host during replay: stored objects are restored on their next call.
+        self.forwards.clear();
         self.records.clear();
         self.touched_persistent = false;
         Ok(())
@@ -341,11 +498,6 @@ impl Partition {
     /// A `create`'s `persistent` must suit the type, the server and the object already there.
     fn check_persistence(&self, type_name: &str, key: &str, persistent: bool) -> Result<(), Error> {
         if persistent {
-            if user::is_user_type(type_name) {
-                return Err(Error::value(format!(
-                    "{type_name} is a user-defined type: user-defined objects cannot be persistent yet"
-                )));
-            }
             if objects::TYPES.contains(&type_name) && !objects::is_durable(type_name) {
                 return Err(Error::value(format!(
                     "{type_name} is a synchronization object, ephemeral by nature: persistent=True is only \
@@ -430,21 +582,35 @@ impl Partition {
                 return out;
             }
         }
+        // A persistent user-defined object's create and calls are logged when its host
+        // answers them, with its state after them (`complete`); they may change it, so a
+        // failed log refuses them too.
+        let mut user_write = false;
         let logged = persistent
             && match &op {
                 Op::Call { key, method, .. } => match self.objects.get(key).map(|e| &e.body) {
                     Some(Body::Builtin(obj)) => obj.is_mutating(method),
-                    _ => false,
+                    Some(Body::User(_)) => {
+                        user_write = true;
+                        false
+                    }
+                    None => false,
                 },
+                Op::Create { type_name, .. } if user::is_user_type(type_name) => {
+                    user_write = true;
+                    false
+                }
                 Op::Create { .. } | Op::Delete { .. } => true,
             };
         let logged_at = self.records.len();
-        if logged {
+        if logged || user_write {
             if let Storage::Failed(why) = &self.storage {
                 let e = storage_error(why);
                 self.reply(caller, token, seq, true, false, Err(e), &mut out);
                 return out;
             }
+        }
+        if logged {
             let record = encode_apply(caller, token, seq, &op);
             if record.len() > MAX_RECORD_LEN {
                 let e = Error::value(format!(
@@ -551,7 +717,7 @@ impl Partition {
                 self.timers.remove(&at);
             }
             self.hosted.remove(&d.token);
-            let logged = self.parked_records.remove(&d.token).is_some();
+            let logged = self.parked_records.remove(&d.token).is_some() | self.logged_hosted.remove(&d.token);
             if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
                 self.logs
                     .entry(client)
@@ -625,6 +791,7 @@ impl Partition {
             version: version.clone(),
             args,
             kwargs,
+            persistent,
         });
         *self.versions.entry((type_name.clone(), version.clone())).or_default() += 1;
         self.hosted.insert(token);
@@ -634,13 +801,14 @@ impl Partition {
             id: object_id,
             state: UserState::Constructing,
             calls: VecDeque::from([token]),
+            last_state: None,
         };
         self.objects.insert(
             key,
             Entry {
                 body: Body::User(u),
                 owner,
-                persistent: false,
+                persistent,
                 epoch: self.snapshot_epoch,
             },
         );
@@ -650,6 +818,7 @@ impl Partition {
 
     /// Take an object out of the map, keeping the version counts right.
     fn remove(&mut self, key: &str) -> Option<Entry> {
+        self.preserve(key);
         let e = self.objects.remove(key)?;
         if let Body::User(u) = &e.body {
             if !matches!(u.state, UserState::Lost(_)) {
@@ -689,7 +858,8 @@ impl Partition {
         let obj = match &mut entry.body {
             Body::Builtin(obj) => obj,
             Body::User(u) => {
-                let forwarded = forward_call(u, token, key, method, args, &mut self.forwards);
+                let ids = &mut self.next_object_id;
+                let forwarded = forward_call(u, token, key, method, args, ids, &mut self.forwards);
                 if forwarded.is_ok() {
                     self.hosted.insert(token);
                 }
@@ -722,7 +892,6 @@ impl Partition {
 
     fn delete(&mut self, key: &str, now: Instant, out: &mut Vec<Delivery>) -> bool {
         self.moved.remove(key);
-        self.preserve(key);
         let Some(e) = self.remove(key) else {
             return false;
         };
@@ -741,10 +910,13 @@ impl Partition {
                     token,
                     reply: Err(err.clone()),
                 }));
-                self.forwards.push(Forward::Drop {
-                    key: key.to_string(),
-                    object_id: u.id,
-                });
+                // A stored object is in no host.
+                if u.state != UserState::Stored {
+                    self.forwards.push(Forward::Drop {
+                        key: key.to_string(),
+                        object_id: u.id,
+                    });
+                }
             }
         }
         true
@@ -753,8 +925,76 @@ impl Partition {
     /// The host of user-defined object `object_id` at `key` answered its oldest call (or its
     /// constructor). A reply about an object that is gone (deleted, lost, recreated) is
     /// dropped.
-    pub fn complete(&mut self, key: &str, object_id: u64, reply: Reply, _now: Instant) -> Vec<Delivery> {
+    pub fn complete(&mut self, key: &str, object_id: u64, reply: Reply, now: Instant) -> Vec<Delivery> {
+        self.complete_with_state(key, object_id, reply, None, now)
+    }
+
+    /// [`complete`](Self::complete) with the object's pickled state after the call, which the
+    /// host sends for a persistent object (unless the call never ran, or its state did not
+    /// pickle). That state is logged with the reply (and the class's code before the first
+    /// state of its version), so the reply waits for the record to be durable.
+    pub fn complete_with_state(
+        &mut self,
+        key: &str,
+        object_id: u64,
+        mut reply: Reply,
+        state: Option<Vec<u8>>,
+        now: Instant,
+    ) -> Vec<Delivery> {
         let mut out = Vec::new();
+        let mut too_big = false;
+        let persistent = match self.objects.get(key) {
+            Some(Entry {
+                body: Body::User(u),
+                persistent,
+                ..
+            }) if u.id == object_id && !u.calls.is_empty() => *persistent,
+            _ => return out,
+        };
+        if persistent {
+            self.touched_persistent = true;
+            self.preserve(key);
+            let constructing = self
+                .user_mut(key, object_id)
+                .is_some_and(|u| u.state == UserState::Constructing);
+            match state {
+                Some(state) => {
+                    if constructing {
+                        if let Ok(v) = &mut reply {
+                            *v = Value::Boolean(true);
+                        }
+                    }
+                    if !(constructing && reply.is_err()) {
+                        if let Err(len) = self.log_user_state(key, &reply, state) {
+                            // Unloggable: the host's instance (and the calls sent to it
+                            // after this one) go; the object keeps its last logged state.
+                            reply = Err(Error::value(format!(
+                                "the state of the persistent object '{key}' with this call's reply is {len} \
+                                 bytes, over the {MAX_RECORD_LEN} an op-log record holds: this call did not \
+                                 take effect and the object keeps its last acknowledged state"
+                            )));
+                            self.forwards.push(Forward::Drop {
+                                key: key.to_string(),
+                                object_id,
+                            });
+                            too_big = !constructing;
+                        }
+                    }
+                }
+                // A host that constructed a persistent object must send its state.
+                None if constructing && reply.is_ok() => {
+                    reply = Err(Error::new(
+                        ErrorKind::Internal,
+                        format!("the object host sent no state for the persistent object '{key}'"),
+                    ));
+                    self.forwards.push(Forward::Drop {
+                        key: key.to_string(),
+                        object_id,
+                    });
+                }
+                None => {}
+            }
+        }
         let Some(u) = self.user_mut(key, object_id) else {
             return out;
         };
@@ -792,35 +1032,51 @@ impl Partition {
             (_, reply) => out.push(Delivery { token, reply }),
         }
         self.settle(&out);
+        if too_big {
+            let reason = "an earlier call left a state too large to log";
+            out.extend(self.lose(key, object_id, reason, now));
+        }
         out
     }
 
     /// The host of user-defined object `object_id` at `key` died: every call waiting for it
     /// is answered `ObjectLost`, and so is every later call until the key is deleted or
     /// constructed again. An object lost while constructing is gone, as if its constructor
-    /// had raised.
+    /// had raised. A persistent object is not lost: it goes back to its last logged state
+    /// ([`UserState::Stored`]), its calls in flight are answered `ObjectLost` (they did not
+    /// take effect), and the next call restores it in a host.
     pub fn lose(&mut self, key: &str, object_id: u64, reason: &str, _now: Instant) -> Vec<Delivery> {
         let mut out = Vec::new();
-        let u = match self.objects.get_mut(key) {
+        let (u, persistent) = match self.objects.get_mut(key) {
             Some(Entry {
-                body: Body::User(u), ..
-            }) if u.id == object_id => u,
+                body: Body::User(u),
+                persistent,
+                ..
+            }) if u.id == object_id => (u, *persistent),
             _ => return out,
         };
-        let err = user::lost(&u.type_name, key, reason);
+        let stored = persistent && u.state == UserState::Ready;
+        let err = match stored {
+            true => user::lost_persistent(&u.type_name, key, reason),
+            false => user::lost(&u.type_name, key, reason),
+        };
         let calls = std::mem::take(&mut u.calls);
+        // Their answers must not overtake those of calls whose records are being written.
+        self.touched_persistent |= persistent;
         match u.state {
             UserState::Constructing => {
                 self.remove(key);
             }
+            // Still counted: its version stays held back from `define`.
+            UserState::Ready if stored => u.state = UserState::Stored,
             UserState::Ready => {
                 // No instance is left anywhere: it no longer holds its version back from `define`.
                 uncount(&mut self.versions, u);
                 u.state = UserState::Lost(reason.to_string());
             }
             // Lost already (its host's exit and a call that found no host both say so):
-            // uncounted already.
-            UserState::Lost(_) => {}
+            // uncounted already. Stored: restored on its next call.
+            UserState::Lost(_) | UserState::Stored => {}
         }
         out.extend(calls.into_iter().map(|token| Delivery {
             token,
@@ -839,6 +1095,60 @@ impl Partition {
             Some(u) if u.state == UserState::Constructing => Vec::new(),
             _ => self.lose(key, object_id, reason, now),
         }
+    }
+
+    /// Log the state of persistent user-defined object `key` after its oldest call in flight
+    /// (answered `reply`), preceded by its class's code the first time. `Err(len)`: the
+    /// record would be over [`MAX_RECORD_LEN`]; nothing is logged.
+    fn log_user_state(&mut self, key: &str, reply: &Reply, state: Vec<u8>) -> Result<(), usize> {
+        let Some(Entry {
+            body: Body::User(u),
+            owner,
+            ..
+        }) = self.objects.get(key)
+        else {
+            return Ok(());
+        };
+        let Some(&token) = u.calls.front() else {
+            return Ok(());
+        };
+        let class = (u.type_name.clone(), u.version.clone());
+        let recorded = self.parked_seqs.get(&token).cloned();
+        let record = encode_user_state(&UserStateRef {
+            key,
+            type_name: &u.type_name,
+            version: &u.version,
+            owner: owner.as_deref(),
+            token,
+            client: recorded.as_ref().map(|(c, _)| &**c),
+            seq: recorded.as_ref().map_or(0, |(_, s)| *s),
+            reply,
+            state: &state,
+        });
+        if record.len() > MAX_RECORD_LEN {
+            return Err(record.len());
+        }
+        let owner = owner.clone();
+        if !self.classes.contains_key(&class) {
+            if let Some(code) = self.unlogged_classes.remove(&class) {
+                self.log(encode_class(&class.0, &class.1, &code));
+                self.classes.insert(class, code);
+            }
+        }
+        self.log(record);
+        self.logged_hosted.insert(token);
+        self.logged_clients.extend(owner);
+        if let Some((client, _)) = recorded {
+            self.logged_clients.insert(client);
+        }
+        self.highest_logged_conn = self.highest_logged_conn.max(token.conn);
+        if let Some(Entry {
+            body: Body::User(u), ..
+        }) = self.objects.get_mut(key)
+        {
+            u.last_state = Some(state);
+        }
+        Ok(())
     }
 
     fn user_mut(&mut self, key: &str, object_id: u64) -> Option<&mut UserObject> {
@@ -1097,6 +1407,7 @@ fn forward_call(
     key: &str,
     method: &str,
     args: Vec<Value>,
+    next_object_id: &mut u64,
     forwards: &mut Vec<Forward>,
 ) -> Result<(), Error> {
     if method.starts_with('_') {
@@ -1111,6 +1422,20 @@ fn forward_call(
     let (args, kwargs) = user::parse_call_args(&u.type_name, method, args)?;
     if let UserState::Lost(reason) = &u.state {
         return Err(user::lost(&u.type_name, key, reason));
+    }
+    if u.state == UserState::Stored {
+        // Rebuilt from its last logged state, under a new id: answers about the instance
+        // its dead host held are dropped.
+        *next_object_id += 1;
+        u.id = *next_object_id;
+        u.state = UserState::Ready;
+        forwards.push(Forward::Restore {
+            key: key.to_string(),
+            object_id: u.id,
+            type_name: u.type_name.clone(),
+            version: u.version.clone(),
+            state: u.last_state.clone().unwrap_or_default(),
+        });
     }
     u.calls.push_back(token);
     forwards.push(Forward::Call {
@@ -1329,6 +1654,7 @@ mod tests {
                         version: "v1".into(),
                         args: vec![3.into()],
                         kwargs: Value::Map(vec![]),
+                        persistent: false,
                     },
                     Forward::Call {
                         key: "c".into(),
@@ -1639,6 +1965,349 @@ mod tests {
             assert_eq!(h.p.complete("c", id, Ok(5.into()), h.now).len(), 1);
             assert!(h.p.logs.is_empty(), "a log for an ended session");
             assert!(h.p.parked_seqs.is_empty() && h.p.hosted.is_empty());
+        }
+
+        mod persistent {
+            use super::*;
+
+            /// A harness whose partition logs, and a persistent create of `key` (class code
+            /// offered first, as the server does).
+            fn durable() -> Harness {
+                let mut h = Harness::new();
+                h.p.enable_storage();
+                h
+            }
+
+            fn create_p(h: &mut Harness, caller: &Caller, seq: u64, key: &str, owned: bool) -> (Token, Vec<Delivery>) {
+                h.p.offer_class(T, "v1", &Arc::new(vec![0xc0, 0xde]));
+                let token = h.token(caller.conn);
+                let op = Op::Create {
+                    type_name: T.into(),
+                    key: key.into(),
+                    args: ctor("v1", vec![]),
+                    owned,
+                    persistent: true,
+                };
+                let out = h.p.apply(caller, token, seq, op, h.now);
+                (token, out)
+            }
+
+            fn decode_all(log: &[Vec<u8>]) -> Vec<Record> {
+                log.iter().map(|r| Record::decode(r).expect("decodes")).collect()
+            }
+
+            /// Construct persistent `key` with state `s0`; returns its id and the records.
+            fn constructed_p(h: &mut Harness, key: &str) -> (u64, Vec<Vec<u8>>) {
+                let (t, out) = create_p(h, &who(1), 1, key, false);
+                assert!(out.is_empty());
+                assert_eq!(h.p.take_log(), Some(vec![]), "the create itself is not logged");
+                let id = match h.p.take_forwards().as_slice() {
+                    [Forward::Construct {
+                        object_id,
+                        persistent: true,
+                        ..
+                    }] => *object_id,
+                    other => panic!("expected one persistent Construct, got {other:?}"),
+                };
+                let out =
+                    h.p.complete_with_state(key, id, Ok(Value::Nil), Some(b"s0".to_vec()), h.now);
+                assert_eq!(value_of(&out, t), Value::Boolean(true));
+                (id, h.p.take_log().expect("logged"))
+            }
+
+            #[test]
+            fn a_persistent_user_object_needs_a_data_directory() {
+                let mut h = Harness::new();
+                let (t, out) = create_p(&mut h, &who(1), 1, "c", false);
+                let e = error_of(&out, t);
+                assert_eq!(e.kind, ErrorKind::ValueError);
+                assert!(e.message.contains("no --data-dir"), "{e}");
+                assert!(h.p.take_forwards().is_empty() && h.p.is_empty());
+            }
+
+            #[test]
+            fn complete_logs_the_class_once_then_the_state_with_the_reply() {
+                let mut h = durable();
+                let (id, log) = constructed_p(&mut h, "c");
+                assert_eq!(
+                    decode_all(&log),
+                    vec![
+                        Record::Class {
+                            type_name: T.into(),
+                            version: "v1".into(),
+                            code: vec![0xc0, 0xde]
+                        },
+                        Record::UserState {
+                            key: "c".into(),
+                            type_name: T.into(),
+                            version: "v1".into(),
+                            owner: None,
+                            token: Token { conn: 1, req: 1 },
+                            client: Some("c1".into()),
+                            seq: 1,
+                            reply: Ok(Value::Boolean(true)),
+                            state: b"s0".to_vec(),
+                        },
+                    ]
+                );
+                assert_eq!(h.p.persistent_len(), 1);
+                // A method that raises logs its state too, with its error as the reply.
+                let (t, _) = h.call(&who(2), 7, T, "c", "update", margs(vec![]));
+                assert_eq!(h.p.take_log(), Some(vec![]), "a call waits for the log, unlogged");
+                let raised = Error::new(ErrorKind::Raised, "ValueError: no");
+                let out =
+                    h.p.complete_with_state("c", id, Err(raised.clone()), Some(b"s1".to_vec()), h.now);
+                assert_eq!(error_of(&out, t), raised);
+                let log = decode_all(&h.p.take_log().expect("logged"));
+                assert!(
+                    matches!(&log[..], [Record::UserState { seq: 7, reply: Err(e), state, .. }]
+                        if *e == raised && state == b"s1"),
+                    "{log:?}"
+                );
+                // A call whose state did not pickle logs nothing (the host kept the last one).
+                let (t, _) = h.call(&who(2), 8, T, "c", "update", margs(vec![]));
+                let e = Error::new(ErrorKind::Raised, "TypeError: cannot pickle the state");
+                let out = h.p.complete_with_state("c", id, Err(e.clone()), None, h.now);
+                assert_eq!(error_of(&out, t), e);
+                assert_eq!(h.p.take_log(), Some(vec![]));
+                assert_eq!(h.p.stored_user_objects()[0].state, b"s1".to_vec());
+                assert_eq!(h.p.classes().len(), 1);
+            }
+
+            #[test]
+            fn replay_rebuilds_a_stored_object_and_its_replies() {
+                let mut h = durable();
+                let (id, mut log) = constructed_p(&mut h, "c");
+                let (_, _) = h.call(&who(2), 7, T, "c", "update", margs(vec![]));
+                h.p.take_forwards();
+                h.p.complete_with_state("c", id, Ok(41.into()), Some(b"s1".to_vec()), h.now);
+                log.extend(h.p.take_log().unwrap());
+                // An unnamed one, owned by session c3.
+                let (_, _) = create_p(&mut h, &who(3), 1, "~c3.1", true);
+                let id3 = h.p.take_forwards()[0].object_id();
+                h.p.complete_with_state("~c3.1", id3, Ok(Value::Nil), Some(b"u0".to_vec()), h.now);
+                log.extend(h.p.take_log().unwrap());
+
+                let mut r = Partition::new();
+                r.enable_storage();
+                for rec in &log {
+                    r.replay(rec, h.now).unwrap();
+                }
+                assert_eq!(r.stored_user_objects(), h.p.stored_user_objects());
+                assert_eq!(r.stored_user_objects().len(), 2);
+                assert_eq!(r.class_code(T, "v1").map(|c| c.to_vec()), Some(vec![0xc0, 0xde]));
+                assert!(r.take_forwards().is_empty(), "nothing runs in a host during replay");
+                assert_eq!(r.count_version(T, "v1"), 2, "stored objects hold their version");
+                assert_eq!(r.objects("", true), vec![("c".to_string(), T.to_string())]);
+                let mut h2 = Harness::new();
+                h2.p = r;
+                // The retried call gets its recorded reply; nothing reaches a host.
+                let (t, out) = h2.call(&who(2), 7, T, "c", "update", margs(vec![]));
+                assert_eq!(value_of(&out, t), Value::from(41));
+                let (t, out) = create_p(&mut h2, &who(1), 1, "c", false);
+                assert_eq!(value_of(&out, t), Value::Boolean(true));
+                assert!(h2.p.take_forwards().is_empty());
+                // The owner's session end is logged, and deletes its object.
+                assert!(h2.p.end_session("c3", h2.now).is_empty());
+                let log = decode_all(&h2.p.take_log().unwrap());
+                assert!(log.contains(&Record::EndSession { client: "c3".into() }), "{log:?}");
+                assert_eq!(h2.p.stored_user_objects().len(), 1);
+                assert!(h2.p.take_forwards().is_empty(), "a stored object is in no host");
+            }
+
+            #[test]
+            fn a_partition_snapshot_carries_stored_objects_classes_and_their_replies() {
+                let mut h = durable();
+                let (id, mut log) = constructed_p(&mut h, "c");
+                // Constructing at the moment: left to the log.
+                let (_, _) = create_p(&mut h, &who(3), 1, "late", false);
+                let late = h.p.take_forwards()[0].object_id();
+                log.extend(h.p.take_log().unwrap_or_default());
+                let at = log.len();
+                let mut body = h.p.begin_snapshot();
+                // A call completes before the capture reaches the object: copy on write.
+                h.call(&who(2), 7, T, "c", "update", margs(vec![]));
+                h.p.take_forwards();
+                h.p.complete_with_state("c", id, Ok(41.into()), Some(b"s1".to_vec()), h.now);
+                h.p.complete_with_state("late", late, Ok(Value::Nil), Some(b"L0".to_vec()), h.now);
+                log.extend(h.p.take_log().unwrap());
+                body.extend(h.p.snapshot_chunk(usize::MAX).0);
+
+                let restore = |tail: &[Vec<u8>]| {
+                    let mut r = Partition::new();
+                    r.enable_storage();
+                    r.restore_snapshot(&body, h.now).unwrap();
+                    for rec in tail {
+                        r.replay(rec, h.now).unwrap();
+                    }
+                    r
+                };
+                let at_moment = restore(&[]);
+                let stored = at_moment.stored_user_objects();
+                assert_eq!(stored.len(), 1, "only the acknowledged object");
+                assert_eq!((stored[0].key.as_str(), stored[0].state.as_slice()), ("c", &b"s0"[..]));
+                assert_eq!(
+                    at_moment.class_code(T, "v1").map(|c| c.to_vec()),
+                    Some(vec![0xc0, 0xde])
+                );
+                let r = restore(&log[at..]);
+                let mut full = Partition::new();
+                full.enable_storage();
+                for rec in &log {
+                    full.replay(rec, h.now).unwrap();
+                }
+                assert_eq!(r.stored_user_objects(), h.p.stored_user_objects());
+                assert_eq!(r.stored_user_objects(), full.stored_user_objects());
+                assert_eq!(r.durable_replies(), full.durable_replies());
+                // Live, the completed call's reply is recorded as durable too.
+                assert_eq!(h.p.durable_replies(), full.durable_replies());
+            }
+
+            #[test]
+            fn the_first_call_on_a_stored_object_restores_it_first() {
+                let mut h = durable();
+                let (_, log) = constructed_p(&mut h, "c");
+                let mut r = Partition::new();
+                r.enable_storage();
+                for rec in &log {
+                    r.replay(rec, h.now).unwrap();
+                }
+                h.p = r;
+                let (t, out) = h.call(&who(2), 3, T, "c", "update", margs(vec![5.into()]));
+                assert!(out.is_empty());
+                let forwards = h.p.take_forwards();
+                let id = forwards[0].object_id();
+                assert_eq!(
+                    forwards,
+                    vec![
+                        Forward::Restore {
+                            key: "c".into(),
+                            object_id: id,
+                            type_name: T.into(),
+                            version: "v1".into(),
+                            state: b"s0".to_vec(),
+                        },
+                        Forward::Call {
+                            key: "c".into(),
+                            object_id: id,
+                            type_name: T.into(),
+                            method: "update".into(),
+                            args: vec![5.into()],
+                            kwargs: Value::Map(vec![]),
+                        },
+                    ]
+                );
+                // Restored once: the next call goes straight to the host.
+                h.call(&who(2), 4, T, "c", "update", margs(vec![]));
+                assert!(matches!(h.p.take_forwards().as_slice(), [Forward::Call { .. }]));
+                let out =
+                    h.p.complete_with_state("c", id, Ok(1.into()), Some(b"s1".to_vec()), h.now);
+                assert_eq!(value_of(&out, t), Value::from(1));
+                // Nothing new was logged for the class: the replayed record stands.
+                let log = decode_all(&h.p.take_log().unwrap());
+                assert!(matches!(&log[..], [Record::UserState { .. }]), "{log:?}");
+            }
+
+            #[test]
+            fn a_host_death_stores_the_object_and_answers_its_calls_object_lost() {
+                let mut h = durable();
+                let (id, _) = constructed_p(&mut h, "c");
+                let (a, _) = h.call(&who(2), 5, T, "c", "update", margs(vec![]));
+                let (b, _) = h.call(&who(2), 6, T, "c", "update", margs(vec![]));
+                h.p.take_forwards();
+                // a ran (its state is logged), b was running when the host died.
+                h.p.complete_with_state("c", id, Ok(1.into()), Some(b"s1".to_vec()), h.now);
+                h.p.take_log();
+                let out = h.p.lose("c", id, "its object host exited with status 3", h.now);
+                assert_eq!(tokens(&out), vec![b]);
+                let e = error_of(&out, b);
+                assert_eq!(e.kind, ErrorKind::ObjectLost);
+                let reason = e.data.as_map().unwrap()[0].1.as_str().unwrap().to_string();
+                assert!(reason.starts_with("its object host exited with status 3; "), "{reason}");
+                assert!(reason.contains("restored to its last acknowledged state"), "{reason}");
+                assert!(reason.contains("this call did not take effect"), "{reason}");
+                assert_eq!(h.p.take_log(), Some(vec![]), "nothing logged; replies wait in order");
+                assert_eq!(h.p.count_version(T, "v1"), 1, "not lost: its version is held");
+                assert_ne!(a, b);
+                // The next call restores it from the last logged state under a new id.
+                let (t, _) = h.call(&who(2), 7, T, "c", "update", margs(vec![]));
+                let forwards = h.p.take_forwards();
+                let new_id = forwards[0].object_id();
+                assert_ne!(new_id, id);
+                assert!(
+                    matches!(&forwards[0], Forward::Restore { state, .. } if state == b"s1"),
+                    "{forwards:?}"
+                );
+                // The dead host's late answer is dropped; the new one's counts.
+                assert!(h.p.complete("c", id, Ok(9.into()), h.now).is_empty());
+                let out =
+                    h.p.complete_with_state("c", new_id, Ok(2.into()), Some(b"s2".to_vec()), h.now);
+                assert_eq!(value_of(&out, t), Value::from(2));
+                h.p.take_log();
+                // Lost while constructing: gone, as an ephemeral one.
+                let (ct, _) = create_p(&mut h, &who(1), 9, "d", false);
+                let d = h.p.take_forwards()[0].object_id();
+                let out = h.p.lose("d", d, "its object host was killed by signal 9", h.now);
+                assert_eq!(error_of(&out, ct).kind, ErrorKind::ObjectLost);
+                assert!(h.p.stored_user_objects().iter().all(|o| o.key != "d"));
+                // Deleting a stored object is logged, sends nothing to a host and frees its version.
+                h.p.lose("c", new_id, "gone", h.now);
+                h.p.take_forwards();
+                h.delete("c");
+                assert!(h.p.take_forwards().is_empty());
+                let log = decode_all(&h.p.take_log().unwrap());
+                assert!(
+                    matches!(
+                        &log[..],
+                        [Record::Apply {
+                            op: Op::Delete { .. },
+                            ..
+                        }]
+                    ),
+                    "{log:?}"
+                );
+                assert_eq!(h.p.count_version(T, "v1"), 0);
+            }
+
+            #[test]
+            fn a_state_too_large_to_log_discards_the_call_and_stores_the_object() {
+                let mut h = durable();
+                let (id, _) = constructed_p(&mut h, "c");
+                let (a, _) = h.call(&who(2), 5, T, "c", "update", margs(vec![]));
+                let (b, _) = h.call(&who(2), 6, T, "c", "update", margs(vec![]));
+                h.p.take_forwards();
+                let huge = vec![0; MAX_RECORD_LEN];
+                let out = h.p.complete_with_state("c", id, Ok(1.into()), Some(huge), h.now);
+                let e = error_of(&out, a);
+                assert_eq!(e.kind, ErrorKind::ValueError);
+                assert!(e.message.contains("over the 67108864 an op-log record holds"), "{e}");
+                // b was sent to the host after a: it ran on a state never logged.
+                assert_eq!(error_of(&out, b).kind, ErrorKind::ObjectLost);
+                assert_eq!(h.p.take_log(), Some(vec![]));
+                assert!(matches!(h.p.take_forwards().as_slice(), [Forward::Drop { .. }]));
+                h.call(&who(2), 7, T, "c", "update", margs(vec![]));
+                assert!(matches!(&h.p.take_forwards()[0], Forward::Restore { state, .. } if state == b"s0"));
+            }
+
+            #[test]
+            fn a_failed_log_refuses_calls_on_persistent_user_objects() {
+                let mut h = durable();
+                constructed_p(&mut h, "c");
+                h.p.storage_failed("No space left on device");
+                assert_eq!(h.err(T, "c", "update", margs(vec![])).kind, ErrorKind::StorageError);
+                assert!(h.p.take_forwards().is_empty());
+            }
+
+            #[test]
+            fn a_constructor_reply_without_state_fails_the_create() {
+                let mut h = durable();
+                let (t, _) = create_p(&mut h, &who(1), 1, "c", false);
+                let id = h.p.take_forwards()[0].object_id();
+                let out = h.p.complete("c", id, Ok(Value::Nil), h.now);
+                assert_eq!(error_of(&out, t).kind, ErrorKind::Internal);
+                assert!(h.p.is_empty());
+                assert!(matches!(h.p.take_forwards().as_slice(), [Forward::Drop { .. }]));
+            }
         }
 
         #[test]

@@ -11,6 +11,14 @@
 //!                                   (its deadline passed, or its caller withdrew it)
 //! [1, "disconnect", conn]           a connection ended (its parked calls are dropped)
 //! [1, "end_session", client]        a session ended (its unnamed objects and replies go)
+//! [1, "user_state", key, type, version, owner, conn, req, client, seq, reply, state]
+//!     a persistent user-defined object's constructor or method ran (returned or raised):
+//!     its state after it, and the reply (recorded for `client`/`seq` unless nil/0)
+//!     owner := client | nil           the session owning an unnamed object
+//!     reply := ["ok", value] | ["err", kind, message, data]
+//!     state := bin                    the pickled state (opaque to the server)
+//! [1, "class", type, version, code]  a user-defined class, before its first state in this
+//!                                   partition's log
 //! ```
 //!
 //! The leading `1` is the record format version. Records come from disk: decoding never
@@ -19,7 +27,7 @@
 use std::sync::Arc;
 
 use crate::partition::Op;
-use crate::{Caller, ConnId, Token, Value};
+use crate::{Caller, ConnId, Error, ErrorKind, Reply, Token, Value};
 
 /// The record format version written by [`Record::encode`].
 pub const RECORD_VERSION: u64 = 1;
@@ -46,6 +54,79 @@ pub enum Record {
     EndSession {
         client: String,
     },
+    /// A persistent user-defined object's state after its constructor or a method ran.
+    UserState {
+        key: String,
+        type_name: String,
+        version: String,
+        owner: Option<String>,
+        token: Token,
+        /// Whose reply this is, for exactly-once retries (`None`/0: not recorded).
+        client: Option<String>,
+        seq: u64,
+        reply: Reply,
+        state: Vec<u8>,
+    },
+    /// A user-defined class's code, logged before the first state of its version.
+    Class {
+        type_name: String,
+        version: String,
+        code: Vec<u8>,
+    },
+}
+
+/// The fields of a `user_state` record, borrowed (the partition encodes without copying
+/// its state first).
+pub struct UserStateRef<'a> {
+    pub key: &'a str,
+    pub type_name: &'a str,
+    pub version: &'a str,
+    pub owner: Option<&'a str>,
+    pub token: Token,
+    pub client: Option<&'a str>,
+    pub seq: u64,
+    pub reply: &'a Reply,
+    pub state: &'a [u8],
+}
+
+fn opt_str(s: Option<&str>) -> Value {
+    s.map_or(Value::Nil, Value::from)
+}
+
+/// Encode a `user_state` record.
+pub fn encode_user_state(r: &UserStateRef<'_>) -> Vec<u8> {
+    let reply = match r.reply {
+        Ok(v) => Value::Array(vec!["ok".into(), v.clone()]),
+        Err(e) => Value::Array(vec![
+            "err".into(),
+            e.kind.as_str().into(),
+            e.message.as_str().into(),
+            e.data.clone(),
+        ]),
+    };
+    to_bytes(vec![
+        "user_state".into(),
+        r.key.into(),
+        r.type_name.into(),
+        r.version.into(),
+        opt_str(r.owner),
+        r.token.conn.into(),
+        r.token.req.into(),
+        opt_str(r.client),
+        r.seq.into(),
+        reply,
+        Value::Binary(r.state.to_vec()),
+    ])
+}
+
+/// Encode a `class` record.
+pub fn encode_class(type_name: &str, version: &str, code: &[u8]) -> Vec<u8> {
+    to_bytes(vec![
+        "class".into(),
+        type_name.into(),
+        version.into(),
+        Value::Binary(code.to_vec()),
+    ])
 }
 
 /// Encode an `apply` record without taking `op` (it is applied right after).
@@ -110,6 +191,32 @@ impl Record {
             ]),
             Record::Disconnect { conn } => to_bytes(vec!["disconnect".into(), (*conn).into()]),
             Record::EndSession { client } => to_bytes(vec!["end_session".into(), client.as_str().into()]),
+            Record::UserState {
+                key,
+                type_name,
+                version,
+                owner,
+                token,
+                client,
+                seq,
+                reply,
+                state,
+            } => encode_user_state(&UserStateRef {
+                key,
+                type_name,
+                version,
+                owner: owner.as_deref(),
+                token: *token,
+                client: client.as_deref(),
+                seq: *seq,
+                reply,
+                state,
+            }),
+            Record::Class {
+                type_name,
+                version,
+                code,
+            } => encode_class(type_name, version, code),
         }
     }
 
@@ -176,6 +283,49 @@ impl Record {
             "end_session" => Record::EndSession {
                 client: f.string("client")?,
             },
+            "user_state" => {
+                let key = f.string("key")?;
+                let type_name = f.string("type")?;
+                let version = f.string("version")?;
+                let owner = f.opt_string("owner")?;
+                let token = Token {
+                    conn: f.uint("conn")?,
+                    req: f.uint("req")?,
+                };
+                let client = f.opt_string("client")?;
+                let seq = f.uint("seq")?;
+                let Value::Array(reply) = f.next("reply")? else {
+                    return Err("reply is not an array".into());
+                };
+                let mut r = Fields(reply.into_iter());
+                let reply = match r.string("reply status")?.as_str() {
+                    "ok" => Ok(r.next("reply value")?),
+                    "err" => {
+                        let kind = r.string("error kind")?;
+                        let kind = ErrorKind::from_name(&kind).ok_or_else(|| format!("unknown error kind '{kind}'"))?;
+                        let message = r.string("error message")?;
+                        Err(Error::new(kind, message).with_data(r.next("error data")?))
+                    }
+                    other => return Err(format!("unknown reply status '{other}'")),
+                };
+                r.end()?;
+                Record::UserState {
+                    key,
+                    type_name,
+                    version,
+                    owner,
+                    token,
+                    client,
+                    seq,
+                    reply,
+                    state: f.binary("state")?,
+                }
+            }
+            "class" => Record::Class {
+                type_name: f.string("type")?,
+                version: f.string("version")?,
+                code: f.binary("code")?,
+            },
             other => return Err(format!("unknown record '{other}'")),
         };
         f.end()?;
@@ -200,6 +350,21 @@ impl Fields {
         match self.next(name)? {
             Value::String(s) => s.into_str().ok_or_else(|| format!("{name} is not UTF-8")),
             _ => Err(format!("{name} is not a string")),
+        }
+    }
+
+    fn opt_string(&mut self, name: &str) -> Result<Option<String>, String> {
+        match self.next(name)? {
+            Value::Nil => Ok(None),
+            Value::String(s) => s.into_str().map(Some).ok_or_else(|| format!("{name} is not UTF-8")),
+            _ => Err(format!("{name} is neither a string nor nil")),
+        }
+    }
+
+    fn binary(&mut self, name: &str) -> Result<Vec<u8>, String> {
+        match self.next(name)? {
+            Value::Binary(b) => Ok(b),
+            _ => Err(format!("{name} is not binary")),
         }
     }
 
@@ -269,6 +434,33 @@ mod tests {
             Record::Expire { key: "q".into(), token },
             Record::Disconnect { conn: 3 },
             Record::EndSession { client: "c1".into() },
+            Record::UserState {
+                key: "~c1.1".into(),
+                type_name: "py:m.C".into(),
+                version: "v1".into(),
+                owner: Some("c1".into()),
+                token,
+                client: Some("c1".into()),
+                seq: 9,
+                reply: Ok(Value::Boolean(true)),
+                state: vec![0x80, 4, 0x95],
+            },
+            Record::UserState {
+                key: "k".into(),
+                type_name: "py:m.C".into(),
+                version: "v1".into(),
+                owner: None,
+                token,
+                client: None,
+                seq: 0,
+                reply: Err(Error::new(ErrorKind::Raised, "ValueError: no").with_data(Value::Map(vec![]))),
+                state: vec![],
+            },
+            Record::Class {
+                type_name: "py:m.C".into(),
+                version: "v1".into(),
+                code: vec![1, 2, 3],
+            },
         ];
         for r in records {
             assert_eq!(Record::decode(&r.encode()), Ok(r));
@@ -287,5 +479,82 @@ mod tests {
         assert!(Record::decode(&[0xc1]).is_err());
         assert!(Record::decode(&to_bytes(vec!["nope".into()])).is_err());
         assert!(Record::decode(&to_bytes(vec!["disconnect".into(), 1.into(), 2.into()])).is_err());
+    }
+
+    #[test]
+    fn malformed_user_records_are_rejected() {
+        let token = Token { conn: 1, req: 2 };
+        let good = Record::UserState {
+            key: "k".into(),
+            type_name: "py:m.C".into(),
+            version: "v1".into(),
+            owner: None,
+            token,
+            client: Some("c".into()),
+            seq: 3,
+            reply: Ok(1.into()),
+            state: vec![7; 10],
+        }
+        .encode();
+        for cut in 0..good.len() {
+            assert!(Record::decode(&good[..cut]).is_err());
+        }
+        let fields = |reply: Value, state: Value, owner: Value| {
+            to_bytes(vec![
+                "user_state".into(),
+                "k".into(),
+                "py:m.C".into(),
+                "v1".into(),
+                owner,
+                1.into(),
+                2.into(),
+                Value::Nil,
+                0.into(),
+                reply,
+                state,
+            ])
+        };
+        let ok = || Value::Array(vec!["ok".into(), 1.into()]);
+        let bin = || Value::Binary(vec![1]);
+        assert!(Record::decode(&fields(ok(), bin(), Value::Nil)).is_ok());
+        for (bad, why) in [
+            (fields(ok(), "text".into(), Value::Nil), "state is not binary"),
+            (fields(ok(), bin(), 5.into()), "owner is neither a string nor nil"),
+            (fields("ok".into(), bin(), Value::Nil), "reply is not an array"),
+            (
+                fields(Value::Array(vec!["maybe".into(), 1.into()]), bin(), Value::Nil),
+                "unknown reply status 'maybe'",
+            ),
+            (
+                fields(
+                    Value::Array(vec!["err".into(), "Nope".into(), "m".into(), Value::Nil]),
+                    bin(),
+                    Value::Nil,
+                ),
+                "unknown error kind 'Nope'",
+            ),
+            (
+                fields(
+                    Value::Array(vec!["err".into(), "Raised".into(), "m".into()]),
+                    bin(),
+                    Value::Nil,
+                ),
+                "error data is missing",
+            ),
+            (
+                fields(Value::Array(vec!["ok".into(), 1.into(), 2.into()]), bin(), Value::Nil),
+                "1 unexpected items at the end",
+            ),
+            (
+                to_bytes(vec!["class".into(), "py:m.C".into(), "v1".into(), "code".into()]),
+                "code is not binary",
+            ),
+            (
+                to_bytes(vec!["class".into(), "py:m.C".into(), "v1".into()]),
+                "code is missing",
+            ),
+        ] {
+            assert_eq!(Record::decode(&bad), Err(why.to_string()));
+        }
     }
 }

@@ -450,6 +450,21 @@ impl Connection {
         let shared = &self.shared;
         let applied = shared.shards.with(index, |s| {
             s.calls += 1;
+            if let (
+                Some(code),
+                Op::Create {
+                    type_name,
+                    args,
+                    persistent: true,
+                    ..
+                },
+            ) = (code, &op)
+            {
+                // Logged with the first state of this version in this partition.
+                if let Some(version) = args.first().and_then(Value::as_str) {
+                    s.partition.offer_class(type_name, version, code);
+                }
+            }
             let deliveries = s.partition.apply(&caller, token, seq, op, Instant::now());
             let deliveries = s.journal(deliveries);
             // User-defined objects' calls go to their hosts before the shard is unlocked, so

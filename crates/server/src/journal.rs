@@ -209,6 +209,7 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
     }
     shared.registry.start_after(highest_conn);
     crate::sessions::recovered(shared, clients);
+    let classes = crate::hosts::register_recovered_classes(shared).map_err(io::Error::other)?;
     for (index, recovered) in writers.into_iter().enumerate() {
         let (tx, rx) = mpsc::channel();
         let inflight = Arc::new(AtomicUsize::new(0));
@@ -241,6 +242,7 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
         records,
         snapshots,
         persistent_objects = objects,
+        classes,
         fsync = ?fsync,
         "recovered in {:.1} ms",
         started.elapsed().as_secs_f64() * 1e3

@@ -46,6 +46,10 @@ pub enum UserState {
     Ready,
     /// Its host died with it (the reason says how); calls answer `ObjectLost`.
     Lost(String),
+    /// A persistent object that no host holds (after a restart, or after its host died):
+    /// its last logged state is [`UserObject::last_state`], and the next call restores it
+    /// in a host ([`Forward::Restore`]) before it runs.
+    Stored,
 }
 
 /// A request for the object's host, in the order the partition applied the calls.
@@ -58,6 +62,18 @@ pub enum Forward {
         version: String,
         args: Vec<Value>,
         kwargs: Value,
+        /// The host sends the instance's pickled state with the constructor's reply and
+        /// with every call's (a persistent object).
+        persistent: bool,
+    },
+    /// Rebuild a persistent object from its last logged state (no constructor runs); the
+    /// host sends its state with every later reply, as after a persistent `Construct`.
+    Restore {
+        key: String,
+        object_id: u64,
+        type_name: String,
+        version: String,
+        state: Vec<u8>,
     },
     Call {
         key: String,
@@ -75,13 +91,17 @@ pub enum Forward {
 impl Forward {
     pub fn key(&self) -> &str {
         match self {
-            Forward::Construct { key, .. } | Forward::Call { key, .. } | Forward::Drop { key, .. } => key,
+            Forward::Construct { key, .. }
+            | Forward::Restore { key, .. }
+            | Forward::Call { key, .. }
+            | Forward::Drop { key, .. } => key,
         }
     }
 
     pub fn object_id(&self) -> u64 {
         match self {
             Forward::Construct { object_id, .. }
+            | Forward::Restore { object_id, .. }
             | Forward::Call { object_id, .. }
             | Forward::Drop { object_id, .. } => *object_id,
         }
@@ -101,6 +121,10 @@ pub struct UserObject {
     /// object's calls in order, so a reply completes the front. While constructing, the
     /// front is the `create`.
     pub calls: VecDeque<Token>,
+    /// A persistent object's last logged state (a pickle, opaque here): what a host that
+    /// died with it, or a restarted server, brings it back to. `None` for ephemeral ones
+    /// (and while a persistent one constructs).
+    pub last_state: Option<Vec<u8>>,
 }
 
 /// `create` arguments of a `py:` type: `[version, args, kwargs]`.
@@ -134,6 +158,20 @@ pub fn parse_call_args(type_name: &str, method: &str, args: Vec<Value>) -> Resul
 pub fn lost(type_name: &str, key: &str, reason: &str) -> Error {
     Error::new(ErrorKind::ObjectLost, format!("{type_name} '{key}' was lost: {reason}"))
         .with_data(Value::Map(vec![(Value::from("reason"), Value::from(reason))]))
+}
+
+/// The reply to a call on a persistent object whose host died before answering it: the
+/// object is back to its last logged state, and the call did not take effect.
+pub fn lost_persistent(type_name: &str, key: &str, reason: &str) -> Error {
+    let reason = format!(
+        "{reason}; the object was restored to its last acknowledged state (it is rebuilt in a host on its \
+         next call) and this call did not take effect"
+    );
+    Error::new(
+        ErrorKind::ObjectLost,
+        format!("{type_name} '{key}' lost this call: {reason}"),
+    )
+    .with_data(Value::Map(vec![(Value::from("reason"), Value::from(reason))]))
 }
 
 #[cfg(test)]

@@ -16,15 +16,18 @@
 //!
 //! ```text
 //! [1, "partition", header]                      header: a map, below
-//! ["object", key, type, owner | nil, state]     one per persistent object (state: Object::snapshot)
-//! ["end", objects]                              the number of "object" values before it
+//! ["object", key, type, owner | nil, state]     a built-in persistent object (state: Object::snapshot)
+//! ["user", key, type, version, owner | nil, state]   a user-defined one (state: its last logged pickle, bin)
+//! ["end", objects]                              the number of objects before it
 //! ```
 //!
 //! `header` has exactly the fields `next_object_id`, `highest_logged_conn` (ints),
 //! `logged_conns` (array of ints), `logged_clients` (array of strings), `replies` (array of
 //! `[client, [[seq, reply]...]]`, oldest reply first; `reply` is `["ok", value]` or
-//! `["err", kind, message, data]`) and `parked` (array of op-log records as bin, in park
-//! order). Restoring applies the parked records again, so the calls parked at the moment are
+//! `["err", kind, message, data]`), `parked` (array of op-log records as bin, in park
+//! order) and `classes` (array of `[type, version, code]`, code as bin: the classes of
+//! user-defined objects this partition logged). A user-defined object still constructing
+//! at the moment has no logged state and is left to the log. Restoring applies the parked records again, so the calls parked at the moment are
 //! parked again and a later record that answered one (a `put` handing its item to a waiting
 //! `get`) replays as it ran.
 
@@ -32,7 +35,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Body, Entry, Partition, ReplyLog, Storage};
+use super::{Body, Entry, Partition, ReplyLog, Storage, StoredUser};
+use crate::objects::user;
 use crate::{objects, Error, ErrorKind, Reply, Value};
 
 /// The snapshot format version.
@@ -99,6 +103,15 @@ impl Partition {
             (
                 "parked",
                 Value::Array(parked.into_iter().map(|(_, r)| Value::Binary(r.clone())).collect()),
+            ),
+            (
+                "classes",
+                Value::Array(
+                    self.classes()
+                        .into_iter()
+                        .map(|(t, v, code)| Value::Array(vec![t.into(), v.into(), Value::Binary(code.to_vec())]))
+                        .collect(),
+                ),
             ),
         ];
         let header = Value::Map(header.into_iter().map(|(k, v)| (Value::from(k), v)).collect());
@@ -210,6 +223,14 @@ impl Partition {
                 _ => Err("a parked record is not bin".to_string()),
             })
             .collect::<Result<_, _>>()?;
+        for class in array(field("classes")?, "classes")? {
+            let mut items = Items::new(array(class, "a class")?, "a class");
+            let type_name = items.string("type")?;
+            let version = items.string("version")?;
+            let code = items.binary("code")?;
+            items.end()?;
+            self.insert_class(&type_name, &version, Arc::new(code));
+        }
         if let Some(extra) = fields.keys().next() {
             return Err(format!("unexpected header field {extra}"));
         }
@@ -237,6 +258,25 @@ impl Partition {
                     if self.objects.insert(key.clone(), entry).is_some() {
                         return Err(format!("object '{key}' appears twice"));
                     }
+                    count += 1;
+                }
+                "user" => {
+                    let o = StoredUser {
+                        key: items.string("key")?,
+                        type_name: items.string("type")?,
+                        version: items.string("version")?,
+                        owner: match items.next("owner")? {
+                            Value::Nil => None,
+                            v => Some(string(v, "owner")?),
+                        },
+                        state: items.binary("state")?,
+                    };
+                    items.end()?;
+                    user::check_type_name(&o.type_name).map_err(|e| format!("object '{}': {}", o.key, e.message))?;
+                    if self.objects.contains_key(&o.key) {
+                        return Err(format!("object '{}' appears twice", o.key));
+                    }
+                    self.insert_stored_user(o);
                     count += 1;
                 }
                 "end" => {
@@ -268,21 +308,29 @@ fn capture(c: &mut Capture, key: &str, e: &mut Entry) {
         return;
     }
     e.epoch = c.epoch;
-    let state = match &e.body {
-        Body::Builtin(obj) => obj.snapshot().unwrap_or(Value::Nil),
-        Body::User(_) => Value::Nil,
-    };
     let owner = e.owner.as_deref().map_or(Value::Nil, Value::from);
-    write(
-        &mut c.ready,
-        Value::Array(vec![
+    let entry = match &e.body {
+        Body::Builtin(obj) => vec![
             "object".into(),
             key.into(),
-            e.body.type_name().into(),
+            obj.type_name().into(),
             owner,
-            state,
-        ]),
-    );
+            obj.snapshot().unwrap_or(Value::Nil),
+        ],
+        Body::User(u) => match &u.last_state {
+            Some(state) => vec![
+                "user".into(),
+                key.into(),
+                u.type_name.as_str().into(),
+                u.version.as_str().into(),
+                owner,
+                Value::Binary(state.clone()),
+            ],
+            // Constructing: not acknowledged yet, so not part of the state at the moment.
+            None => return,
+        },
+    };
+    write(&mut c.ready, Value::Array(entry));
     c.objects += 1;
 }
 
@@ -382,6 +430,13 @@ impl Items {
 
     fn array(&mut self, name: &str) -> Result<Vec<Value>, String> {
         array(self.next(name)?, name)
+    }
+
+    fn binary(&mut self, name: &str) -> Result<Vec<u8>, String> {
+        match self.next(name)? {
+            Value::Binary(b) => Ok(b),
+            _ => Err(format!("{name} is not bin")),
+        }
     }
 
     fn tag(&mut self, expected: &str) -> Result<(), String> {

@@ -142,7 +142,12 @@ pub(crate) fn forward(shared: &Shared, partition: &mut Partition, code: Option<&
     let now = Instant::now();
     let mut actions = Vec::new();
     for fwd in forwards {
-        let code = code.filter(|_| matches!(fwd, Forward::Construct { .. }));
+        let code = match &fwd {
+            Forward::Construct { .. } => code,
+            // A stored object's class is in its partition (logged with its first state).
+            Forward::Restore { type_name, version, .. } => partition.class_code(type_name, version),
+            _ => None,
+        };
         let index = shared.hosts.slot_of_key(fwd.key());
         actions.extend(with_slot(shared, index, |s| s.forward(fwd, code, now)));
     }
@@ -168,8 +173,15 @@ pub(crate) fn run(shared: &Arc<Shared>, actions: Vec<Action>) {
                     proc.kill();
                 }
             }
-            Action::Complete { key, object_id, reply } => {
-                pending.extend(on_shard(shared, &key, |p, now| p.complete(&key, object_id, reply, now)));
+            Action::Complete {
+                key,
+                object_id,
+                reply,
+                state,
+            } => {
+                pending.extend(on_shard(shared, &key, |p, now| {
+                    p.complete_with_state(&key, object_id, reply, state, now)
+                }));
             }
             Action::Lose { key, object_id, reason } => {
                 pending.extend(on_shard(shared, &key, |p, now| p.lose(&key, object_id, &reason, now)));
@@ -185,7 +197,8 @@ pub(crate) fn run(shared: &Arc<Shared>, actions: Vec<Action>) {
     }
 }
 
-/// Run `f` on the partition holding `key` and deliver its replies.
+/// Run `f` on the partition holding `key` and deliver its replies (once the state of a
+/// persistent object they log is durable).
 fn on_shard(
     shared: &Arc<Shared>,
     key: &str,
@@ -194,6 +207,7 @@ fn on_shard(
     let index = shared.shards.index_of(key);
     match shared.shards.with(index, |s| {
         let replies = f(&mut s.partition, Instant::now());
+        let replies = s.journal(replies);
         (replies, forward(shared, &mut s.partition, None))
     }) {
         Ok((replies, actions)) => {
@@ -369,6 +383,49 @@ pub(crate) fn define(shared: &Shared, type_name: &str, version: &str, code: Vec<
         },
     );
     Ok(Value::Boolean(true))
+}
+
+/// After recovery: register the classes the partitions logged, so objects they stored can be
+/// attached to (and their version is held back from `define`) without defining them again.
+/// Per type, the version that objects are stored with (one at a time, as `define` keeps it).
+pub(crate) fn register_recovered_classes(shared: &Shared) -> Result<usize, Error> {
+    let mut found: HashMap<String, (String, Arc<Vec<u8>>, usize)> = HashMap::new();
+    for index in 0..shared.shards.count() {
+        let classes = shared.shards.with(index, |s| {
+            let p = &s.partition;
+            p.classes()
+                .into_iter()
+                .map(|(t, v, code)| {
+                    let alive = p.count_version(&t, &v);
+                    (t, v, code, alive)
+                })
+                .collect::<Vec<_>>()
+        })?;
+        for (type_name, version, code, alive) in classes {
+            match found.get_mut(&type_name) {
+                Some(entry) if entry.0 == version => entry.2 += alive,
+                Some(entry) if entry.2 >= alive => {
+                    if alive > 0 {
+                        tracing::warn!(type_name, version, "stored objects of two versions of one class");
+                    }
+                }
+                _ => {
+                    found.insert(type_name, (version, code, alive));
+                }
+            }
+        }
+    }
+    let mut classes = shared.hosts.classes.write().unwrap_or_else(PoisonError::into_inner);
+    let mut registered = 0;
+    for (type_name, (version, code, alive)) in found {
+        if alive == 0 {
+            continue; // nothing stored needs it
+        }
+        tracing::debug!(type_name, version, objects = alive, "class recovered");
+        classes.insert(type_name, Class { version, code });
+        registered += 1;
+    }
+    Ok(registered)
 }
 
 /// The code to construct `type_name` at the `version` a `create` names.

@@ -32,8 +32,14 @@ pub(crate) enum Action {
     Send { conn: ConnId, request: Value },
     /// Kill the host's process group; its exit comes back as [`Slot::exited`].
     Kill(HostId),
-    /// The host answered the oldest call (or the constructor) of this object.
-    Complete { key: String, object_id: u64, reply: Reply },
+    /// The host answered the oldest call (or the constructor) of this object; `state`: the
+    /// pickled state it sent with the answer (a persistent object).
+    Complete {
+        key: String,
+        object_id: u64,
+        reply: Reply,
+        state: Option<Vec<u8>>,
+    },
     /// The object's host died: the partition answers its calls `ObjectLost`.
     Lose {
         key: String,
@@ -54,6 +60,12 @@ pub(crate) enum Action {
 enum What {
     /// `code`: the request carried the class's code (the host has not loaded it yet).
     Construct {
+        type_name: String,
+        version: String,
+        code: bool,
+    },
+    /// Rebuilding a persistent object from its stored state.
+    Restore {
         type_name: String,
         version: String,
         code: bool,
@@ -190,6 +202,7 @@ impl Slot {
                 version,
                 args,
                 kwargs,
+                persistent,
             } => {
                 let class = (type_name.clone(), version.clone());
                 let known = self.live.as_ref().is_some_and(|h| h.versions.contains(&class));
@@ -204,6 +217,7 @@ impl Slot {
                             key,
                             object_id,
                             reply: Err(e),
+                            state: None,
                         });
                         return actions;
                     }
@@ -212,7 +226,7 @@ impl Slot {
                 let sends_code = !code.is_nil();
                 host.versions.insert(class);
                 host.objects.insert(key.clone(), object_id);
-                let request = vec![
+                let mut request = vec![
                     Value::Nil,
                     "construct".into(),
                     key.as_str().into(),
@@ -222,11 +236,59 @@ impl Slot {
                     Value::Array(args),
                     kwargs,
                 ];
+                if persistent {
+                    // An optional operand: the host sends the instance's state with every answer.
+                    request.push(Value::Boolean(true));
+                }
                 let pending = Pending {
                     rid: 0,
                     key,
                     object_id,
                     what: What::Construct {
+                        type_name,
+                        version,
+                        code: sends_code,
+                    },
+                };
+                host.send(pending, request, now, &mut actions);
+            }
+            Forward::Restore {
+                key,
+                object_id,
+                type_name,
+                version,
+                state,
+            } => {
+                let class = (type_name.clone(), version.clone());
+                let known = self.live.as_ref().is_some_and(|h| h.versions.contains(&class));
+                let code = match (known, code) {
+                    (true, _) => Value::Nil,
+                    (false, Some(code)) => Value::Binary(code.to_vec()),
+                    (false, None) => {
+                        let reason =
+                            format!("it could not be restored: this server has no code for {type_name} {version}");
+                        actions.push(Action::Lose { key, object_id, reason });
+                        return actions;
+                    }
+                };
+                let host = self.live_host(now, &mut actions);
+                let sends_code = !code.is_nil();
+                host.versions.insert(class);
+                host.objects.insert(key.clone(), object_id);
+                let request = vec![
+                    Value::Nil,
+                    "restore".into(),
+                    key.as_str().into(),
+                    type_name.as_str().into(),
+                    version.as_str().into(),
+                    code,
+                    Value::Binary(state),
+                ];
+                let pending = Pending {
+                    rid: 0,
+                    key,
+                    object_id,
+                    what: What::Restore {
                         type_name,
                         version,
                         code: sends_code,
@@ -323,7 +385,7 @@ impl Slot {
             // A host being killed may still answer; its objects are lost anyway.
             return Vec::new();
         };
-        let (rid, reply) = match parse_reply(frame) {
+        let (rid, reply, state) = match parse_reply(frame) {
             Ok(parsed) => parsed,
             Err(message) => return self.kill(format!("its object host broke the protocol ({message})")),
         };
@@ -356,9 +418,42 @@ impl Slot {
                     host.versions.remove(&(type_name, version));
                 }
                 let reply = reply.map(|_| Value::Nil);
-                vec![Action::Complete { key, object_id, reply }]
+                vec![Action::Complete {
+                    key,
+                    object_id,
+                    reply,
+                    state,
+                }]
             }
-            What::Call { .. } => vec![Action::Complete { key, object_id, reply }],
+            What::Restore {
+                type_name,
+                version,
+                code,
+            } => match reply {
+                Ok(_) => Vec::new(),
+                Err(e) => {
+                    // The host holds no instance: its calls queued behind are answered
+                    // `ObjectLost` now, and the object stays stored for its next call.
+                    if host.holds(&key, object_id) {
+                        host.objects.remove(&key);
+                    }
+                    if code {
+                        host.versions.remove(&(type_name, version));
+                    }
+                    let reason = format!(
+                        "it could not be restored from its stored state in its object host ({}: {})",
+                        e.kind.as_str(),
+                        e.message
+                    );
+                    vec![Action::Lose { key, object_id, reason }]
+                }
+            },
+            What::Call { .. } => vec![Action::Complete {
+                key,
+                object_id,
+                reply,
+                state,
+            }],
             What::Drop => Vec::new(),
         }
     }
@@ -461,6 +556,7 @@ impl Slot {
                 let what = match &front.what {
                     What::Call { type_name, method } => format!("{}.{method}", short_name(type_name)),
                     What::Construct { type_name, .. } => format!("the {} constructor", short_name(type_name)),
+                    What::Restore { type_name, .. } => format!("restoring a {}", short_name(type_name)),
                     What::Drop => format!("dropping '{}'", front.key),
                 };
                 format!("{what} ran longer than the object call timeout ({timeout} s); its host was restarted")
@@ -471,21 +567,30 @@ impl Slot {
     }
 }
 
-/// `[rid, status, result]` as a reply.
-fn parse_reply(frame: Value) -> Result<(u64, Reply), String> {
-    let Value::Array(items) = frame else {
+/// `[rid, status, result]` (or `[rid, status, result, state]`: a persistent object's
+/// pickled state after the call) as a reply.
+fn parse_reply(frame: Value) -> Result<(u64, Reply, Option<Vec<u8>>), String> {
+    let Value::Array(mut items) = frame else {
         return Err("a reply must be an array [rid, status, result]".into());
+    };
+    let state = match items.len() {
+        4 => match items.pop() {
+            Some(Value::Binary(state)) => Some(state),
+            Some(Value::Nil) => None,
+            _ => return Err("a reply's state must be binary or nil".into()),
+        },
+        _ => None,
     };
     let [rid, status, result]: [Value; 3] = items
         .try_into()
-        .map_err(|_| "a reply has 3 items [rid, status, result]".to_string())?;
+        .map_err(|_| "a reply has 3 items [rid, status, result] (and a state)".to_string())?;
     let rid = rid.as_u64().ok_or("the request id must be an unsigned integer")?;
     if status.is_str() {
         return Err("it sent a request on its host connection; a host makes its own calls on other connections".into());
     }
     match status.as_u64() {
-        Some(0) => Ok((rid, Ok(result))),
-        Some(1) => Ok((rid, Err(error_from_value(result)?))),
+        Some(0) => Ok((rid, Ok(result), state)),
+        Some(1) => Ok((rid, Err(error_from_value(result)?), state)),
         _ => Err("the reply status must be 0 or 1".into()),
     }
 }
@@ -524,6 +629,7 @@ mod tests {
             version: "v1".into(),
             args: vec![1.into()],
             kwargs: Value::Map(vec![]),
+            persistent: false,
         }
     }
 
@@ -573,7 +679,8 @@ mod tests {
             vec![Action::Complete {
                 key: "a".into(),
                 object_id: 1,
-                reply: Ok(Value::Nil)
+                reply: Ok(Value::Nil),
+                state: None,
             }]
         );
         (slot, id)
@@ -639,7 +746,8 @@ mod tests {
             vec![Action::Complete {
                 key: "a".into(),
                 object_id: 1,
-                reply: Err(Error::new(ErrorKind::Raised, "boom"))
+                reply: Err(Error::new(ErrorKind::Raised, "boom")),
+                state: None,
             }]
         );
         // Connected now: a new request goes out at once.
@@ -905,6 +1013,7 @@ mod tests {
             version: "v1".into(),
             args: vec![],
             kwargs: Value::Map(vec![]),
+            persistent: false,
         };
         let requests = sent(&slot.forward(fresh.clone(), Some(&code()), now));
         let Value::Array(items) = &requests[0] else { panic!() };
@@ -942,6 +1051,99 @@ mod tests {
         slot.connected(id, 9, now).expect("expected");
         assert_eq!(slot.next_deadline(), None, "never");
         assert!(slot.tick(now + Duration::from_secs(3600)).is_empty());
+    }
+
+    #[test]
+    fn persistent_objects_ask_for_their_state_and_are_restored() {
+        let now = Instant::now();
+        let (mut slot, id) = connected(now);
+        let persistent = Forward::Construct {
+            key: "p".into(),
+            object_id: 2,
+            type_name: T.into(),
+            version: "v1".into(),
+            args: vec![1.into()],
+            kwargs: Value::Map(vec![]),
+            persistent: true,
+        };
+        let requests = sent(&slot.forward(persistent, Some(&code()), now));
+        let Value::Array(items) = &requests[0] else { panic!() };
+        assert_eq!(items.len(), 9);
+        assert_eq!(items[8], Value::Boolean(true), "the host is asked for the state");
+        // The state comes back as a 4th item, with an answer or an error.
+        let with_state = Value::Array(vec![2.into(), 0.into(), Value::Nil, Value::Binary(b"s0".to_vec())]);
+        assert_eq!(
+            slot.reply(id, with_state, now),
+            vec![Action::Complete {
+                key: "p".into(),
+                object_id: 2,
+                reply: Ok(Value::Nil),
+                state: Some(b"s0".to_vec()),
+            }]
+        );
+        slot.forward(call("p", 2, "update"), None, now);
+        let raised = Value::Array(vec![
+            3.into(),
+            1.into(),
+            Value::Array(vec!["Raised".into(), "no".into(), Value::Nil]),
+            Value::Binary(b"s1".to_vec()),
+        ]);
+        assert!(matches!(
+            &slot.reply(id, raised, now)[..],
+            [Action::Complete { reply: Err(_), state: Some(s), .. }] if s == b"s1"
+        ));
+        // A restore carries the stored state (and the code once per host and version).
+        let restore = |object_id| Forward::Restore {
+            key: "q".into(),
+            object_id,
+            type_name: T.into(),
+            version: "v1".into(),
+            state: b"s9".to_vec(),
+        };
+        let requests = sent(&slot.forward(restore(5), Some(&code()), now));
+        assert_eq!(
+            requests,
+            vec![Value::Array(vec![
+                4.into(),
+                "restore".into(),
+                "q".into(),
+                T.into(),
+                "v1".into(),
+                Value::Nil,
+                Value::Binary(b"s9".to_vec()),
+            ])]
+        );
+        assert!(
+            slot.reply(id, ok(4, Value::Nil), now).is_empty(),
+            "restored: nothing to answer"
+        );
+        // A restore that fails leaves the object stored: its calls are answered ObjectLost.
+        slot.forward(restore(6), Some(&code()), now);
+        let failed = Value::Array(vec![
+            5.into(),
+            1.into(),
+            Value::Array(vec!["Raised".into(), "setstate broke".into(), Value::Nil]),
+        ]);
+        let lost = slot.reply(id, failed, now);
+        assert!(
+            matches!(&lost[..], [Action::Lose { object_id: 6, reason, .. }]
+                if reason.contains("could not be restored") && reason.contains("setstate broke")),
+            "{lost:?}"
+        );
+        // A state that is not binary breaks the protocol.
+        slot.forward(call("p", 2, "update"), None, now);
+        let bad = Value::Array(vec![6.into(), 0.into(), Value::Nil, "text".into()]);
+        assert_eq!(slot.reply(id, bad, now), vec![Action::Kill(id)]);
+        // A host that exits holds them: they are "lost" (the partition stores persistent ones).
+        let lost = slot.exited(id, Exit::default(), None);
+        let keys: Vec<_> = lost
+            .iter()
+            .filter_map(|a| match a {
+                Action::Lose { key, .. } => Some(key.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(keys, vec!["a", "p"], "not q: its restore failed, the host holds none");
     }
 
     #[test]
