@@ -55,7 +55,8 @@ enum Storage {
 
 enum Body {
     Builtin(Box<dyn Object>),
-    User(UserObject),
+    /// Boxed: most objects are built-in, and a small entry keeps a million objects small.
+    User(Box<UserObject>),
 }
 
 impl Body {
@@ -330,7 +331,7 @@ impl Partition {
         self.objects.insert(
             o.key,
             Entry {
-                body: Body::User(u),
+                body: Body::User(Box::new(u)),
                 owner: o.owner.map(Arc::from),
                 persistent: true,
                 epoch: self.snapshot_epoch,
@@ -806,7 +807,7 @@ impl Partition {
         self.objects.insert(
             key,
             Entry {
-                body: Body::User(u),
+                body: Body::User(Box::new(u)),
                 owner,
                 persistent,
                 epoch: self.snapshot_epoch,
