@@ -22,6 +22,7 @@ use crate::objects::user::{self, Forward, UserObject, UserState};
 use crate::record::{encode_apply, encode_class, encode_user_state, Record, UserStateRef, MAX_RECORD_LEN};
 use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
+mod object_map;
 mod snapshot;
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
@@ -147,7 +148,7 @@ impl Op {
 
 #[derive(Default)]
 pub struct Partition {
-    objects: HashMap<String, Entry>,
+    objects: object_map::ObjectMap,
     /// Keys that `keep` moved away, with their new key and the session that owned them.
     moved: HashMap<String, (String, Option<Arc<str>>)>,
     /// Deadlines of parked calls, earliest first. A timer goes as soon as its call is
@@ -279,7 +280,7 @@ impl Partition {
             .filter(|(_, e)| e.persistent)
             .filter_map(|(k, e)| match &e.body {
                 Body::User(u) => u.last_state.as_ref().map(|state| StoredUser {
-                    key: k.clone(),
+                    key: k.to_string(),
                     type_name: u.type_name.clone(),
                     version: u.version.clone(),
                     owner: e.owner.as_deref().map(str::to_string),
@@ -347,7 +348,7 @@ impl Partition {
             .filter(|(k, e)| {
                 !k.starts_with(UNNAMED_PREFIX) && k.starts_with(prefix) && (e.persistent || !persistent_only)
             })
-            .map(|(k, e)| (k.clone(), e.body.type_name().to_string()))
+            .map(|(k, e)| (k.to_string(), e.body.type_name().to_string()))
             .collect()
     }
 
@@ -395,7 +396,7 @@ impl Partition {
                     Body::Builtin(obj) => obj.snapshot(),
                     Body::User(_) => None,
                 };
-                (k.clone(), (e.body.type_name().to_string(), snap))
+                (k.to_string(), (e.body.type_name().to_string(), snap))
             })
             .collect()
     }
@@ -1264,7 +1265,7 @@ impl Partition {
             .objects
             .iter()
             .filter(|(_, e)| e.owner.as_deref() == Some(client))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_string())
             .collect();
         for key in doomed {
             self.delete(&key, now, &mut out);

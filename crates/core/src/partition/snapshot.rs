@@ -3,11 +3,12 @@
 //!
 //! [`Partition::begin_snapshot`] marks the moment: it returns the snapshot's header (the
 //! partition-wide state: recorded replies, logged connections and sessions, the calls parked
-//! on persistent objects) and lists the persistent objects. The objects themselves are
-//! captured later, a chunk at a time ([`Partition::snapshot_chunk`]), each under a short hold
-//! of the shard lock: an object about to change before its turn is captured first (copy on
-//! write, [`Partition::preserve`]), and objects made after the moment are left out, so the
-//! snapshot is exactly the state at that moment. The server puts the moment in the log (it
+//! on persistent objects) and how many object slots there are. The objects themselves are
+//! captured later, walking the slots a chunk at a time ([`Partition::snapshot_chunk`]), each
+//! under a short hold of the shard lock: an object about to change (or go) before its turn is
+//! captured first (copy on write, [`Partition::preserve`]), and objects made after the moment
+//! are left out (their epoch is the snapshot's), so the snapshot is exactly the state at that
+//! moment. The server puts the moment in the log (it
 //! starts a new segment there), and recovery loads the snapshot, then replays the log after it.
 //!
 //! # Body format, version 1
@@ -45,8 +46,10 @@ pub const SNAPSHOT_VERSION: u64 = 1;
 /// A snapshot being captured.
 pub(super) struct Capture {
     epoch: u64,
-    /// Persistent objects at the moment of the snapshot not captured yet (taken from the end).
-    pending: Vec<String>,
+    /// The next object slot to capture, and the end of the slots at the moment of the
+    /// snapshot (objects in later slots were made after it).
+    next: usize,
+    end: usize,
     /// Encoded objects captured and not yet handed out.
     ready: Vec<u8>,
     objects: u64,
@@ -58,15 +61,10 @@ impl Partition {
     /// already in progress is abandoned.
     pub fn begin_snapshot(&mut self) -> Vec<u8> {
         self.snapshot_epoch += 1;
-        let pending = self
-            .objects
-            .iter()
-            .filter(|(_, e)| e.persistent)
-            .map(|(k, _)| k.clone())
-            .collect();
         self.capture = Some(Capture {
             epoch: self.snapshot_epoch,
-            pending,
+            next: 0,
+            end: self.objects.slot_count(),
             ready: Vec::new(),
             objects: 0,
         });
@@ -130,14 +128,14 @@ impl Partition {
         let Some(c) = self.capture.as_mut() else {
             return (Vec::new(), true);
         };
-        while c.ready.len() < budget {
-            let Some(key) = c.pending.pop() else { break };
-            if let Some(e) = self.objects.get_mut(&key) {
-                capture(c, &key, e);
+        while c.ready.len() < budget && c.next < c.end {
+            if let Some((key, e)) = self.objects.slot_mut(c.next) {
+                capture(c, key, e);
             }
+            c.next += 1;
         }
         let mut out = std::mem::take(&mut c.ready);
-        if !c.pending.is_empty() {
+        if c.next < c.end {
             return (out, false);
         }
         write(&mut out, Value::Array(vec!["end".into(), c.objects.into()]));
