@@ -50,6 +50,25 @@ REPLY_OVERHEAD = 4 << 10  # bytes of a reply besides its value (ids, kinds, fram
 # The longest state (with its reply) a persistent object can log: a frame, and an op-log
 # record (64 MiB) holding the key, type and session besides.
 STATE_LIMIT = min(MAX_FRAME, 64 << 20) - (64 << 10)
+# Ends the message of a persistent call whose result could not be sent: its change stays.
+KEPT = "; the call's change to the object is kept (its state is logged): do not repeat the call"
+
+
+def _getstate(obj: Any) -> Any:
+    """The pickle protocol's state of ``obj``: its ``__getstate__()`` (every object has one
+    from Python 3.11), else what ``copyreg`` pickles: the ``__dict__``, with the slots'
+    values as ``(dict, slots)``."""
+    getstate = getattr(obj, "__getstate__", None)
+    if getstate is not None:
+        return getstate()
+    slots = {}
+    for klass in type(obj).__mro__:
+        names = klass.__dict__.get("__slots__", ())
+        for name in (names,) if isinstance(names, str) else names:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                slots[name] = getattr(obj, name)
+    state = getattr(obj, "__dict__", None) or None
+    return (state, slots) if slots else state
 
 
 class HostError(Exception):
@@ -217,7 +236,7 @@ class Host:
         """The pickled state of ``obj`` after ``where`` ran; ``_Raised`` (a ``TypeError``)
         if it does not pickle or cannot be sent."""
         try:
-            state = cloudpickle.dumps(obj.__getstate__(), protocol=pickle.HIGHEST_PROTOCOL)
+            state = cloudpickle.dumps(_getstate(obj), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException as exc:
             err: BaseException = TypeError(
                 f"cannot pickle the state of the persistent object {type(obj).__qualname__} "
@@ -265,12 +284,13 @@ class Host:
         if error is not None:
             return frame([rid, 1, error, state])
         # The result's frame (a fixarray of 3) with the state as a 4th item.
-        body = self._reply(rid, value, where, me)[4:]
+        body = self._reply(rid, value, where, me, KEPT)[4:]
         extra = msgpack.packb(state, use_bin_type=True)
         if len(body) + len(extra) > STATE_LIMIT:
             err = ValueError(
                 f"the result of {where} and the object's state are {len(body) + len(extra):,} "
-                f"bytes, over the {STATE_LIMIT:,} that can be logged: return smaller parts"
+                f"bytes, over the {STATE_LIMIT:,} that can be logged with it: return smaller "
+                f"parts{KEPT}"
             )
             return frame([rid, 1, raised(err, where), state])
         out = b"\x94" + body[1:] + extra
@@ -324,7 +344,9 @@ class Host:
     # -- replies -----------------------------------------------------------------------
 
     @staticmethod
-    def _reply(rid: int, value: Any, where: str, me: Tuple[Any, str, str]) -> bytes:
+    def _reply(rid: int, value: Any, where: str, me: Tuple[Any, str, str], note: str = "") -> bytes:
+        """The reply frame of a call that returned ``value``; an error reply if it cannot be
+        sent (``note`` ends its message)."""
         # The object itself, anywhere in its method's result (`return self`, a fluent
         # method), travels as its proxy: see codec.shipping_self.
         codec.shipping_self = me
@@ -332,7 +354,7 @@ class Host:
             data = frame([rid, 0, value], True)
         except BaseException as exc:
             err = TypeError(
-                f"cannot pickle the result of {where} ({type(value).__name__}): {exc}"
+                f"cannot pickle the result of {where} ({type(value).__name__}): {exc}{note}"
             )
             return frame([rid, 1, raised(err, where)])
         finally:
@@ -341,7 +363,7 @@ class Host:
             err = ValueError(
                 f"the result of {where} is {len(data):,} bytes, over the {MAX_FRAME:,} a reply "
                 "can carry: keep large data in the object (return parts of it), or store it in "
-                "a spindle.Blob or spindle.Array and return that"
+                f"a spindle.Blob or spindle.Array and return that{note}"
             )
             return frame([rid, 1, raised(err, where)])
         return data

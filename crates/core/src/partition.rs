@@ -384,13 +384,14 @@ impl Partition {
         self.highest_logged_conn
     }
 
-    /// Every persistent object's snapshot (`None` for one without: never, for durable types;
-    /// always for user-defined ones, whose state is [`stored_user_objects`](Self::stored_user_objects)),
+    /// Every persistent object a replay of the log would find (not one still constructing),
+    /// with its snapshot (`None` for one without: never, for durable types; always for
+    /// user-defined ones, whose state is [`stored_user_objects`](Self::stored_user_objects)),
     /// by key.
     pub fn persistent_snapshots(&self) -> BTreeMap<String, (String, Option<Value>)> {
         self.objects
             .iter()
-            .filter(|(_, e)| e.persistent)
+            .filter(|(_, e)| is_durable(e))
             .map(|(k, e)| {
                 let snap = match &e.body {
                     Body::Builtin(obj) => obj.snapshot(),
@@ -493,8 +494,10 @@ impl Partition {
     }
 
     /// Whether `key` holds a persistent object.
+    /// (One still constructing is not yet: it has no record that a replay would find, so
+    /// nothing about it may be logged.)
     fn is_persistent(&self, key: &str) -> bool {
-        self.objects.get(key).is_some_and(|e| e.persistent)
+        self.objects.get(key).is_some_and(is_durable)
     }
 
     /// A `create`'s `persistent` must suit the type, the server and the object already there.
@@ -518,9 +521,9 @@ impl Partition {
             }
         }
         match self.objects.get(key) {
-            // Refused here, unlogged: a replay has no ephemeral object at `key`, so a logged
-            // create would succeed there and diverge from the live run.
-            Some(e) if persistent && !e.persistent && e.body.type_name() != type_name => {
+            // Refused here, unlogged: a replay has no ephemeral (or still constructing) object
+            // at `key`, so a logged create would succeed there and diverge from the live run.
+            Some(e) if persistent && !is_durable(e) && e.body.type_name() != type_name => {
                 check_type(key, e.body.type_name(), type_name)
             }
             Some(e) if e.body.type_name() == type_name && e.persistent != persistent => {
@@ -944,7 +947,8 @@ impl Partition {
         now: Instant,
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
-        let mut too_big = false;
+        // Why the object goes back to its last logged state after this call, if it does.
+        let mut restore: Option<&str> = None;
         let persistent = match self.objects.get(key) {
             Some(Entry {
                 body: Body::User(u),
@@ -979,20 +983,29 @@ impl Partition {
                                 key: key.to_string(),
                                 object_id,
                             });
-                            too_big = !constructing;
+                            if !constructing {
+                                restore = Some("an earlier call left a state too large to log");
+                            }
                         }
                     }
                 }
-                // A host that constructed a persistent object must send its state.
-                None if constructing && reply.is_ok() => {
+                // A host must send the state after a persistent object's constructor or call
+                // returned: without it the change cannot be logged, so it is undone.
+                None if reply.is_ok() => {
                     reply = Err(Error::new(
                         ErrorKind::Internal,
-                        format!("the object host sent no state for the persistent object '{key}'"),
+                        format!(
+                            "the object host sent no state for the persistent object '{key}' (a server bug): this \
+                             call did not take effect"
+                        ),
                     ));
                     self.forwards.push(Forward::Drop {
                         key: key.to_string(),
                         object_id,
                     });
+                    if !constructing {
+                        restore = Some("an earlier call's state was not sent");
+                    }
                 }
                 None => {}
             }
@@ -1034,8 +1047,7 @@ impl Partition {
             (_, reply) => out.push(Delivery { token, reply }),
         }
         self.settle(&out);
-        if too_big {
-            let reason = "an earlier call left a state too large to log";
+        if let Some(reason) = restore {
             out.extend(self.lose(key, object_id, reason, now));
         }
         out
@@ -1389,6 +1401,15 @@ fn persistent_keep(type_name: &str, key: &str) -> Error {
         "persistent {type_name} '{key}' cannot be kept under a new name or outside its session yet; \
          construct it with name= instead"
     ))
+}
+
+/// Whether `e` is a persistent object a replay of the log would find.
+fn is_durable(e: &Entry) -> bool {
+    e.persistent
+        && match &e.body {
+            Body::User(u) => u.last_state.is_some(),
+            Body::Builtin(_) => true,
+        }
 }
 
 /// One user-defined object of its version less (deleted, or lost with its host).
@@ -2163,6 +2184,31 @@ mod tests {
                 assert_eq!(r.durable_replies(), full.durable_replies());
                 // Live, the completed call's reply is recorded as durable too.
                 assert_eq!(h.p.durable_replies(), full.durable_replies());
+            }
+
+            #[test]
+            fn nothing_about_an_object_still_constructing_is_logged() {
+                let mut h = durable();
+                create_p(&mut h, &who(1), 1, "k", false);
+                h.p.take_forwards();
+                h.p.take_log();
+                // A replay finds no object at `k`: a logged create there would make one, a
+                // logged delete would answer otherwise.
+                let token = h.token(2);
+                let op = Op::Create {
+                    type_name: "Counter".into(),
+                    key: "k".into(),
+                    args: vec![],
+                    owned: false,
+                    persistent: true,
+                };
+                let out = h.p.apply(&who(2), token, 1, op, h.now);
+                assert_eq!(error_of(&out, token).kind, ErrorKind::TypeMismatch);
+                let token = h.token(3);
+                let out = h.p.apply(&who(3), token, 1, Op::Delete { key: "k".into() }, h.now);
+                assert_eq!(value_of(&out, token), Value::Boolean(true));
+                assert!(h.p.take_log().unwrap_or_default().is_empty());
+                assert!(h.p.persistent_snapshots().is_empty());
             }
 
             #[test]

@@ -1,43 +1,42 @@
-//! Durability of persistent objects: one op log per shard, written by a thread of its own
-//! with group commit, and recovery at start (see docs/durability.md).
+//! Durability of persistent objects: one op log per shard with group commit, snapshots,
+//! and recovery at start (see docs/durability.md).
 //!
-//! A shard's partition leaves a record for every event that changes a persistent object;
-//! under the shard lock, [`ShardState::journal`](crate::shards::ShardState::journal) hands
-//! the records to the shard's writer together with every reply that event produced, so
-//! records reach the writer in the partition's order. The writer takes everything queued,
-//! writes it with one `append_batch`, makes it durable with one `fsync` (`--fsync always`),
-//! and only then releases the replies. A call that only reads a persistent object sends
-//! its reply the same way while records are in flight, so no reply shows a state a crash
-//! could take back.
+//! A shard's partition leaves a record for every event that changes a persistent object.
+//! The call that caused it writes the records itself, under the shard lock
+//! ([`ShardState::journal`](crate::shards::ShardState::journal)), so they are in the
+//! partition's order and no thread hop is paid. With `--fsync always` its replies then wait
+//! for the shard's [`Syncer`] thread: it `fsync`s whenever replies wait, each `fsync`
+//! covering every record written before it by any call (group commit: under load they run
+//! back to back while calls keep writing), and sends the replies it covered. A call that
+//! only reads a persistent object waits the same way while records before it are not
+//! durable, so no reply shows a state a crash could take back. With `interval` the syncer
+//! `fsync`s on a timer and replies go at once; with `never` there is no syncer.
 //!
-//! Snapshots: after `--snapshot-after` bytes of log, the writer starts a snapshot under the
-//! shard lock ([`Partition::begin_snapshot`](spindle_core::Partition::begin_snapshot)) and
-//! puts a marker in its own queue there, so the marker sits exactly between the records
-//! before the snapshot's moment and those after. Reaching the marker, the writer starts a
-//! new segment: the snapshot covers the log up to its start. A thread of its own then
-//! captures the objects a chunk at a time (calls go on between chunks), writes the file,
-//! and deletes the log behind the older of the two newest snapshots.
+//! Snapshots: after `--snapshot-after` bytes of log, a call's journal step starts a snapshot
+//! ([`Partition::begin_snapshot`]) and moves the log to a new segment there, under the shard
+//! lock: the snapshot covers the log up to the new segment's start. A thread of its own
+//! then captures the objects a chunk at a time (calls go on between chunks), writes the
+//! file, and deletes the log behind the older of the two newest snapshots.
 
+use std::collections::VecDeque;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::Instant;
 
-use spindle_core::{ConnId, Delivery, Error, ErrorKind};
+use spindle_core::{ConnId, Delivery, Error, ErrorKind, Partition};
 use spindle_storage::{self as storage, LogFile, LogPosition, LogWriter, FIRST_SEGMENT_SEQ};
 use tracing::{error, info, warn};
 
 use crate::config::Fsync;
+use crate::shards::ShardState;
 use crate::Shared;
 
 // A record the partition accepts must fit the log.
 const _: () = assert!(spindle_core::record::MAX_RECORD_LEN == storage::MAX_RECORD_LEN as usize);
 
-/// Most queued batches committed together (bounds the latency of the first of them).
-const MAX_GROUP: usize = 4096;
 /// Bytes of objects a snapshot captures per hold of the shard lock.
 const SNAPSHOT_CHUNK: usize = 256 << 10;
 /// Snapshots kept; the log is deleted behind the oldest (a damaged newest one falls back).
@@ -62,69 +61,278 @@ fn recovery_error(message: String) -> io::Error {
     io::Error::other(RecoveryError(message))
 }
 
-/// Records of one event and the replies that wait for them.
-struct Batch {
-    records: Vec<Vec<u8>>,
-    deliveries: Vec<Delivery>,
-}
-
-/// What a shard's writer is sent, in the partition's order.
-enum Item {
-    Batch(Batch),
-    /// A snapshot began here (its header): the records before it are behind its moment.
-    Snapshot(Vec<u8>),
-}
-
-/// A shard's way to its writer.
-pub(crate) struct LogHandle {
+/// A shard's op log, kept in the shard's state: calls write their records themselves,
+/// under the shard lock, so records are in the partition's order with no hop to another
+/// thread. With `--fsync always` the replies then wait for the shard's [`Syncer`].
+pub(crate) struct Journal<F: LogFile = fs::File> {
     index: usize,
-    tx: Sender<Item>,
-    /// Batches with records queued or being written, not yet answered.
-    inflight: Arc<AtomicUsize>,
+    /// For the snapshot thread (weak: the shards live inside `Shared`).
+    shared: Weak<Shared>,
+    log: LogWriter<F>,
+    fsync: Fsync,
+    /// Why the log failed: every later record is refused (the file's state is unknown).
+    failed: Option<String>,
+    /// Bytes written to the log since the server started (marks for the syncer).
+    written: u64,
+    /// `None` with `--fsync never`.
+    syncer: Option<Arc<Syncer>>,
+    dir: PathBuf,
+    /// `--snapshot-after` (0: never).
+    snapshot_after: u64,
+    /// Log bytes written since the last snapshot's moment.
+    since_snapshot: u64,
+    /// A snapshot is being captured or written.
+    snapshotting: Arc<AtomicBool>,
 }
 
-impl LogHandle {
-    /// Queue `records` with the replies that depend on them; returns the replies that may
-    /// go now.
-    pub(crate) fn submit(&self, records: Vec<Vec<u8>>, deliveries: Vec<Delivery>) -> Vec<Delivery> {
-        let logged = !records.is_empty();
-        if !logged && (deliveries.is_empty() || self.inflight.load(Ordering::Acquire) == 0) {
-            // A read with nothing pending before it: everything it can see is durable.
+impl<F: LogFile> Journal<F> {
+    /// After any partition entry point (under the shard lock): write its op-log `records`;
+    /// returns the replies that may go now. With `--fsync always`, replies that depend on
+    /// records not yet durable (the call's own, or earlier ones it may have read) go to the
+    /// syncer instead, which sends them after its next `fsync`.
+    fn submit(&mut self, partition: &mut Partition, records: Vec<Vec<u8>>, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+        if let Some(why) = self
+            .failed
+            .clone()
+            .or_else(|| self.syncer.as_ref().and_then(|s| s.failure()))
+        {
+            return match records.is_empty() {
+                // Reads see only what was acknowledged before the failure, or refused since.
+                true => deliveries,
+                false => self.fail(partition, &why, deliveries),
+            };
+        }
+        if !records.is_empty() {
+            if let Err(e) = self.log.append_batch(&records) {
+                return self.fail(partition, &e.to_string(), deliveries);
+            }
+            let bytes: usize = records.iter().map(Vec::len).sum();
+            self.written += bytes as u64;
+            self.since_snapshot += bytes as u64;
+            if let Some(syncer) = &self.syncer {
+                syncer.written.store(self.written, Ordering::Release);
+            }
+        }
+        match (&self.syncer, self.fsync) {
+            (Some(syncer), Fsync::Always) if !deliveries.is_empty() => syncer.after_sync(self.written, deliveries),
+            _ => deliveries,
+        }
+    }
+
+    /// The log failed: fail `deliveries`, and every persistent write of the partition from now on.
+    fn fail(&mut self, partition: &mut Partition, why: &str, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+        if self.failed.is_none() {
+            error!(
+                partition = self.index,
+                "the op log failed: {why}; persistent objects of this partition are read-only until a restart"
+            );
+            self.failed = Some(why.to_string());
+            partition.storage_failed(why);
+            partition.abort_snapshot();
+        }
+        storage_errors(self.index, why, deliveries)
+    }
+}
+
+impl Journal {
+    /// Start a snapshot if enough log was written since the last one (and none is running):
+    /// its moment is now, between the records written so far and the next ones. The log
+    /// moves to a new segment here (the snapshot covers the log up to its start), and a
+    /// thread of its own captures and writes the snapshot.
+    fn maybe_snapshot(&mut self, partition: &mut Partition) {
+        if self.snapshot_after == 0
+            || self.since_snapshot < self.snapshot_after
+            || self.failed.is_some()
+            || self.snapshotting.load(Ordering::Acquire)
+        {
+            return;
+        }
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let header = partition.begin_snapshot();
+        let rotated = self.log.rotate().and_then(|position| {
+            if let Some(syncer) = &self.syncer {
+                syncer.switch_file(self.log.sync_handle()?);
+            }
+            Ok(position)
+        });
+        let position = match rotated {
+            Ok(position) => position,
+            Err(e) => {
+                // The log goes on in its segment (a failed sync there fails its next write).
+                warn!(partition = self.index, "cannot start a snapshot: {e}");
+                partition.abort_snapshot();
+                self.since_snapshot = 0;
+                return;
+            }
+        };
+        self.since_snapshot = 0;
+        self.snapshotting.store(true, Ordering::Release);
+        let (background, index, dir, flag) = (shared, self.index, self.dir.clone(), self.snapshotting.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("snapshot-{index}"))
+            .spawn(move || {
+                let started = Instant::now();
+                match write_snapshot(&background, index, &dir, position, &header) {
+                    Ok(info) => info!(
+                        partition = index,
+                        bytes = info.body_len,
+                        "snapshot {} written in {:.1} ms",
+                        info.path.display(),
+                        started.elapsed().as_secs_f64() * 1e3
+                    ),
+                    Err(e) => {
+                        warn!(partition = index, "snapshot failed (the log is kept): {e}");
+                        let _ = background.shards.with(index, |s| s.partition.abort_snapshot());
+                    }
+                }
+                flag.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            warn!(partition = self.index, "cannot start a snapshot thread: {e}");
+            partition.abort_snapshot();
+            self.snapshotting.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Write `records` to shard `s`'s log (if it has one) and return the replies that may go now.
+pub(crate) fn submit(s: &mut ShardState, records: Vec<Vec<u8>>, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+    let ShardState { partition, log, .. } = s;
+    let Some(journal) = log else {
+        return deliveries;
+    };
+    let out = journal.submit(partition, records, deliveries);
+    journal.maybe_snapshot(partition);
+    out
+}
+
+/// Makes a shard's log durable in the background and sends the replies that wait for it
+/// (group commit: one `fsync` covers every record written before it, by any call).
+pub(crate) struct Syncer {
+    index: usize,
+    /// Bytes written to the log so far (the journal's mark after its last write).
+    written: AtomicU64,
+    state: Mutex<SyncState>,
+    wake: Condvar,
+    /// The current segment (replaced when the log moves to a new one, after syncing the old).
+    file: Mutex<Arc<fs::File>>,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Replies waiting for the log to be durable up to their mark, oldest first.
+    waiting: VecDeque<(u64, Vec<Delivery>)>,
+    /// The highest mark known durable.
+    synced: u64,
+    failed: Option<String>,
+}
+
+impl Syncer {
+    fn new(index: usize, file: fs::File) -> Self {
+        Syncer {
+            index,
+            written: AtomicU64::new(0),
+            state: Mutex::new(SyncState::default()),
+            wake: Condvar::new(),
+            file: Mutex::new(Arc::new(file)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    /// Queue `deliveries` until the log is durable up to `mark`; returns them if it is already.
+    fn after_sync(&self, mark: u64, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+        let mut state = self.lock();
+        if mark <= state.synced {
             return deliveries;
         }
-        if logged {
-            self.inflight.fetch_add(1, Ordering::AcqRel);
-        }
-        match self.tx.send(Item::Batch(Batch { records, deliveries })) {
-            Ok(()) => Vec::new(),
-            Err(mpsc::SendError(item)) => {
-                if logged {
-                    self.inflight.fetch_sub(1, Ordering::AcqRel);
+        state.waiting.push_back((mark, deliveries));
+        self.wake.notify_one();
+        Vec::new()
+    }
+
+    fn switch_file(&self, file: fs::File) {
+        *self.file.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(file);
+    }
+
+    /// `fsync` until the server exits: `always`, whenever replies wait (back to back under
+    /// load, each covering what was written meanwhile); `interval`, every interval.
+    fn run(&self, shared: &Shared, fsync: Fsync) {
+        loop {
+            let target = {
+                let mut state = self.lock();
+                let due =
+                    |state: &SyncState| state.failed.is_none() && self.written.load(Ordering::Acquire) > state.synced;
+                loop {
+                    match fsync {
+                        Fsync::Always if !state.waiting.is_empty() && due(&state) => break,
+                        Fsync::Interval(every) => {
+                            state = self
+                                .wake
+                                .wait_timeout(state, every)
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .0;
+                            if due(&state) {
+                                break;
+                            }
+                        }
+                        _ => state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner),
+                    }
                 }
-                match item {
-                    Item::Batch(batch) => fail(self.index, "its log writer stopped", batch.deliveries),
-                    Item::Snapshot(_) => Vec::new(),
+                // Read before the fsync: it covers at least this much.
+                self.written.load(Ordering::Acquire)
+            };
+            let file = self.file.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            let synced = file.sync_data();
+            let mut ready = Vec::new();
+            let failed = {
+                let mut state = self.lock();
+                match &synced {
+                    Ok(()) => {
+                        state.synced = state.synced.max(target);
+                        while state.waiting.front().is_some_and(|(mark, _)| *mark <= target) {
+                            ready.extend(state.waiting.pop_front().map(|(_, d)| d).unwrap_or_default());
+                        }
+                        None
+                    }
+                    Err(e) => {
+                        // After a failed fsync the kernel may have dropped the dirty pages:
+                        // nothing written since the last good one can be trusted.
+                        let why = format!("fsync failed: {e}");
+                        state.failed = Some(why.clone());
+                        for (_, d) in state.waiting.drain(..) {
+                            ready.extend(storage_errors(self.index, &why, d));
+                        }
+                        Some(why)
+                    }
+                }
+            };
+            shared.registry.deliver(ready);
+            if let Some(why) = failed {
+                error!(
+                    partition = self.index,
+                    "the op log failed: {why}; persistent objects of this partition are read-only until a restart"
+                );
+                if let Err(e) = shared.shards.with(self.index, |s| {
+                    s.partition.storage_failed(&why);
+                    s.partition.abort_snapshot();
+                }) {
+                    error!(partition = self.index, "could not stop persistent writes: {e}");
                 }
             }
         }
     }
 }
 
-/// Start a snapshot of shard `s` now (call with the shard locked): its moment is here, in
-/// the order of the log. Returns whether the writer got the marker.
-fn begin_snapshot(s: &mut crate::shards::ShardState) -> bool {
-    let header = s.partition.begin_snapshot();
-    let sent = s
-        .log
-        .as_ref()
-        .is_some_and(|log| log.tx.send(Item::Snapshot(header)).is_ok());
-    if !sent {
-        s.partition.abort_snapshot();
-    }
-    sent
-}
-
-fn fail(index: usize, why: &str, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+fn storage_errors(index: usize, why: &str, deliveries: Vec<Delivery>) -> Vec<Delivery> {
     let err = Error::new(
         ErrorKind::StorageError,
         format!(
@@ -211,31 +419,37 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
     crate::sessions::recovered(shared, clients);
     let classes = crate::hosts::register_recovered_classes(shared).map_err(io::Error::other)?;
     for (index, recovered) in writers.into_iter().enumerate() {
-        let (tx, rx) = mpsc::channel();
-        let inflight = Arc::new(AtomicUsize::new(0));
-        let handle = LogHandle {
-            index,
-            tx,
-            inflight: inflight.clone(),
+        let syncer = match fsync {
+            Fsync::Never => None,
+            _ => Some(Arc::new(Syncer::new(index, recovered.log.sync_handle()?))),
         };
-        shared
-            .shards
-            .with(index, |s| s.log = Some(handle))
-            .map_err(io::Error::other)?;
-        let w = Writer {
+        if let Some(syncer) = &syncer {
+            let (shared, syncer) = (shared.clone(), syncer.clone());
+            std::thread::Builder::new()
+                .name(format!("fsync-{index}"))
+                .spawn(move || syncer.run(&shared, fsync))?;
+        }
+        let journal = Journal {
             index,
+            shared: Arc::downgrade(shared),
             log: recovered.log,
             fsync,
             failed: None,
+            written: 0,
+            syncer,
             dir: dir.to_owned(),
             snapshot_after,
             since_snapshot: recovered.tail_bytes,
             snapshotting: Arc::new(AtomicBool::new(false)),
         };
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("oplog-{index}"))
-            .spawn(move || write_loop(&shared, w, rx, &inflight))?;
+        shared
+            .shards
+            .with(index, move |s| {
+                let ShardState { partition, log, .. } = s;
+                // A long tail replayed: snapshot it now.
+                log.insert(journal).maybe_snapshot(partition);
+            })
+            .map_err(io::Error::other)?;
     }
     info!(
         data_dir = %dir.display(),
@@ -347,152 +561,6 @@ fn recover(partition: &mut spindle_core::Partition, dir: &Path, index: u32) -> i
     })
 }
 
-/// A shard's writer: group commit until the server exits.
-fn write_loop(shared: &Arc<Shared>, mut w: Writer, rx: Receiver<Item>, inflight: &AtomicUsize) {
-    let fsync = w.fsync;
-    let mut last_sync = Instant::now();
-    let mut group: Vec<Batch> = Vec::new();
-    loop {
-        w.maybe_snapshot(shared);
-        let unsynced = w.failed.is_none() && w.log.position() != w.log.synced_position();
-        let first = match fsync {
-            Fsync::Interval(every) if unsynced => {
-                match rx.recv_timeout((last_sync + every).saturating_duration_since(Instant::now())) {
-                    Ok(item) => Some(item),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            }
-            _ => match rx.recv() {
-                Ok(item) => Some(item),
-                Err(_) => return,
-            },
-        };
-        // Everything queued up to a snapshot marker goes in one group; the marker after it.
-        let mut marker = None;
-        let mut next = first;
-        while let Some(item) = next.take() {
-            match item {
-                Item::Batch(batch) => group.push(batch),
-                Item::Snapshot(header) => {
-                    marker = Some(header);
-                    break;
-                }
-            }
-            if group.len() < MAX_GROUP {
-                next = rx.try_recv().ok();
-            }
-        }
-        if !group.is_empty() {
-            let logged = group.iter().filter(|b| !b.records.is_empty()).count();
-            let (out, newly_failed) = w.commit(&mut group);
-            if let Some(why) = newly_failed {
-                storage_failed(shared, w.index, &why);
-            }
-            shared.registry.deliver(out);
-            // Only now: a read that finds nothing in flight answers at once.
-            inflight.fetch_sub(logged, Ordering::AcqRel);
-        }
-        if let Some(header) = marker {
-            w.snapshot_at_marker(shared, header);
-        }
-        if let (Fsync::Interval(every), None) = (fsync, &w.failed) {
-            if last_sync.elapsed() >= every {
-                if let Err(e) = w.log.sync() {
-                    let why = e.to_string();
-                    storage_failed(shared, w.index, &why);
-                    w.failed = Some(why);
-                }
-                last_sync = Instant::now();
-            }
-        }
-    }
-}
-
-/// A shard's log as its writer sees it.
-struct Writer<F: LogFile = fs::File> {
-    index: usize,
-    log: LogWriter<F>,
-    fsync: Fsync,
-    /// Why the log failed: every later record is refused (the file's state is unknown).
-    failed: Option<String>,
-    dir: PathBuf,
-    /// `--snapshot-after` (0: never).
-    snapshot_after: u64,
-    /// Log bytes written since the last snapshot's moment.
-    since_snapshot: u64,
-    /// A snapshot is being captured or written.
-    snapshotting: Arc<AtomicBool>,
-}
-
-impl Writer {
-    /// Start a snapshot if enough log was written since the last one (and none is running).
-    fn maybe_snapshot(&mut self, shared: &Shared) {
-        if self.snapshot_after == 0
-            || self.since_snapshot < self.snapshot_after
-            || self.failed.is_some()
-            || self.snapshotting.load(Ordering::Acquire)
-        {
-            return;
-        }
-        match shared.shards.with(self.index, begin_snapshot) {
-            Ok(true) => {
-                self.snapshotting.store(true, Ordering::Release);
-                self.since_snapshot = 0;
-            }
-            Ok(false) => {}
-            Err(e) => error!(partition = self.index, "cannot start a snapshot: {e}"),
-        }
-    }
-
-    /// The snapshot marker came through: every record before it is written. Start a new
-    /// segment (the snapshot covers the log up to it) and write the snapshot in the background.
-    fn snapshot_at_marker(&mut self, shared: &Arc<Shared>, header: Vec<u8>) {
-        let position = match &self.failed {
-            // The state may hold changes that never reached the disk: never snapshot it.
-            Some(why) => Err(why.clone()),
-            None => self.log.rotate().map_err(|e| e.to_string()),
-        };
-        let position = match position {
-            Ok(p) => p,
-            Err(why) => {
-                if self.failed.is_none() {
-                    storage_failed(shared, self.index, &why);
-                    self.failed = Some(why);
-                }
-                let _ = shared.shards.with(self.index, |s| s.partition.abort_snapshot());
-                self.snapshotting.store(false, Ordering::Release);
-                return;
-            }
-        };
-        let (background, index, dir, flag) = (shared.clone(), self.index, self.dir.clone(), self.snapshotting.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("snapshot-{index}"))
-            .spawn(move || {
-                let started = Instant::now();
-                match write_snapshot(&background, index, &dir, position, &header) {
-                    Ok(info) => info!(
-                        partition = index,
-                        bytes = info.body_len,
-                        "snapshot {} written in {:.1} ms",
-                        info.path.display(),
-                        started.elapsed().as_secs_f64() * 1e3
-                    ),
-                    Err(e) => {
-                        warn!(partition = index, "snapshot failed (the log is kept): {e}");
-                        let _ = background.shards.with(index, |s| s.partition.abort_snapshot());
-                    }
-                }
-                flag.store(false, Ordering::Release);
-            });
-        if let Err(e) = spawned {
-            warn!(partition = self.index, "cannot start a snapshot thread: {e}");
-            let _ = shared.shards.with(self.index, |s| s.partition.abort_snapshot());
-            self.snapshotting.store(false, Ordering::Release);
-        }
-    }
-}
-
 /// Capture partition `index`'s snapshot a chunk at a time, write it as the snapshot at
 /// `position`, and delete the log behind the oldest snapshot kept.
 fn write_snapshot(
@@ -515,58 +583,12 @@ fn write_snapshot(
         }
     }
     let info = file.finish()?;
-    if let Some(floor) = storage::prune_snapshots(dir, index as u32, SNAPSHOTS_KEPT)? {
+    // Only behind the older of two: if the newest is ever damaged, recovery falls back to it.
+    let oldest_kept = storage::prune_snapshots(dir, index as u32, SNAPSHOTS_KEPT)?;
+    if let Some(floor) = oldest_kept.filter(|floor| *floor < info.position) {
         storage::delete_segments_before(dir, index as u32, floor.seq)?;
     }
     Ok(info)
-}
-
-impl<F: LogFile> Writer<F> {
-    /// Write a group of batches with one append (and one `fsync` under `always`); returns
-    /// the replies to release, and the reason if the log failed just now.
-    fn commit(&mut self, group: &mut Vec<Batch>) -> (Vec<Delivery>, Option<String>) {
-        let logged = group.iter().any(|b| !b.records.is_empty());
-        let written = match &self.failed {
-            Some(why) => Err(why.clone()),
-            None if !logged => Ok(()),
-            None => self
-                .log
-                .append_batch(group.iter().flat_map(|b| b.records.iter()))
-                .inspect(|_| {
-                    let bytes: usize = group.iter().flat_map(|b| b.records.iter()).map(Vec::len).sum();
-                    self.since_snapshot += bytes as u64;
-                })
-                .and_then(|_| match self.fsync {
-                    Fsync::Always => self.log.sync(),
-                    _ => Ok(()),
-                })
-                .map_err(|e| e.to_string()),
-        };
-        let mut newly_failed = None;
-        if let (Err(why), None) = (&written, &self.failed) {
-            self.failed = Some(why.clone());
-            newly_failed = Some(why.clone());
-        }
-        let mut out = Vec::new();
-        for batch in group.drain(..) {
-            match &written {
-                // Reads that only waited for earlier records go out as they are.
-                Err(why) if !batch.records.is_empty() => out.extend(fail(self.index, why, batch.deliveries)),
-                _ => out.extend(batch.deliveries),
-            }
-        }
-        (out, newly_failed)
-    }
-}
-
-fn storage_failed(shared: &Shared, index: usize, why: &str) {
-    error!(
-        partition = index,
-        "the op log failed: {why}; persistent objects of this partition are read-only until a restart"
-    );
-    if let Err(e) = shared.shards.with(index, |s| s.partition.storage_failed(why)) {
-        error!(partition = index, "could not stop persistent writes: {e}");
-    }
 }
 
 #[cfg(test)]
@@ -595,14 +617,15 @@ mod tests {
         }
     }
 
-    fn batch(records: usize, req: u64) -> Batch {
-        Batch {
-            records: vec![vec![0x90; 100]; records],
-            deliveries: vec![Delivery {
-                token: Token { conn: 1, req },
-                reply: Ok(Value::from(req)),
-            }],
-        }
+    fn reply(req: u64) -> Vec<Delivery> {
+        vec![Delivery {
+            token: Token { conn: 1, req },
+            reply: Ok(Value::from(req)),
+        }]
+    }
+
+    fn records(n: usize) -> Vec<Vec<u8>> {
+        vec![vec![0x90; 100]; n]
     }
 
     #[test]
@@ -611,41 +634,54 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let log = LogWriter::create_with(&dir, 0, FIRST_SEGMENT_SEQ, |file| SmallDisk { file, room: 400 }).unwrap();
-        let mut w = Writer {
+        let mut j = Journal {
             index: 0,
+            shared: Weak::new(),
             log,
-            fsync: Fsync::Always,
+            fsync: Fsync::Never,
             failed: None,
+            written: 0,
+            syncer: None,
             dir: dir.clone(),
             snapshot_after: 0,
             since_snapshot: 0,
             snapshotting: Arc::new(AtomicBool::new(false)),
         };
-        // Two records fit: one append, one sync, replies released as they were.
-        let (out, failed) = w.commit(&mut vec![batch(1, 1), batch(1, 2)]);
-        assert_eq!(failed, None);
-        assert_eq!(
-            out.iter().map(|d| d.reply.clone()).collect::<Vec<_>>(),
-            vec![Ok(1.into()), Ok(2.into())]
-        );
-        // The next group does not fit: its calls fail, a read waiting behind it does not.
-        let (out, failed) = w.commit(&mut vec![batch(3, 3), batch(0, 4)]);
-        assert!(failed.is_some_and(|why| why.contains("No space left")));
+        let mut p = Partition::new();
+        p.enable_storage();
+        // Two records fit: their replies go as they were.
+        assert_eq!(j.submit(&mut p, records(1), reply(1)), reply(1));
+        assert_eq!(j.submit(&mut p, records(1), reply(2)), reply(2));
+        // The next write does not fit: its call fails; a read after it does not.
+        let out = j.submit(&mut p, records(3), reply(3));
         let e = out[0].reply.clone().unwrap_err();
         assert_eq!(e.kind, ErrorKind::StorageError);
         assert!(e.message.contains("No space left on device"), "{e}");
-        assert_eq!(out[1].reply, Ok(4.into()));
-        // Nothing more is written, even what would fit.
-        let (out, failed) = w.commit(&mut vec![batch(1, 5)]);
-        assert_eq!(failed, None, "reported once");
+        assert_eq!(j.submit(&mut p, records(0), reply(4)), reply(4));
+        // Nothing more is written, even what would fit; the partition refuses persistent writes.
+        let out = j.submit(&mut p, records(1), reply(5));
+        assert_eq!(out[0].reply.clone().unwrap_err().kind, ErrorKind::StorageError);
+        let caller = spindle_core::Caller {
+            conn: 1,
+            client: Arc::from("c"),
+            thread: 0,
+        };
+        let create = spindle_core::partition::Op::Create {
+            type_name: "Counter".into(),
+            key: "k".into(),
+            args: vec![],
+            owned: false,
+            persistent: true,
+        };
+        let out = p.apply(&caller, Token { conn: 1, req: 6 }, 0, create, Instant::now());
         assert_eq!(out[0].reply.clone().unwrap_err().kind, ErrorKind::StorageError);
         // What was acknowledged is intact on disk.
-        let mut scan = storage::SegmentScanner::open(w.log.path()).unwrap();
-        let mut records = 0;
+        let mut scan = storage::SegmentScanner::open(j.log.path()).unwrap();
+        let mut found = 0;
         while scan.next_record().unwrap().is_some() {
-            records += 1;
+            found += 1;
         }
-        assert_eq!(records, 2);
+        assert_eq!(found, 2);
         let _ = fs::remove_dir_all(&dir);
     }
 }

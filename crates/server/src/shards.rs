@@ -10,7 +10,7 @@ use spindle_core::partition::Op;
 use spindle_core::{Caller, Delivery, Detached, Error, ErrorKind, Partition, Token, Value};
 use tokio::sync::Notify;
 
-use crate::journal::LogHandle;
+use crate::journal::{self, Journal};
 use crate::Shared;
 
 /// What a shard's mutex guards.
@@ -20,17 +20,17 @@ pub(crate) struct ShardState {
     armed: Option<Instant>,
     /// Object operations applied here (for `status`).
     pub(crate) calls: u64,
-    /// The op log's writer (with `--data-dir`).
-    pub(crate) log: Option<LogHandle>,
+    /// The op log (with `--data-dir`).
+    pub(crate) log: Option<Journal>,
 }
 
 impl ShardState {
     /// After any partition entry point: hand its op-log records, with the replies that
     /// depend on them, to the log writer. Returns the replies that may go now.
     pub(crate) fn journal(&mut self, deliveries: Vec<Delivery>) -> Vec<Delivery> {
-        match (self.partition.take_log(), &self.log) {
-            (Some(records), Some(log)) => log.submit(records, deliveries),
-            _ => deliveries,
+        match self.partition.take_log() {
+            Some(records) => journal::submit(self, records, deliveries),
+            None => deliveries,
         }
     }
 }

@@ -367,6 +367,12 @@ impl LogWriter<File> {
         })
     }
 
+    /// Another handle on this segment's file, for a thread that only makes it durable
+    /// (`sync_data` on it covers everything written through this writer before the call).
+    pub fn sync_handle(&self) -> io::Result<File> {
+        self.file.try_clone().ctx("duplicating the handle of", &self.path)
+    }
+
     /// Syncs this segment and starts the next one (`seq + 1`) in the same directory.
     ///
     /// Returns the start of the new segment: the position a snapshot taken now covers.

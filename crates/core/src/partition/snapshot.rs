@@ -25,8 +25,9 @@
 //! `header` has exactly the fields `next_object_id`, `highest_logged_conn` (ints),
 //! `logged_conns` (array of ints), `logged_clients` (array of strings), `replies` (array of
 //! `[client, [[seq, reply]...]]`, oldest reply first; `reply` is `["ok", value]` or
-//! `["err", kind, message, data]`), `parked` (array of op-log records as bin, in park
-//! order) and `classes` (array of `[type, version, code]`, code as bin: the classes of
+//! `["err", kind, message, data]`), `parked` (array of `[record, recorded]`: the op-log
+//! record of a parked call as bin, in park order, and whether its reply will be recorded
+//! for retries: not once its session ended) and `classes` (array of `[type, version, code]`, code as bin: the classes of
 //! user-defined objects this partition logged). A user-defined object still constructing
 //! at the moment has no logged state and is left to the log. Restoring applies the parked records again, so the calls parked at the moment are
 //! parked again and a later record that answered one (a `put` handing its item to a waiting
@@ -38,7 +39,8 @@ use std::time::Instant;
 
 use super::{Body, Entry, Partition, ReplyLog, Storage, StoredUser};
 use crate::objects::user;
-use crate::{objects, Error, ErrorKind, Reply, Value};
+use crate::record::Record;
+use crate::{objects, Error, ErrorKind, Reply, Token, Value};
 
 /// The snapshot format version.
 pub const SNAPSHOT_VERSION: u64 = 1;
@@ -82,8 +84,8 @@ impl Partition {
                 replies.push(Value::Array(vec![(**client).into(), Value::Array(durable)]));
             }
         }
-        let mut parked: Vec<&(u64, Vec<u8>)> = self.parked_records.values().collect();
-        parked.sort_unstable_by_key(|(order, _)| *order);
+        let mut parked: Vec<(&Token, &(u64, Vec<u8>))> = self.parked_records.iter().collect();
+        parked.sort_unstable_by_key(|(_, (order, _))| *order);
         let mut clients: Vec<&str> = self.logged_clients.iter().map(|c| &**c).collect();
         clients.sort_unstable();
         let header = vec![
@@ -100,7 +102,15 @@ impl Partition {
             ("replies", Value::Array(replies)),
             (
                 "parked",
-                Value::Array(parked.into_iter().map(|(_, r)| Value::Binary(r.clone())).collect()),
+                Value::Array(
+                    parked
+                        .into_iter()
+                        .map(|(token, (_, r))| {
+                            let recorded = self.parked_seqs.contains_key(token);
+                            Value::Array(vec![Value::Binary(r.clone()), recorded.into()])
+                        })
+                        .collect(),
+                ),
             ),
             (
                 "classes",
@@ -200,6 +210,7 @@ impl Partition {
         for c in array(field("logged_clients")?, "logged_clients")? {
             self.logged_clients.insert(Arc::from(string(c, "a logged client")?));
         }
+        let logged_clients = self.logged_clients.clone();
         for entry in array(field("replies")?, "replies")? {
             let mut items = Items::new(array(entry, "a reply log")?, "a reply log");
             let client: Arc<str> = Arc::from(items.string("client")?);
@@ -214,13 +225,18 @@ impl Partition {
             items.end()?;
             self.logs.insert(client, log);
         }
-        let parked: Vec<Vec<u8>> = array(field("parked")?, "parked")?
-            .into_iter()
-            .map(|r| match r {
-                Value::Binary(b) => Ok(b),
-                _ => Err("a parked record is not bin".to_string()),
-            })
-            .collect::<Result<_, _>>()?;
+        let mut parked = Vec::new();
+        for p in array(field("parked")?, "parked")? {
+            let mut items = Items::new(array(p, "a parked call")?, "a parked call");
+            let record = items.binary("record")?;
+            let recorded = items.next("recorded")?.as_bool().ok_or("recorded is not a bool")?;
+            items.end()?;
+            let token = match Record::decode(&record)? {
+                Record::Apply { token, .. } => token,
+                _ => return Err("a parked call's record is not an apply record".into()),
+            };
+            parked.push((record, token, recorded));
+        }
         for class in array(field("classes")?, "classes")? {
             let mut items = Items::new(array(class, "a class")?, "a class");
             let type_name = items.string("type")?;
@@ -291,10 +307,16 @@ impl Partition {
         if !rest.is_empty() {
             return Err(format!("{} bytes after the end", rest.len()));
         }
-        // The calls parked at the moment of the snapshot park again, in their order.
-        for record in parked {
+        // The calls parked at the moment of the snapshot park again, in their order. One
+        // whose session had ended stays parked as it was then: its reply is not recorded,
+        // and its session is not named again.
+        for (record, token, recorded) in parked {
             self.replay(&record, now)?;
+            if !recorded {
+                self.parked_seqs.remove(&token);
+            }
         }
+        self.logged_clients = logged_clients;
         Ok(())
     }
 }
