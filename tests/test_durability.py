@@ -345,10 +345,16 @@ def test_a_torn_tail_is_truncated_at_start(tmp_path):
             n.add(1)
     server.kill()
     [segment] = segments(tmp_path)
-    # A write cut short by a crash: half of a new record at the end.
-    with open(segment, "ab") as f:
+    # A live segment is preallocated: its records end where the zeros begin.
+    data = segment.read_bytes()
+    end = 32
+    while int.from_bytes(data[end:end + 4], "little"):
+        end += 8 + int.from_bytes(data[end:end + 4], "little")
+    assert len(data) > end and not any(data[end:]), "preallocated space after the records"
+    # A write cut short by a crash: half of a new record after them.
+    with open(segment, "r+b") as f:
+        f.seek(end)
         f.write(b"\x40\x00\x00\x00\x12\x34")
-    size = segment.stat().st_size
     with tempfile.TemporaryFile("w+") as log:
         server = durable_server(tmp_path, "--partitions", "1", stderr=log)
         try:
@@ -356,7 +362,7 @@ def test_a_torn_tail_is_truncated_at_start(tmp_path):
                 assert n.get() == 10
                 n.add(1)
             log.seek(0)
-            assert f"truncating the torn tail of {segment} at byte offset {size - 6}" in log.read()
+            assert f"truncating the torn tail of {segment} at byte offset {end}" in log.read()
         finally:
             server.stop()
 

@@ -513,12 +513,9 @@ fn recover(partition: &mut spindle_core::Partition, dir: &Path, index: u32) -> i
             .restore_snapshot(&body, now)
             .map_err(|why| recovery_error(format!("snapshot {} does not restore: {why}", snapshot.path.display())))?;
     }
-    let tail_bytes = plan
-        .segments
-        .iter()
-        .map(|s| fs::metadata(&s.path).map_or(0, |m| m.len().saturating_sub(s.start_offset)))
-        .sum();
+    let mut tail_bytes = 0;
     let outcome = storage::replay(&plan, |pos, record| {
+        tail_bytes += storage::log::RECORD_HEADER_LEN + record.len() as u64;
         partition.replay(record, now).map_err(|why| {
             let path = storage::segment_path(dir, index, pos.seq);
             let len = record.len() as u64 + storage::log::RECORD_HEADER_LEN;

@@ -86,7 +86,7 @@ use std::path::{Path, PathBuf};
 
 pub use log::{
     delete_segments_before, list_segments, parse_segment_name, segment_path, truncate_torn_tail, LogFile, LogWriter,
-    ScanEnd, SegmentHeader, SegmentInfo, SegmentScanner, TornTail, FIRST_SEGMENT_SEQ, MAX_RECORD_LEN,
+    ScanEnd, SegmentHeader, SegmentInfo, SegmentScanner, TornTail, FIRST_SEGMENT_SEQ, MAX_RECORD_LEN, PREALLOCATE,
     SEGMENT_HEADER_LEN,
 };
 pub use recovery::{plan_recovery, replay, RecoveryPlan, ReplayOutcome, ReplaySegment};

@@ -16,7 +16,11 @@
 //!     28    4 crc        CRC-32 (IEEE, crc32fast) of bytes 0..28
 //! ```
 //!
-//! Records follow back to back, from offset 32 to the end of the file:
+//! Records follow back to back from offset 32. A live segment is preallocated
+//! ([`PREALLOCATE`] bytes at a time, as a sparse extension of the file that reads as
+//! zeros): appending then never changes the file's size, so an `fdatasync` flushes the
+//! data without a metadata commit (about a third faster on ext4). The records end where
+//! the zeros begin; a segment is trimmed to its records when the log moves past it.
 //!
 //! ```text
 //! [len: u32][crc: u32][payload: len bytes]
@@ -39,8 +43,10 @@
 //! or a checksum mismatch. The scanner then searches every later byte offset for the
 //! start of a record that validates (length fits in the file and checksum matches):
 //!
+//! * **only zeros to the end of the file**: preallocated space, the clean end of the
+//!   records ([`ScanEnd::Clean`] at `X`).
 //! * **none found**: the bytes from `X` to the end are a *torn tail*, the remains of a
-//!   write that never completed (or preallocated zeros). Nothing after `X` was ever
+//!   write that never completed. Nothing after `X` was ever
 //!   acknowledged, because the write was not followed by a completed `fsync`. The scan
 //!   reports [`ScanEnd::Torn`] with `X`; the caller logs it and cuts the file at `X`
 //!   with [`truncate_torn_tail`].
@@ -82,6 +88,8 @@ pub const SEGMENT_HEADER_LEN: u64 = 32;
 pub const RECORD_HEADER_LEN: u64 = 8;
 /// Largest payload accepted. Bounds memory on read and lets a damaged length be spotted.
 pub const MAX_RECORD_LEN: u32 = 64 << 20;
+/// A live segment grows by this much at a time (see "Segment file format").
+pub const PREALLOCATE: u64 = 8 << 20;
 /// Sequence number of a partition's first segment. Recovery without a snapshot requires
 /// the log to start here, so a log compacted behind a lost snapshot is detected.
 pub const FIRST_SEGMENT_SEQ: u64 = 1;
@@ -204,14 +212,26 @@ pub(crate) fn find_valid_record(buf: &[u8], from: usize, salt: u32) -> Option<us
 }
 
 /// A fresh random salt; std's `RandomState` is seeded from the OS.
+/// Never one under which eight zero bytes (preallocated space) frame a valid empty record.
 fn random_salt() -> u32 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        h.write_u128(d.as_nanos());
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(d.as_nanos());
+        }
+        let v = h.finish();
+        let salt = (v ^ (v >> 32)) as u32;
+        if record_crc(salt, &[]) != 0 {
+            return salt;
+        }
     }
-    let v = h.finish();
-    (v ^ (v >> 32)) as u32
+}
+
+/// Whether `rest` (the bytes from a record boundary to the end of the file) is
+/// preallocated space: only zeros.
+pub(crate) fn is_preallocated(rest: &[u8]) -> bool {
+    rest.iter().all(|&b| b == 0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -315,6 +335,8 @@ pub struct LogWriter<F: LogFile = File> {
     header: SegmentHeader,
     /// End of the last complete record written (the next record goes here).
     len: u64,
+    /// The file's size: zeros from `len` to here are preallocated space.
+    allocated: u64,
     /// End of the data known durable.
     synced: u64,
     /// Reused encoding buffer: no allocation per batch once warmed up.
@@ -356,11 +378,13 @@ impl LogWriter<File> {
             .write(true)
             .open(path)
             .ctx("opening segment for append", path)?;
+        let allocated = file.metadata().ctx("reading metadata of", path)?.len();
         Ok(LogWriter {
             file,
             path: path.to_owned(),
             header,
             len,
+            allocated,
             synced: len,
             buf: Vec::new(),
             failed: None,
@@ -378,6 +402,7 @@ impl LogWriter<File> {
     /// Returns the start of the new segment: the position a snapshot taken now covers.
     /// Call this when a snapshot starts so older segments can later be deleted whole.
     pub fn rotate(&mut self) -> io::Result<LogPosition> {
+        self.trim()?;
         self.sync()?;
         let next = LogWriter::create(parent_dir(&self.path), self.header.partition, self.header.seq + 1)?;
         *self = next;
@@ -404,6 +429,7 @@ impl<F: LogFile> LogWriter<F> {
                 .truncate(true)
                 .open(&tmp)?;
             FileExt::write_all_at(&file, &header.encode(), 0)?;
+            file.set_len(SEGMENT_HEADER_LEN + PREALLOCATE)?;
             file.sync_all()?;
             Ok(file)
         })()
@@ -421,6 +447,7 @@ impl<F: LogFile> LogWriter<F> {
             path,
             header,
             len: SEGMENT_HEADER_LEN,
+            allocated: SEGMENT_HEADER_LEN + PREALLOCATE,
             synced: SEGMENT_HEADER_LEN,
             buf: Vec::new(),
             failed: None,
@@ -467,9 +494,15 @@ impl<F: LogFile> LogWriter<F> {
         if self.buf.is_empty() {
             return Ok(self.position());
         }
-        // Keep the buffer from pinning a huge allocation after one giant batch.
-        let result = self.file.write_all_at(&self.buf, self.len);
         let written = self.buf.len() as u64;
+        if self.len + written > self.allocated {
+            let size = (self.len + written).next_multiple_of(PREALLOCATE);
+            let op = format!("preallocating {size} bytes for");
+            self.file.set_len(size).map_err(|e| ctx(e, &op, &self.path))?;
+            self.allocated = size;
+        }
+        let result = self.file.write_all_at(&self.buf, self.len);
+        // Keep the buffer from pinning a huge allocation after one giant batch.
         if self.buf.capacity() > 16 << 20 {
             self.buf = Vec::new();
         }
@@ -480,8 +513,9 @@ impl<F: LogFile> LogWriter<F> {
             }
             Err(e) => {
                 let op = format!("appending {written} bytes at offset {} to", self.len);
-                if let Err(cut) = self.file.set_len(self.len) {
-                    self.failed = Some(format!("could not cut back a failed write: {cut}"));
+                match self.file.set_len(self.len) {
+                    Ok(()) => self.allocated = self.len,
+                    Err(cut) => self.failed = Some(format!("could not cut back a failed write: {cut}")),
                 }
                 Err(ctx(e, &op, &self.path))
             }
@@ -503,6 +537,19 @@ impl<F: LogFile> LogWriter<F> {
             return Err(ctx(e, "fsyncing", &self.path));
         }
         self.synced = self.len;
+        Ok(())
+    }
+
+    /// Cuts the preallocated space after the records (a segment the log moves past), and
+    /// makes that durable.
+    pub fn trim(&mut self) -> io::Result<()> {
+        self.check_usable()?;
+        if self.allocated > self.len {
+            let path = &self.path;
+            self.file.set_len(self.len).ctx("trimming", path)?;
+            self.file.sync_data().ctx("fsyncing", path)?;
+            self.allocated = self.len;
+        }
         Ok(())
     }
 
@@ -569,7 +616,7 @@ impl TornTail {
 /// How a scan of a segment ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ScanEnd {
-    /// Every byte belonged to a valid record; the segment is `len` bytes long.
+    /// Valid records up to `len`; after them, if anything, only preallocated zeros.
     Clean { len: u64 },
     /// Valid records, then a torn tail.
     Torn(TornTail),
@@ -693,6 +740,10 @@ impl SegmentScanner {
         file.take(self.file_len - at)
             .read_to_end(&mut rest)
             .ctx("reading", &self.path)?;
+        if is_preallocated(&rest) {
+            self.end = Some(ScanEnd::Clean { len: at });
+            return Ok(None);
+        }
         if let Some(i) = find_valid_record(&rest, 1, self.header.salt) {
             return Err(Corruption {
                 path: self.path.clone(),

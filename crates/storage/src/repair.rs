@@ -17,7 +17,9 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::log::{check_frame, find_valid_record, parse_segment_name, Frame, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
+use crate::log::{
+    check_frame, find_valid_record, is_preallocated, parse_segment_name, Frame, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
+};
 use crate::{parent_dir, sync_dir, Corruption, ResultExt, SegmentHeader};
 
 /// Bytes that `repair` dropped.
@@ -83,8 +85,12 @@ pub fn repair(path: &Path) -> io::Result<RepairReport> {
                 report.bytes_kept += (end - at) as u64;
                 at = end;
             }
+            // Preallocated space after the last record: not damage (a repaired copy drops it).
+            Frame::Bad(_) if is_preallocated(&bytes[at..]) => break,
             Frame::Bad(reason) => {
-                let next = find_valid_record(&bytes, at + 1, salt).unwrap_or(bytes.len());
+                // Without a valid record after it, the damage ends where preallocated zeros begin.
+                let zeros = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
+                let next = find_valid_record(&bytes, at + 1, salt).unwrap_or(zeros.max(at + 1));
                 let len = (next - at) as u64;
                 report.dropped.push(DroppedRange {
                     offset: at as u64,

@@ -2,6 +2,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,7 +58,8 @@ fn scan(path: &Path) -> io::Result<Scan> {
     })
 }
 
-/// Writes `n` records in batches of 7 and returns (path, record start offsets, end).
+/// Writes `n` records in batches of 7 and returns (path, record start offsets, end); the
+/// segment is trimmed to its records, as when the log moves past it.
 fn write_segment(dir: &Path, n: usize) -> (PathBuf, Vec<u64>, u64) {
     let mut w = LogWriter::create(dir, 0, FIRST_SEGMENT_SEQ).unwrap();
     let mut starts = Vec::new();
@@ -71,6 +73,7 @@ fn write_segment(dir: &Path, n: usize) -> (PathBuf, Vec<u64>, u64) {
         w.append_batch(chunk).unwrap();
         w.sync().unwrap();
     }
+    w.trim().unwrap();
     (w.path().to_owned(), starts, w.position().offset)
 }
 
@@ -107,8 +110,9 @@ fn cut_at_every_byte_is_a_torn_tail_keeping_earlier_records() {
             assert_eq!(*r, rec(i));
         }
         let boundary = starts.get(complete).copied().unwrap_or(end);
-        if boundary == cut {
-            assert_eq!(s.end, ScanEnd::Clean { len: cut }, "cut at {cut}");
+        // A cut that leaves only zero bytes of a record is as if it was never written.
+        if boundary == cut || full[boundary as usize..cut as usize].iter().all(|&b| b == 0) {
+            assert_eq!(s.end, ScanEnd::Clean { len: boundary }, "cut at {cut}");
         } else {
             let ScanEnd::Torn(t) = &s.end else {
                 panic!("cut at {cut}: {:?}", s.end)
@@ -127,28 +131,67 @@ fn cut_at_every_byte_is_a_torn_tail_keeping_earlier_records() {
 }
 
 #[test]
-fn zero_filled_tail_is_torn() {
+fn a_live_segment_is_preallocated_and_its_zeros_are_a_clean_end() {
     let dir = TempDir::new();
-    let (path, starts, end) = write_segment(dir.path(), 30);
-    // Preallocated zeros after the last record.
-    let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
-    f.write_all(&vec![0u8; 8192]).unwrap();
-    drop(f);
+    let mut w = LogWriter::create(dir.path(), 0, FIRST_SEGMENT_SEQ).unwrap();
+    let path = w.path().to_owned();
+    assert_eq!(fs::metadata(&path).unwrap().len(), SEGMENT_HEADER_LEN + PREALLOCATE);
+    // Appends stay inside the preallocated space: the file's size does not change.
+    let recs: Vec<Vec<u8>> = (0..30).map(rec).collect();
+    w.append_batch(&recs).unwrap();
+    w.sync().unwrap();
+    let end = w.position().offset;
+    assert_eq!(fs::metadata(&path).unwrap().len(), SEGMENT_HEADER_LEN + PREALLOCATE);
+    // A crash now: the zeros after the records are no torn tail, and the log reopens there.
     let s = scan(&path).unwrap();
     assert_eq!(s.records.len(), 30);
-    let ScanEnd::Torn(t) = s.end else { panic!("{:?}", s.end) };
-    assert_eq!((t.offset, t.len()), (end, 8192));
-    assert!(LogWriter::open(&path).is_err(), "open refuses a torn segment");
+    assert_eq!(s.end, ScanEnd::Clean { len: end });
+    drop(w);
+    let mut w = LogWriter::open(&path).unwrap();
+    assert_eq!(w.position().offset, end);
+    // A batch larger than what is left grows the file by whole preallocation steps.
+    let big = vec![vec![1u8; (PREALLOCATE / 2) as usize]; 3];
+    w.append_batch(&big).unwrap();
+    w.sync().unwrap();
+    let after = w.position().offset;
+    assert_eq!(fs::metadata(&path).unwrap().len(), after.next_multiple_of(PREALLOCATE));
+    assert_eq!(scan(&path).unwrap().records.len(), 33);
+    assert!(
+        repair(&path).unwrap().was_clean(),
+        "repair leaves preallocated space alone"
+    );
+    // Moving past the segment trims it to its records.
+    w.rotate().unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().len(), after);
+    assert_eq!(scan(&path).unwrap().end, ScanEnd::Clean { len: after });
+}
 
-    // Zeros over the last record's bytes (its pages never reached the disk).
+#[test]
+fn zeros_over_an_unsynced_last_record_end_the_records_there() {
+    let dir = TempDir::new();
+    let (path, starts, _) = write_segment(dir.path(), 30);
+    // Its pages never reached the disk, and preallocated zeros follow.
     let mut bytes = fs::read(&path).unwrap();
     let last = *starts.last().unwrap() as usize;
     bytes[last..].fill(0);
+    bytes.extend_from_slice(&[0u8; 8192]);
     fs::write(&path, &bytes).unwrap();
     let s = scan(&path).unwrap();
     assert_eq!(s.records.len(), 29);
-    let ScanEnd::Torn(t) = s.end else { panic!() };
+    assert_eq!(s.end, ScanEnd::Clean { len: last as u64 });
+    // A torn record before the zeros is a torn tail, cut with the zeros.
+    bytes[last] = 9;
+    fs::write(&path, &bytes).unwrap();
+    let ScanEnd::Torn(t) = scan(&path).unwrap().end else {
+        panic!("a torn tail")
+    };
     assert_eq!(t.offset, last as u64);
+    let report = repair(&path).unwrap();
+    assert_eq!(report.records_kept, 29);
+    assert_eq!(
+        report.dropped.iter().map(|d| (d.offset, d.len)).collect::<Vec<_>>(),
+        [(last as u64, 1)]
+    );
 }
 
 #[test]
@@ -221,7 +264,8 @@ fn repair_keeps_every_intact_record() {
         [
             (starts[10], starts[11] - starts[10]),
             (starts[30], starts[32] - starts[30]),
-            (end, 3)
+            // The damage only: zeros after it read as preallocated space.
+            (end, 1)
         ]
     );
     assert_eq!(report.bytes_dropped, dropped.iter().map(|d| d.1).sum::<u64>());
@@ -534,9 +578,9 @@ fn snapshot_plus_tail_equals_full_replay() {
         "compacted behind the older snapshot"
     );
 
-    // Crash with a torn tail.
-    let mut f = fs::OpenOptions::new().append(true).open(w.path()).unwrap();
-    f.write_all(&[42, 0, 0, 0, 1, 2]).unwrap();
+    // Crash with a torn tail: part of a write landed in the preallocated space.
+    let f = fs::OpenOptions::new().write(true).open(w.path()).unwrap();
+    f.write_all_at(&[42, 0, 0, 0, 1, 2], w.position().offset).unwrap();
     drop(f);
     let (got, plan, out) = recover(d);
     assert_eq!(got, live);
@@ -547,7 +591,7 @@ fn snapshot_plus_tail_equals_full_replay() {
     );
     assert_eq!(out.records, 10 + 3 + 5);
     let torn = out.torn.clone().unwrap();
-    assert_eq!((torn.offset, torn.len()), (out.end.offset, 6));
+    assert_eq!(torn.offset, out.end.offset);
     truncate_torn_tail(&torn.path, torn.offset).unwrap();
     assert_eq!(recover(d).2.torn, None);
 
@@ -582,7 +626,7 @@ fn missing_segment_and_torn_middle_segment_are_refused() {
     // A torn tail in segment 2, which is followed by segment 3.
     let seg2 = segment_path(d, 0, 2);
     let mut f = fs::OpenOptions::new().append(true).open(&seg2).unwrap();
-    f.write_all(&[0; 5]).unwrap();
+    f.write_all(&[7, 1, 2, 3, 4]).unwrap();
     drop(f);
     let plan = plan_recovery(d, 0).unwrap();
     let err = replay(&plan, |_, _| Ok(())).unwrap_err();
