@@ -2154,7 +2154,7 @@ mod tests {
                 h.p.complete_with_state("c", id, Ok(41.into()), Some(b"s1".to_vec()), h.now);
                 h.p.complete_with_state("late", late, Ok(Value::Nil), Some(b"L0".to_vec()), h.now);
                 log.extend(h.p.take_log().unwrap());
-                body.extend(h.p.snapshot_chunk(usize::MAX).0);
+                body.extend(h.p.snapshot_chunk(usize::MAX).unwrap().0);
 
                 let restore = |tail: &[Vec<u8>]| {
                     let mut r = Partition::new();

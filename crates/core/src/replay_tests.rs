@@ -367,7 +367,7 @@ fn a_snapshot_taken_while_calls_go_on_plus_the_tail_equals_a_full_replay() {
                 random_step(&mut l, &mut rng, &mut parked);
                 continue;
             }
-            let (chunk, done) = l.p.snapshot_chunk(1);
+            let (chunk, done) = l.p.snapshot_chunk(1).unwrap();
             body.extend(chunk);
             if done {
                 break;
@@ -411,7 +411,7 @@ fn a_get_parked_at_the_snapshot_takes_the_item_of_a_later_put() {
     let (get, _) = l.call(2, "Queue", "q", "get", vec![true.into(), Value::Nil]);
     let at = l.log.len();
     let mut body = l.p.begin_snapshot();
-    body.extend(l.p.snapshot_chunk(usize::MAX).0);
+    body.extend(l.p.snapshot_chunk(usize::MAX).unwrap().0);
     let (_, out) = l.call(3, "Queue", "q", "put", vec!["x".into()]);
     assert_eq!(reply(&out, get), Some(&Ok(Value::from("x"))));
     let mut p = restored(&body, &l.log[at..]);
@@ -441,7 +441,7 @@ fn a_damaged_snapshot_body_is_an_error_never_a_panic() {
     l.create(1, "Queue", "q", vec![], true);
     l.call(2, "Queue", "q", "get", vec![true.into(), Value::Nil]);
     let mut body = l.p.begin_snapshot();
-    body.extend(l.p.snapshot_chunk(usize::MAX).0);
+    body.extend(l.p.snapshot_chunk(usize::MAX).unwrap().0);
     let whole = restored(&body, &[]);
     assert_eq!(whole.persistent_snapshots(), l.p.persistent_snapshots());
     for cut in 0..body.len() {
@@ -668,7 +668,7 @@ mod user_objects {
                     r.step(&mut rng, &mut parked);
                     continue;
                 }
-                let (chunk, done) = r.l.p.snapshot_chunk(1);
+                let (chunk, done) = r.l.p.snapshot_chunk(1).unwrap();
                 body.extend(chunk);
                 if done {
                     break;
@@ -688,4 +688,18 @@ mod user_objects {
             assert_eq!(full.durable_replies(), live.durable_replies(), "seed {seed}");
         }
     }
+}
+
+#[test]
+fn an_aborted_capture_yields_nothing_more_to_publish() {
+    let mut l = Live::new();
+    for i in 0..4u64 {
+        l.create(1, "Counter", &format!("k{i}"), vec![Value::from(i)], true);
+    }
+    let _header = l.p.begin_snapshot();
+    let (_, done) = l.p.snapshot_chunk(1).unwrap();
+    assert!(!done);
+    // The op log failed mid-capture: the rest must not read as a complete snapshot.
+    l.p.abort_snapshot();
+    assert!(l.p.snapshot_chunk(usize::MAX).is_none());
 }

@@ -139,16 +139,20 @@ impl Journal {
     /// its moment is now, between the records written so far and the next ones. The log
     /// moves to a new segment here (the snapshot covers the log up to its start), and a
     /// thread of its own captures and writes the snapshot.
-    fn maybe_snapshot(&mut self, partition: &mut Partition) {
+    ///
+    /// Returns replies failed by a failed move to the new segment.
+    #[must_use]
+    fn maybe_snapshot(&mut self, partition: &mut Partition) -> Vec<Delivery> {
         if self.snapshot_after == 0
             || self.since_snapshot < self.snapshot_after
             || self.failed.is_some()
+            || self.syncer.as_ref().is_some_and(|s| s.failure().is_some())
             || self.snapshotting.load(Ordering::Acquire)
         {
-            return;
+            return Vec::new();
         }
         let Some(shared) = self.shared.upgrade() else {
-            return;
+            return Vec::new();
         };
         let header = partition.begin_snapshot();
         let rotated = self.log.rotate().and_then(|position| {
@@ -160,11 +164,16 @@ impl Journal {
         let position = match rotated {
             Ok(position) => position,
             Err(e) => {
-                // The log goes on in its segment (a failed sync there fails its next write).
-                warn!(partition = self.index, "cannot start a snapshot: {e}");
-                partition.abort_snapshot();
-                self.since_snapshot = 0;
-                return;
+                // Which segment the log is in, or which file the syncer makes durable, or
+                // whether an fsync error was reported to the rotation's own fsync and not to
+                // the syncer's: unknown. Stop persistent writes, and fail the replies waiting
+                // for a sync that may not cover them.
+                let why = format!("the log could not move to a new segment: {e}");
+                let mut failed = self.fail(partition, &why, Vec::new());
+                if let Some(syncer) = &self.syncer {
+                    failed.extend(syncer.fail_waiting(&why));
+                }
+                return failed;
             }
         };
         self.since_snapshot = 0;
@@ -194,6 +203,7 @@ impl Journal {
             partition.abort_snapshot();
             self.snapshotting.store(false, Ordering::Release);
         }
+        Vec::new()
     }
 }
 
@@ -203,8 +213,8 @@ pub(crate) fn submit(s: &mut ShardState, records: Vec<Vec<u8>>, deliveries: Vec<
     let Some(journal) = log else {
         return deliveries;
     };
-    let out = journal.submit(partition, records, deliveries);
-    journal.maybe_snapshot(partition);
+    let mut out = journal.submit(partition, records, deliveries);
+    out.extend(journal.maybe_snapshot(partition));
     out
 }
 
@@ -227,6 +237,8 @@ struct SyncState {
     /// The highest mark known durable.
     synced: u64,
     failed: Option<String>,
+    /// The syncer waits for replies (calls wake it only then: a wake-up is a system call).
+    idle: bool,
 }
 
 impl Syncer {
@@ -251,12 +263,28 @@ impl Syncer {
     /// Queue `deliveries` until the log is durable up to `mark`; returns them if it is already.
     fn after_sync(&self, mark: u64, deliveries: Vec<Delivery>) -> Vec<Delivery> {
         let mut state = self.lock();
+        if let Some(why) = &state.failed {
+            return storage_errors(self.index, why, deliveries);
+        }
         if mark <= state.synced {
             return deliveries;
         }
         state.waiting.push_back((mark, deliveries));
-        self.wake.notify_one();
+        if state.idle {
+            self.wake.notify_one();
+        }
         Vec::new()
+    }
+
+    /// Fail from now on; returns the replies that were waiting, failed.
+    fn fail_waiting(&self, why: &str) -> Vec<Delivery> {
+        let mut state = self.lock();
+        state.failed.get_or_insert_with(|| why.to_string());
+        state
+            .waiting
+            .drain(..)
+            .flat_map(|(_, d)| storage_errors(self.index, why, d))
+            .collect()
     }
 
     fn switch_file(&self, file: fs::File) {
@@ -284,7 +312,11 @@ impl Syncer {
                                 break;
                             }
                         }
-                        _ => state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner),
+                        _ => {
+                            state.idle = true;
+                            state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+                            state.idle = false;
+                        }
                     }
                 }
                 // Read before the fsync: it covers at least this much.
@@ -303,31 +335,31 @@ impl Syncer {
                         }
                         None
                     }
-                    Err(e) => {
-                        // After a failed fsync the kernel may have dropped the dirty pages:
-                        // nothing written since the last good one can be trusted.
-                        let why = format!("fsync failed: {e}");
-                        state.failed = Some(why.clone());
-                        for (_, d) in state.waiting.drain(..) {
-                            ready.extend(storage_errors(self.index, &why, d));
-                        }
-                        Some(why)
-                    }
+                    // After a failed fsync the kernel may have dropped the dirty pages:
+                    // nothing written since the last good one can be trusted.
+                    Err(e) => Some(format!("fsync failed: {e}")),
                 }
             };
             shared.registry.deliver(ready);
             if let Some(why) = failed {
-                error!(
-                    partition = self.index,
-                    "the op log failed: {why}; persistent objects of this partition are read-only until a restart"
-                );
-                if let Err(e) = shared.shards.with(self.index, |s| {
-                    s.partition.storage_failed(&why);
-                    s.partition.abort_snapshot();
-                }) {
-                    error!(partition = self.index, "could not stop persistent writes: {e}");
-                }
+                self.fail(shared, &why);
             }
+        }
+    }
+
+    /// The log can no longer be made durable: fail the replies waiting for it, and every
+    /// persistent write of the partition from now on.
+    fn fail(&self, shared: &Shared, why: &str) {
+        shared.registry.deliver(self.fail_waiting(why));
+        error!(
+            partition = self.index,
+            "the op log failed: {why}; persistent objects of this partition are read-only until a restart"
+        );
+        if let Err(e) = shared.shards.with(self.index, |s| {
+            s.partition.storage_failed(why);
+            s.partition.abort_snapshot();
+        }) {
+            error!(partition = self.index, "could not stop persistent writes: {e}");
         }
     }
 }
@@ -416,7 +448,6 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
         writers.push(recovered);
     }
     shared.registry.start_after(highest_conn);
-    crate::sessions::recovered(shared, clients);
     let classes = crate::hosts::register_recovered_classes(shared).map_err(io::Error::other)?;
     for (index, recovered) in writers.into_iter().enumerate() {
         let syncer = match fsync {
@@ -427,7 +458,13 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
             let (shared, syncer) = (shared.clone(), syncer.clone());
             std::thread::Builder::new()
                 .name(format!("fsync-{index}"))
-                .spawn(move || syncer.run(&shared, fsync))?;
+                .spawn(move || {
+                    // Should the thread ever panic, no reply may wait for it forever.
+                    let run = std::panic::AssertUnwindSafe(|| syncer.run(&shared, fsync));
+                    if std::panic::catch_unwind(run).is_err() {
+                        syncer.fail(&shared, "the fsync thread panicked");
+                    }
+                })?;
         }
         let journal = Journal {
             index,
@@ -446,11 +483,13 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
             .shards
             .with(index, move |s| {
                 let ShardState { partition, log, .. } = s;
-                // A long tail replayed: snapshot it now.
-                log.insert(journal).maybe_snapshot(partition);
+                // A long tail replayed: snapshot it now (no call waits yet: no replies).
+                let _ = log.insert(journal).maybe_snapshot(partition);
             })
             .map_err(io::Error::other)?;
     }
+    // After the journals are in place: a session that ends at once logs its end.
+    crate::sessions::recovered(shared, clients);
     info!(
         data_dir = %dir.display(),
         records,
@@ -573,7 +612,8 @@ fn write_snapshot(
         let (chunk, done) = shared
             .shards
             .with(index, |s| s.partition.snapshot_chunk(SNAPSHOT_CHUNK))
-            .map_err(io::Error::other)?;
+            .map_err(io::Error::other)?
+            .ok_or_else(|| io::Error::other("the capture was aborted (the op log failed)"))?;
         file.write_all(&chunk)?;
         if done {
             break;
@@ -623,6 +663,24 @@ mod tests {
 
     fn records(n: usize) -> Vec<Vec<u8>> {
         vec![vec![0x90; 100]; n]
+    }
+
+    #[test]
+    fn a_failed_syncer_answers_later_calls_at_once_with_storage_errors() {
+        let syncer = Syncer::new(0, fs::File::open("/dev/null").unwrap());
+        syncer.written.store(10, Ordering::Release);
+        assert!(syncer.after_sync(10, reply(1)).is_empty(), "waits for the next fsync");
+        // An fsync failed: the reply waiting is failed, and so is one queued after.
+        let failed = syncer.fail_waiting("fsync failed: EIO");
+        assert_eq!(failed[0].reply.clone().unwrap_err().kind, ErrorKind::StorageError);
+        let late = syncer.after_sync(10, reply(2));
+        let e = late[0].reply.clone().unwrap_err();
+        assert_eq!((e.kind, late[0].token.req), (ErrorKind::StorageError, 2));
+        assert!(e.message.contains("EIO"), "{e}");
+        assert!(
+            syncer.lock().waiting.is_empty(),
+            "nothing is left waiting for a sync that never comes"
+        );
     }
 
     #[test]

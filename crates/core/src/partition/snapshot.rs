@@ -132,12 +132,10 @@ impl Partition {
     }
 
     /// The next part of the snapshot in progress: about `budget` bytes of captured objects,
-    /// and `true` with the last part (which ends the snapshot). Empty and `true` when no
-    /// snapshot is in progress.
-    pub fn snapshot_chunk(&mut self, budget: usize) -> (Vec<u8>, bool) {
-        let Some(c) = self.capture.as_mut() else {
-            return (Vec::new(), true);
-        };
+    /// and `true` with the last part (which ends the snapshot). `None` when no snapshot is
+    /// in progress (it was aborted: what was captured must not be published).
+    pub fn snapshot_chunk(&mut self, budget: usize) -> Option<(Vec<u8>, bool)> {
+        let c = self.capture.as_mut()?;
         while c.ready.len() < budget && c.next < c.end {
             if let Some((key, e)) = self.objects.slot_mut(c.next) {
                 capture(c, key, e);
@@ -146,11 +144,11 @@ impl Partition {
         }
         let mut out = std::mem::take(&mut c.ready);
         if c.next < c.end {
-            return (out, false);
+            return Some((out, false));
         }
         write(&mut out, Value::Array(vec!["end".into(), c.objects.into()]));
         self.capture = None;
-        (out, true)
+        Some((out, true))
     }
 
     /// Give up the snapshot in progress (its file could not be written).
