@@ -34,10 +34,11 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
-# Benchmarks run beside the real peers: redis-server from Debian's packages; Ray, Lithops and
+# Benchmarks run beside the real peers: redis-server and GNU parallel from Debian's packages; Ray, Lithops and
 # PySpark (Java 17) from requirements-bench.lock, never part of `make test`.
 bench: setup
-	command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	command -v redis-server >/dev/null && command -v parallel >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq redis-server parallel; }
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-bench.lock
 	$(PY) bench/objects.py
 	$(PY) bench/shared.py
@@ -45,6 +46,7 @@ bench: setup
 	$(PY) bench/ml.py
 	$(PY) bench/santa.py
 	$(PY) bench/durability.py
+	$(PY) bench/shell.py
 
 clean:
 	rm -rf $(VENV) target

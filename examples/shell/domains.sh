@@ -16,4 +16,4 @@ while read -r l; do
     | awk '{ printf \"-1 %s=%s \", \$2, \$1 }' | xargs treemap -n ${TREE} mergeAll -2 sum" &
 done < "${CORPUS}/index"
 wait
-treemap -n "${TREE}" entrySet | awk -F= '{ print $2, $1 }' | sort -k1,1nr -k2,2 | head -n "${TOP}"
+treemap -n "${TREE}" entrySet | awk -F= '{ print $2, $1 }' | LC_ALL=C sort -k1,1nr -k2,2 | head -n "${TOP}"

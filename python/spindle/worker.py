@@ -3,7 +3,8 @@
 docs/protocol.md ("Workers"): the worker connects to ``$SPINDLE_ADDRESS``, says
 ``[id, "worker", {"id": $SPINDLE_WORKER_ID, "pid": ..., "runtime": "python"}]`` and then
 answers the gateway's ``[task_id, "run", payload, options]`` requests one at a time with
-``[task_id, 0, report]``. The payload is a cloudpickle of ``(function, args, kwargs)``.
+``[task_id, 0, report]``. The payload is a cloudpickle of ``(function, args, kwargs)``, or,
+when the task's options say ``"runtime": "shell"``, a shell command (spindle/shell.py).
 
 The process is also an ordinary Spindle client (``spindle.connect``), so the objects a
 function uses reach the same server as its caller's.
@@ -222,6 +223,27 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
     }
 
 
+def run_other(runtime: str, payload: bytes, capture: Capture) -> Dict[str, Any]:
+    """Run a task of another runtime than ``python`` (``shell``: spindle/shell.py)."""
+    capture.reset_streams()
+    if runtime == "shell":
+        from spindle import shell  # imported on first use: Python workers start as fast
+
+        try:
+            report = shell.run(payload)
+        except BaseException as exc:  # a bug of the runtime fails the task, not the worker
+            report = {"ok": False, "result": None, "error": _error_of(exc), "duration": 0.0,
+                      "peak_rss": 0}
+    else:
+        message = f"this worker runs no {runtime!r} functions"
+        report = {"ok": False, "result": None, "duration": 0.0, "peak_rss": 0,
+                  "error": {"type": "ValueError", "message": message, "traceback": ""}}
+    stdout, stderr, truncated = capture.collect()
+    capture.check_fds()
+    report.update(stdout=stdout, stderr=stderr, truncated=truncated)
+    return report
+
+
 def announce(address: str, role: str, info: Dict[str, Any]) -> Connection:
     """Connect this process (a ``worker`` or object ``host`` the server started) and open
     the connection on which it says ``role`` and then serves the server's requests. The
@@ -258,7 +280,12 @@ def serve(address: str, worker_id: str) -> None:
         except Exception:
             continue
         if op == "run" and len(request) >= 3:
-            report = run_task(request[2], capture)
+            options = request[3] if len(request) > 3 and isinstance(request[3], dict) else {}
+            runtime = options.get("runtime", "python")
+            if runtime == "python":
+                report = run_task(request[2], capture)
+            else:
+                report = run_other(runtime, request[2], capture)
             body = _pack([task_id, 0, report])
         elif op == "ping":
             body = _pack([task_id, 0, "pong"])

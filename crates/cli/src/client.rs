@@ -1,27 +1,59 @@
-//! A small blocking client for `spindle status` and `spindle objects`.
+//! A small blocking client: `spindle status` and `spindle objects`, and the shell's object
+//! commands (`counter -n c increment`), one short-lived connection per process.
 
+use std::io::{ErrorKind, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use spindle_core::Value;
-use spindle_proto::{read_frame, write_frame, DEFAULT_MAX_FRAME};
+use spindle_proto::{read_frame, write_frame};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// Replies may be larger than the server's request limit (a whole `Blob`).
+const MAX_REPLY: usize = 1 << 30;
 
-struct Client {
+/// An error reply from the server: `[kind, message, data]`.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    pub kind: String,
+    pub message: String,
+}
+
+/// Why a request got no result.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The server answered with an error.
+    Remote(Remote),
+    /// No answer: the connection failed, closed or timed out.
+    Connection(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Remote(r) => write!(f, "{}: {}", r.kind, r.message),
+            Failure::Connection(message) => f.write_str(message),
+        }
+    }
+}
+
+pub(crate) struct Client {
     stream: TcpStream,
     address: String,
     next_id: u64,
+    /// The session's call numbers: one attempt per call, so never reused.
+    next_seq: u64,
+    /// The session id given in `hello`.
+    session: String,
 }
 
 impl Client {
-    fn connect(address: &str) -> Result<Client, String> {
-        let targets = address
-            .to_socket_addrs()
-            .map_err(|e| format!("bad server address '{address}': {e}"))?;
-        let mut last_error = None;
-        for target in targets {
-            match TcpStream::connect_timeout(&target, TIMEOUT) {
+    /// Connect to the first address of a comma-separated list that answers, and say hello
+    /// (with `$SPINDLE_TOKEN` when set) as a fresh session.
+    pub(crate) fn connect(addresses: &str) -> Result<Client, String> {
+        let mut failures = Vec::new();
+        for address in addresses.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            match open_stream(address) {
                 Ok(stream) => {
                     let _ = stream.set_read_timeout(Some(TIMEOUT));
                     let _ = stream.set_nodelay(true);
@@ -29,60 +61,238 @@ impl Client {
                         stream,
                         address: address.to_string(),
                         next_id: 1,
+                        next_seq: 1,
+                        session: session_id(),
                     };
                     client.hello()?;
                     return Ok(client);
                 }
-                Err(e) => last_error = Some(e),
+                Err(e) => failures.push(e),
             }
         }
-        Err(match last_error {
-            Some(e) => format!("no Spindle server at {address} ({e}); start one with `spindle server`"),
-            None => format!("bad server address '{address}': it resolves to nothing"),
+        Err(match failures.len() {
+            0 => format!("bad server address '{addresses}': no address given"),
+            _ => format!("{}; start one with `spindle server`", failures.join("; ")),
         })
     }
 
     fn hello(&mut self) -> Result<(), String> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let client = format!("spindle-cli-{}-{nanos}", std::process::id());
-        let hello = Value::Map(vec![
-            ("client".into(), client.into()),
+        let mut hello = vec![
+            ("client".into(), self.session.as_str().into()),
             ("protocol".into(), spindle_proto::PROTOCOL_VERSION.into()),
-        ]);
-        self.request("hello", vec![hello]).map(drop)
+        ];
+        if let Some(token) = std::env::var("SPINDLE_TOKEN").ok().filter(|t| !t.is_empty()) {
+            hello.push(("token".into(), token.into()));
+        }
+        self.request("hello", vec![Value::Map(hello)]).map(drop)
     }
 
     fn request(&mut self, op: &str, operands: Vec<Value>) -> Result<Value, String> {
+        self.exchange(op, operands, Some(TIMEOUT)).map_err(|e| match e {
+            Failure::Remote(r) => format!("the server refused '{op}': {}: {}", r.kind, r.message),
+            Failure::Connection(message) => message,
+        })
+    }
+
+    /// Send one request and wait for its reply, at most `wait` (`None`: as long as it takes,
+    /// for calls that park in the server).
+    fn exchange(&mut self, op: &str, operands: Vec<Value>, wait: Option<Duration>) -> Result<Value, Failure> {
         let id = self.next_id;
         self.next_id += 1;
         let mut items = vec![Value::from(id), Value::from(op)];
         items.extend(operands);
         let address = self.address.clone();
-        let lost = |e: &dyn std::fmt::Display| format!("lost the connection to {address}: {e}");
+        let lost = |e: &dyn std::fmt::Display| Failure::Connection(format!("lost the connection to {address}: {e}"));
         write_frame(&mut self.stream, &Value::Array(items)).map_err(|e| lost(&e))?;
-        let reply = read_frame(&mut self.stream, DEFAULT_MAX_FRAME)
+        let _ = self.stream.set_read_timeout(wait);
+        let reply = match read_frame(&mut self.stream, MAX_REPLY) {
+            Ok(Some(reply)) => reply,
+            Ok(None) => return Err(lost(&"the server closed the connection")),
+            Err(spindle_proto::FrameError::Io(e))
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                let secs = wait.unwrap_or_default().as_secs_f64();
+                return Err(Failure::Connection(format!("no reply from {address} within {secs} s")));
+            }
+            Err(e) => return Err(lost(&e)),
+        };
+        match reply {
+            Value::Array(mut items) if items.len() == 3 && items[0].as_u64() == Some(id) => {
+                let result = items.pop().unwrap_or(Value::Nil);
+                match items[1].as_u64() {
+                    Some(0) => Ok(result),
+                    _ => Err(Failure::Remote(remote(&result))),
+                }
+            }
+            other => Err(Failure::Connection(format!("unexpected reply from {address}: {other}"))),
+        }
+    }
+
+    fn next_seq(&mut self) -> Value {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Value::from(seq)
+    }
+
+    /// `create`: `true` if the object was created, `false` if it existed.
+    pub(crate) fn create(
+        &mut self,
+        type_name: &str,
+        key: &str,
+        args: Vec<Value>,
+        owned: bool,
+        persistent: bool,
+    ) -> Result<bool, Failure> {
+        let seq = self.next_seq();
+        let operands = vec![
+            seq,
+            0.into(),
+            type_name.into(),
+            key.into(),
+            Value::Array(args),
+            owned.into(),
+            persistent.into(),
+        ];
+        let created = self.exchange("create", operands, Some(TIMEOUT))?;
+        Ok(created.as_bool().unwrap_or(false))
+    }
+
+    /// A method call that answers at once (it never parks in the server).
+    pub(crate) fn call(
+        &mut self,
+        type_name: &str,
+        key: &str,
+        method: &str,
+        args: Vec<Value>,
+    ) -> Result<Value, Failure> {
+        self.call_waiting(type_name, key, method, args, Some(Duration::ZERO))
+    }
+
+    /// A method call that may park in the server (a barrier's `wait`, a queue's `get`):
+    /// the reply may take `wait` (its own timeout; `None` for none) and then some.
+    pub(crate) fn call_waiting(
+        &mut self,
+        type_name: &str,
+        key: &str,
+        method: &str,
+        args: Vec<Value>,
+        wait: Option<Duration>,
+    ) -> Result<Value, Failure> {
+        let seq = self.next_seq();
+        let operands = vec![
+            seq,
+            0.into(),
+            type_name.into(),
+            key.into(),
+            method.into(),
+            Value::Array(args),
+        ];
+        self.exchange("call", operands, wait.map(|w| w.saturating_add(TIMEOUT)))
+    }
+
+    /// `delete`: `true` if the object existed.
+    pub(crate) fn delete(&mut self, key: &str) -> Result<bool, Failure> {
+        let seq = self.next_seq();
+        let existed = self.exchange("delete", vec![seq, key.into()], Some(TIMEOUT))?;
+        Ok(existed.as_bool().unwrap_or(false))
+    }
+
+    /// The type of the named object `key`, if there is one (`objects` with it as prefix).
+    pub(crate) fn type_of(&mut self, key: &str) -> Result<Option<String>, Failure> {
+        let listing = self.exchange("objects", vec![key.into(), false.into()], Some(TIMEOUT))?;
+        Ok(listing.as_array().into_iter().flatten().find_map(|item| {
+            let pair = item.as_array()?;
+            (pair.first()?.as_str()? == key).then(|| pair.get(1)?.as_str().map(str::to_string))?
+        }))
+    }
+}
+
+/// Pipelined requests, for `spindle sh` (sh.rs): many in flight on the connection, replies
+/// read as they come.
+impl Client {
+    /// The session id (unnamed objects of this session are `~<session>.<n>`).
+    pub(crate) fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// A fresh call number for a request sent with [`send`](Self::send).
+    pub(crate) fn call_seq(&mut self) -> Value {
+        self.next_seq()
+    }
+
+    /// Send `[id, op, ...operands]` without waiting for its reply; returns the id.
+    pub(crate) fn send(&mut self, op: &str, operands: Vec<Value>) -> Result<u64, Failure> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut items = vec![Value::from(id), Value::from(op)];
+        items.extend(operands);
+        write_frame(&mut self.stream, &Value::Array(items))
+            .map_err(|e| Failure::Connection(format!("lost the connection to {}: {e}", self.address)))?;
+        Ok(id)
+    }
+
+    /// The next reply, however long it takes: `(id, Ok(result))`, or `(id, Err([kind,
+    /// message, data]))` for an error reply.
+    pub(crate) fn receive(&mut self) -> Result<(u64, Result<Value, Value>), Failure> {
+        let address = self.address.clone();
+        let lost = |e: &dyn std::fmt::Display| Failure::Connection(format!("lost the connection to {address}: {e}"));
+        let _ = self.stream.set_read_timeout(None);
+        let reply = read_frame(&mut self.stream, MAX_REPLY)
             .map_err(|e| lost(&e))?
             .ok_or_else(|| lost(&"the server closed the connection"))?;
         match reply {
-            Value::Array(items) if items.len() == 3 && items[0].as_u64() == Some(id) => match items[1].as_u64() {
-                Some(0) => Ok(items.into_iter().nth(2).unwrap_or(Value::Nil)),
-                _ => Err(format!("the server refused '{op}': {}", describe_error(&items[2]))),
-            },
-            other => Err(format!("unexpected reply from {}: {other}", self.address)),
+            Value::Array(mut items) if items.len() == 3 => {
+                let result = items.pop().unwrap_or(Value::Nil);
+                let id = items[0].as_u64().unwrap_or(0);
+                match items[1].as_u64() {
+                    Some(0) => Ok((id, Ok(result))),
+                    _ => Ok((id, Err(result))),
+                }
+            }
+            other => Err(Failure::Connection(format!("unexpected reply from {address}: {other}"))),
         }
     }
 }
 
-fn describe_error(error: &Value) -> String {
-    match error {
-        Value::Array(parts) if parts.len() >= 2 => format!(
-            "{}: {}",
-            parts[0].as_str().unwrap_or("?"),
-            parts[1].as_str().unwrap_or("?")
+/// One server address: the first of its resolved socket addresses that accepts.
+fn open_stream(address: &str) -> Result<TcpStream, String> {
+    let targets = address
+        .to_socket_addrs()
+        .map_err(|e| format!("bad server address '{address}': {e}"))?;
+    let mut last_error = None;
+    for target in targets {
+        match TcpStream::connect_timeout(&target, TIMEOUT) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(match last_error {
+        Some(e) => format!("no Spindle server at {address} ({e})"),
+        None => format!("bad server address '{address}': it resolves to nothing"),
+    })
+}
+
+/// A fresh random session id (16 bytes from the kernel; the pid and the clock without it).
+fn session_id() -> String {
+    let mut bytes = [0u8; 16];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    match random {
+        Ok(()) => format!(
+            "spindle-cli-{}",
+            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
         ),
-        other => other.to_string(),
+        Err(_) => {
+            let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            format!("spindle-cli-{}-{nanos}", std::process::id())
+        }
+    }
+}
+
+fn remote(error: &Value) -> Remote {
+    let part = |i: usize| error.as_array().and_then(|p| p.get(i)).and_then(Value::as_str);
+    Remote {
+        kind: part(0).unwrap_or("?").to_string(),
+        message: part(1).map_or_else(|| error.to_string(), str::to_string),
     }
 }
 

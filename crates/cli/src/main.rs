@@ -2,7 +2,9 @@
 //! and objects.
 
 mod client;
+mod objects;
 mod run;
+mod sh;
 
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
@@ -20,6 +22,9 @@ const DEFAULT_ADDRESS: &str = "127.0.0.1:7070";
 
 #[derive(Parser)]
 #[command(name = "spindle", version, about = "Spindle: stateful serverless objects")]
+#[command(
+    after_help = "Shared objects are commands too: spindle counter|map|treemap|list|barrier|rdv|pipe|semaphore|\nlatch|queue|blob -n NAME OPERATION [ARGS] (or the same through a link of that name, or the functions\nof `eval \"$(spindle shell-env)\"`); `spindle counter --help` tells more."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,6 +37,8 @@ enum Command {
     /// Run a Python program against $SPINDLE_ADDRESS, or else against a server started
     /// for it (and stopped after); exits with the program's exit code.
     Run(run::RunArgs),
+    /// Run a shell command as a function and stream its output back; exits with its status.
+    Sh(sh::ShArgs),
     /// Show a running server's address, uptime, objects, connections and call rate.
     Status(AddressArg),
     /// List the named objects of a running server.
@@ -52,6 +59,9 @@ enum Command {
         #[arg(long)]
         data_dir: PathBuf,
     },
+    /// Print shell functions that make the shared objects commands (`counter -n c increment`):
+    /// eval "$(spindle shell-env)".
+    ShellEnv,
 }
 
 #[derive(Args)]
@@ -146,6 +156,11 @@ pub(crate) struct FunctionArgs {
     /// Seconds a started worker may take to connect before its waiting call fails.
     #[arg(long, default_value_t = 30.0, hide = true)]
     worker_start_timeout: f64,
+    /// Directory shared by every function and client for files (`spindle sh` commands run
+    /// in it), exported to workers as SPINDLE_FS [default: $SPINDLE_FS, else spindle-fs in
+    /// the temporary directory].
+    #[arg(long, value_name = "DIR")]
+    fs: Option<PathBuf>,
 }
 
 impl FunctionArgs {
@@ -163,6 +178,8 @@ impl FunctionArgs {
             python: self.python.clone().unwrap_or_else(default_python),
             token: self.token.clone().filter(|t| !t.is_empty()),
             start_timeout: seconds("worker-start-timeout", self.worker_start_timeout)?,
+            fs: std::path::absolute(self.fs.clone().unwrap_or_else(spindle_server::config::default_fs))
+                .map_err(|e| format!("--fs: {e}"))?,
         })
     }
 }
@@ -175,10 +192,17 @@ struct AddressArg {
 }
 
 fn main() -> ExitCode {
+    // `counter -n c increment` (through a link or `spindle counter`) skips clap and the rest.
+    if let Some(status) =
+        objects::dispatch(|word| <Cli as clap::CommandFactory>::command().find_subcommand(word).is_some())
+    {
+        return status;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Server(args) => return run_server(args),
         Command::Run(args) => return run::run(args),
+        Command::Sh(args) => return sh::run(args),
         Command::Status(AddressArg { address }) => client::status(&address),
         Command::Objects {
             prefix,
@@ -186,6 +210,7 @@ fn main() -> ExitCode {
             address,
         } => client::objects(&address.address, prefix.as_deref().unwrap_or(""), persistent),
         Command::Repair { data_dir } => repair(&data_dir),
+        Command::ShellEnv => objects::shell_env(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -53,6 +53,8 @@ fn run_program(args: RunArgs) -> Result<ExitStatus, String> {
     }
     crate::init_logging("warn");
     let mut command = program(&functions.python);
+    // The program shares the directory of the functions it runs (`spindle sh`'s files).
+    command.env("SPINDLE_FS", &functions.fs);
     match &functions.token {
         Some(token) => command.env("SPINDLE_TOKEN", token),
         None => command.env_remove("SPINDLE_TOKEN"),

@@ -9,3 +9,20 @@ pub mod request;
 pub use frame::{encode_frame, read_frame, split_frame, write_frame, FrameError, Split, DEFAULT_MAX_FRAME, HEADER_LEN};
 pub use reply::{encode_error_reply, encode_reply, reply_frame};
 pub use request::{decode_request, parse_request, Request, RequestError, PROTOCOL_VERSION};
+
+/// The shared objects that are shell commands (`counter -n c increment`): the `spindle`
+/// binary runs one when started under its name, and the server puts them on the `PATH` of
+/// shell functions (docs/shell.md).
+pub const SHELL_OBJECT_COMMANDS: [&str; 11] = [
+    "counter",
+    "map",
+    "treemap",
+    "list",
+    "barrier",
+    "rdv",
+    "pipe",
+    "semaphore",
+    "latch",
+    "queue",
+    "blob",
+];

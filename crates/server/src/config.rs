@@ -105,6 +105,9 @@ pub struct FunctionsConfig {
     /// A started worker that has not connected after this long is killed, and a waiting
     /// call fails, so a broken worker setup never hangs callers.
     pub start_timeout: Duration,
+    /// `SPINDLE_FS`: the directory every function and client shares for files (shell
+    /// commands run in it); created when the first worker starts.
+    pub fs: PathBuf,
 }
 
 impl Default for Config {
@@ -133,6 +136,7 @@ impl Default for FunctionsConfig {
             python: default_python(),
             token: None,
             start_timeout: Duration::from_secs(30),
+            fs: default_fs(),
         }
     }
 }
@@ -177,6 +181,14 @@ pub fn default_max_workers() -> usize {
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `$SPINDLE_FS`, else `spindle-fs` in the system's temporary directory.
+pub fn default_fs() -> PathBuf {
+    match std::env::var_os("SPINDLE_FS").filter(|p| !p.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::temp_dir().join("spindle-fs"),
+    }
 }
 
 /// `$SPINDLE_PYTHON`, else the `python3` next to this executable (a virtualenv's `bin/`,

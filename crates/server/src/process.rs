@@ -170,7 +170,7 @@ pub(crate) async fn supervise(child: &mut Child, proc: &Proc, mut over_memory: i
             _ = proc.watch_changed.notified(), if !watching => {}
             _ = sample.tick(), if watching && !killed => {
                 let limit = proc.limit.load(Ordering::Relaxed);
-                if limit > 0 && resident_bytes(proc.pid).is_some_and(|rss| rss > limit) {
+                if limit > 0 && tree_resident_bytes(proc.pid).is_some_and(|rss| rss > limit) {
                     over_memory();
                 }
             }
@@ -199,6 +199,39 @@ fn kill_group(pid: u32) {
             }
         }
     }
+}
+
+/// The resident memory of the process and of its descendants (the commands a shell
+/// function runs, the subprocesses of a Python one): what the process costs the machine.
+/// `None` when the process is gone.
+fn tree_resident_bytes(pid: u32) -> Option<u64> {
+    let mut total = resident_bytes(pid)?;
+    let mut todo = children(pid);
+    // Bounded: a fork bomb must not stall the supervisor.
+    let mut budget = 10_000;
+    while let Some(child) = todo.pop() {
+        budget -= 1;
+        if budget == 0 {
+            break;
+        }
+        total += resident_bytes(child).unwrap_or(0);
+        todo.extend(children(child));
+    }
+    Some(total)
+}
+
+/// The process's children (`/proc/PID/task/*/children`).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+    }
+    out
 }
 
 /// The process's resident memory (`VmRSS` of /proc/PID/status, which is in kB whatever the
@@ -230,6 +263,12 @@ mod tests {
         let rss = resident_bytes(std::process::id()).expect("our own /proc entry");
         assert!(rss > 0);
         assert_eq!(resident_bytes(u32::MAX), None);
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep");
+        assert!(children(std::process::id()).contains(&child.id()));
+        let tree = tree_resident_bytes(std::process::id()).expect("our own tree");
+        assert!(tree > rss, "the child's memory counts: {tree} vs {rss}");
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]

@@ -17,7 +17,8 @@ pub struct Semaphore {
     /// Permits each connection acquired and has not released itself. A release by another
     /// connection (a semaphore used as a signal) does not shrink anyone's holding.
     held: HashMap<ConnId, u64>,
-    waiters: WaitQueue<()>,
+    /// Parked acquirers; `true` for a `keep` acquire, whose permit is not tracked.
+    waiters: WaitQueue<bool>,
 }
 
 impl Semaphore {
@@ -44,7 +45,9 @@ impl Semaphore {
         let mut left = n;
         while left > 0 {
             let Some(w) = self.waiters.pop() else { break };
-            self.take(w.conn);
+            if !w.data {
+                self.take(w.conn);
+            }
             ctx.deliver(w.token, Ok(Value::Boolean(true)));
             left -= 1;
         }
@@ -82,14 +85,20 @@ impl Object for Semaphore {
     fn apply(&mut self, method: &str, a: &[Value], ctx: &mut Ctx) -> Result<Step, Error> {
         let v = match method {
             "acquire" => {
-                let park = acquire_args(method, a, ctx)?;
+                // `keep`: the permit stays taken when this connection ends. A shell's
+                // `semaphore acquire` is a process of its own, which exits holding it.
+                args::arity(method, a, 0, 3)?;
+                let keep = args::bool_or(method, a, 2, "keep", false)?;
+                let park = acquire_args(method, &a[..a.len().min(2)], ctx)?;
                 if self.value > 0 {
                     self.value -= 1;
-                    self.take(ctx.caller.conn);
+                    if !keep {
+                        self.take(ctx.caller.conn);
+                    }
                     Value::Boolean(true)
                 } else {
                     match park {
-                        Some(deadline) => return Ok(self.waiters.park(ctx, deadline, ())),
+                        Some(deadline) => return Ok(self.waiters.park(ctx, deadline, keep)),
                         None => Value::Boolean(false),
                     }
                 }
@@ -224,6 +233,26 @@ mod tests {
         p.disconnect(2);
         assert_eq!(p.ok("BoundedSemaphore", "s", "value", vec![]), Value::from(1));
         let _ = t3;
+    }
+
+    #[test]
+    fn a_kept_permit_outlives_its_connection() {
+        let mut p = Harness::new();
+        p.create_ok("Semaphore", "s", vec![1.into()]);
+        let keep = || vec![true.into(), Value::Nil, true.into()];
+        assert_eq!(
+            p.ok_as(&who(1), "Semaphore", "s", "acquire", keep()),
+            Value::Boolean(true)
+        );
+        let t2 = p.park(2, "Semaphore", "s", "acquire", keep());
+        p.disconnect(1);
+        assert_eq!(p.ok("Semaphore", "s", "value", vec![]), Value::from(0));
+        let (_, out) = p.call(&who(3), 0, "Semaphore", "s", "release", vec![]);
+        assert_eq!(value_of(&out, t2), Value::Boolean(true));
+        p.disconnect(2);
+        assert_eq!(p.ok("Semaphore", "s", "value", vec![]), Value::from(0));
+        p.ok_as(&who(3), "Semaphore", "s", "release", vec![]);
+        assert_eq!(p.ok("Semaphore", "s", "value", vec![]), Value::from(1));
     }
 
     #[test]

@@ -9,7 +9,8 @@ mod pool;
 mod worker;
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use spindle_core::{ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
@@ -21,8 +22,12 @@ use crate::Shared;
 pub(crate) use pool::WorkerId;
 use pool::{Action, Counts, Invocation, Limits, Pool};
 
-/// The runtimes this gateway runs.
-const RUNTIMES: &[&str] = &["python"];
+/// The runtimes this gateway runs (all on the same Python workers: `shell` runs a command
+/// with bash, see python/spindle/shell.py).
+const RUNTIMES: &[&str] = &["python", "shell"];
+
+/// The runtime workers announce in their `worker` hello.
+const WORKER_RUNTIMES: &[&str] = &["python"];
 
 pub(crate) struct Gateway {
     config: FunctionsConfig,
@@ -31,6 +36,9 @@ pub(crate) struct Gateway {
     procs: Table,
     /// Wakes the timer task when a deadline earlier than the armed one appears.
     timer: Notify,
+    /// The directory of [`spindle_proto::SHELL_OBJECT_COMMANDS`] symlinks, made when the first worker starts
+    /// (`None` if it could not be made) and removed with the gateway.
+    commands: OnceLock<Option<PathBuf>>,
 }
 
 struct Guarded {
@@ -54,7 +62,30 @@ impl Gateway {
             }),
             procs: Table::new(),
             timer: Notify::new(),
+            commands: OnceLock::new(),
         }
+    }
+
+    /// The directory of object-command symlinks for the workers' `PATH`.
+    pub(crate) fn commands_dir(&self) -> Option<&Path> {
+        self.commands
+            .get_or_init(|| match make_commands_dir() {
+                Ok(dir) => Some(dir),
+                Err(e) => {
+                    tracing::warn!("cannot make the object commands' directory: {e}; shell functions run without them");
+                    None
+                }
+            })
+            .as_deref()
+    }
+
+    /// `SPINDLE_FS`, created if missing.
+    pub(crate) fn fs_dir(&self) -> &Path {
+        let fs = &self.config.fs;
+        if let Err(e) = std::fs::create_dir_all(fs) {
+            tracing::warn!("cannot create the shared directory {} (--fs): {e}", fs.display());
+        }
+        fs
     }
 
     /// Run `f` on the pool, then wake the timer if a deadline moved earlier.
@@ -89,6 +120,31 @@ impl Gateway {
     }
 }
 
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(Some(dir)) = self.commands.get() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A fresh private directory in the temporary directory holding one symlink per object
+/// command, each to this executable.
+fn make_commands_dir() -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = std::env::temp_dir().join(format!(
+        "spindle-commands-{}-{}",
+        std::process::id(),
+        crate::process::random_hex(6)?
+    ));
+    std::fs::create_dir(&dir)?;
+    // The `spindle` binary dispatches on argv[0]; shell functions find these first on PATH.
+    for name in spindle_proto::SHELL_OBJECT_COMMANDS.iter().chain(&["spindle"]) {
+        std::os::unix::fs::symlink(&exe, dir.join(name))?;
+    }
+    Ok(dir)
+}
+
 /// `invoke`: queue the call; its reply comes when it ends. `Err` is the immediate reply
 /// to a refused call.
 pub(crate) fn invoke(
@@ -106,15 +162,16 @@ pub(crate) fn invoke(
         )));
     }
     let gateway = &shared.gateway;
-    let (timeout, memory_mb) = parse_options(&options, gateway.config.memory_limit_mb)?;
+    let parsed = parse_options(&options, gateway.config.memory_limit_mb)?;
     let now = Instant::now();
     let invocation = Invocation {
         conn,
         req,
         payload,
-        options,
-        timeout,
-        memory_limit: memory_mb.saturating_mul(1024 * 1024),
+        options: with_runtime(options, runtime),
+        timeout: parsed.timeout,
+        memory_limit: parsed.memory_mb.saturating_mul(1024 * 1024),
+        detach: parsed.detach,
         submitted: now,
     };
     let actions = gateway.with_pool(|p| p.submit(invocation, now));
@@ -150,7 +207,7 @@ pub(crate) fn worker_hello(
             "unknown worker id: workers are started by the server, which gives each its id",
         )
     };
-    if !RUNTIMES.contains(&runtime) {
+    if !WORKER_RUNTIMES.contains(&runtime) {
         return Err(Error::bad_args(format!("unknown worker runtime '{runtime}'")));
     }
     let gateway = &shared.gateway;
@@ -277,10 +334,32 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
     shared.registry.deliver(replies);
 }
 
-/// `(timeout, memory_mb)` from an invoke's options map.
-fn parse_options(options: &Value, default_memory_mb: u64) -> Result<(Option<Duration>, u64), Error> {
+/// The options the gateway itself acts on.
+#[derive(Debug, PartialEq)]
+struct Options {
+    timeout: Option<Duration>,
+    memory_mb: u64,
+    /// The invocation outlives its invoking connection.
+    detach: bool,
+}
+
+/// The options forwarded to the worker: the client's, with `runtime` set (the worker runs
+/// every runtime; it reads which one here).
+fn with_runtime(options: Value, runtime: &str) -> Value {
+    let mut entries = match options {
+        Value::Map(entries) => entries,
+        _ => Vec::new(),
+    };
+    entries.retain(|(k, _)| k.as_str() != Some("runtime"));
+    entries.push((Value::from("runtime"), Value::from(runtime)));
+    Value::Map(entries)
+}
+
+/// The gateway's [`Options`] from an invoke's options map.
+fn parse_options(options: &Value, default_memory_mb: u64) -> Result<Options, Error> {
     let mut timeout = None;
     let mut memory_mb = default_memory_mb;
+    let mut detach = false;
     for (key, value) in options.as_map().map(Vec::as_slice).unwrap_or_default() {
         match (key.as_str(), value) {
             (_, Value::Nil) => {}
@@ -301,11 +380,20 @@ fn parse_options(options: &Value, default_memory_mb: u64) -> Result<(Option<Dura
                     .filter(|&mb| mb > 0)
                     .ok_or_else(|| Error::value(format!("invoke: memory_mb must be a positive integer, not {v}")))?;
             }
+            (Some("detach"), v) => {
+                detach = v
+                    .as_bool()
+                    .ok_or_else(|| Error::bad_args(format!("invoke: detach must be true or false, not {v}")))?;
+            }
             // `label` and future keys are the worker's business.
             _ => {}
         }
     }
-    Ok((timeout, memory_mb))
+    Ok(Options {
+        timeout,
+        memory_mb,
+        detach,
+    })
 }
 
 /// An error reply's `[kind, message, data]` as an [`Error`].
@@ -333,28 +421,64 @@ mod tests {
     #[test]
     fn options_are_checked() {
         let map = |entries: Vec<(&str, Value)>| Value::Map(entries.into_iter().map(|(k, v)| (k.into(), v)).collect());
-        assert_eq!(parse_options(&map(vec![]), 2048).unwrap(), (None, 2048));
-        let (timeout, mb) = parse_options(
+        assert_eq!(
+            parse_options(&map(vec![]), 2048).unwrap(),
+            Options {
+                timeout: None,
+                memory_mb: 2048,
+                detach: false
+            }
+        );
+        let options = parse_options(
             &map(vec![
                 ("timeout", Value::F64(1.5)),
                 ("memory_mb", 64.into()),
                 ("label", "x".into()),
+                ("detach", true.into()),
             ]),
             2048,
         )
         .unwrap();
-        assert_eq!((timeout, mb), (Some(Duration::from_millis(1500)), 64));
         assert_eq!(
-            parse_options(&map(vec![("timeout", 2.into())]), 1).unwrap().0,
+            options,
+            Options {
+                timeout: Some(Duration::from_millis(1500)),
+                memory_mb: 64,
+                detach: true
+            }
+        );
+        assert_eq!(
+            parse_options(&map(vec![("timeout", 2.into())]), 1).unwrap().timeout,
             Some(Duration::from_secs(2))
         );
-        assert_eq!(parse_options(&map(vec![("timeout", Value::Nil)]), 1).unwrap().0, None);
+        assert_eq!(
+            parse_options(&map(vec![("timeout", Value::Nil)]), 1).unwrap().timeout,
+            None
+        );
+        let e = parse_options(&map(vec![("detach", "yes".into())]), 1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BadArguments);
         let e = parse_options(&map(vec![("timeout", Value::F64(-1.0))]), 1).unwrap_err();
         assert_eq!(e.kind, ErrorKind::ValueError);
         let e = parse_options(&map(vec![("timeout", "soon".into())]), 1).unwrap_err();
         assert_eq!(e.kind, ErrorKind::BadArguments);
         let e = parse_options(&map(vec![("memory_mb", 0.into())]), 1).unwrap_err();
         assert_eq!(e.kind, ErrorKind::ValueError);
+    }
+
+    #[test]
+    fn the_runtime_goes_to_the_worker_in_the_options() {
+        let forwarded = with_runtime(
+            Value::Map(vec![("runtime".into(), "python".into()), ("timeout".into(), 1.into())]),
+            "shell",
+        );
+        assert_eq!(
+            forwarded,
+            Value::Map(vec![("timeout".into(), 1.into()), ("runtime".into(), "shell".into())])
+        );
+        assert_eq!(
+            with_runtime(Value::Nil, "python"),
+            Value::Map(vec![("runtime".into(), "python".into())])
+        );
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub(crate) struct Invocation {
     pub(crate) options: Value,
     pub(crate) timeout: Option<Duration>,
     pub(crate) memory_limit: u64,
+    /// Runs to its end even if the invoking connection closes (its reply is then dropped).
+    pub(crate) detach: bool,
     pub(crate) submitted: Instant,
 }
 
@@ -68,6 +70,8 @@ struct Running {
     queued: f64,
     cold: bool,
     deadline: Option<Instant>,
+    /// Not stopped when its caller goes away.
+    detach: bool,
 }
 
 #[derive(Debug)]
@@ -164,9 +168,17 @@ impl Pool {
 
     /// The invoking connection closed: its queued calls go, and its running calls are
     /// stopped (nobody will read their results), so a vanished client's work frees the pool
-    /// at once, as a process's daemon threads end with it.
+    /// at once, as a process's daemon threads end with it. Detached calls stay queued and
+    /// run to their end; their replies are dropped.
     pub(crate) fn connection_closed(&mut self, conn: ConnId) -> Vec<Action> {
-        self.queue.retain(|i| i.conn != conn);
+        self.queue.retain(|i| i.conn != conn || i.detach);
+        for worker in self.workers.values_mut() {
+            if let State::Busy(r) = &mut worker.state {
+                if r.detach && r.conn == Some(conn) {
+                    r.conn = None;
+                }
+            }
+        }
         let mut orphaned = Vec::new();
         for (&id, worker) in self.workers.iter_mut() {
             let running = match &mut worker.state {
@@ -403,6 +415,7 @@ impl Pool {
                 cold: w.tasks_run == 1,
                 // A timeout past what the clock can hold is no deadline at all.
                 deadline: i.timeout.and_then(|t| now.checked_add(t)),
+                detach: i.detach,
             });
             actions.push(Action::Run {
                 worker: id,
@@ -522,6 +535,7 @@ mod tests {
             options: Value::Map(vec![]),
             timeout: None,
             memory_limit: 1 << 30,
+            detach: false,
             submitted: now,
         }
     }
@@ -841,6 +855,33 @@ mod tests {
             a.iter().any(|x| matches!(x, Action::Spawn(_))),
             "a worker for the other call"
         );
+    }
+
+    #[test]
+    fn detached_calls_outlive_their_connection() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        let detached = |req| Invocation {
+            detach: true,
+            ..call(1, req, t0)
+        };
+        pool.submit(detached(1), t0);
+        pool.submit(detached(2), t0);
+        pool.submit(call(1, 3, t0), t0);
+        let (_, a) = pool.ready(1, 9, t0);
+        let (_, task, req) = runs(&a)[0];
+        assert_eq!(req, 1);
+        let a = pool.connection_closed(1);
+        assert!(a.is_empty(), "nothing is killed: {a:?}");
+        assert_eq!(
+            pool.counts().queued,
+            1,
+            "the detached call stays queued, the other goes"
+        );
+        let a = pool.finished(1, task, Ok(report()), t0);
+        assert!(replies_is_empty(&a), "nobody listens for the result");
+        assert_eq!(runs(&a)[0].2, 2, "the queued detached call runs next");
+        assert_eq!(pool.completed, 1);
     }
 
     #[test]

@@ -78,6 +78,12 @@ impl Capture {
 pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
     let gateway = &shared.gateway;
     let capture = Capture::new(id)?;
+    // Shell functions run in SPINDLE_FS, with the object commands first on their PATH.
+    let fs = gateway.fs_dir().to_string_lossy().into_owned();
+    let commands = gateway
+        .commands_dir()
+        .map(|dir| dir.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let (child, proc) = process::spawn(
         &gateway.procs,
         Launch {
@@ -92,7 +98,11 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
             stderr: Stdio::from(capture.stderr.try_clone()?),
             // The worker reports each call's output itself; the gateway reads what a crashed
             // call left in the same files.
-            env: &[("SPINDLE_CAPTURE", "fds")],
+            env: &[
+                ("SPINDLE_CAPTURE", "fds"),
+                ("SPINDLE_FS", &fs),
+                ("SPINDLE_COMMANDS", &commands),
+            ],
         },
     )?;
     gateway.with_pool(|p| p.spawned(id, proc.pid));
