@@ -58,6 +58,23 @@ def hog_memory(megabytes: int, hold: float) -> str:
     return f"not killed holding {len(block) >> 20} MiB"
 
 
+def fork_sharing(megabytes: int, children: int) -> str:
+    """Touch ``megabytes`` MiB, then fork ``children`` that share it copy-on-write and wait."""
+    block = bytearray(megabytes << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    pids = []
+    for _ in range(children):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(2)
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return f"{children} children shared {len(block) >> 20} MiB"
+
+
 def chatter(n: int) -> int:
     print(f"hello {n}")
     print(f"oops {n}", file=sys.stderr)

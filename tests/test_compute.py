@@ -391,6 +391,13 @@ def test_a_function_over_its_memory_limit_is_killed():
     next_call_succeeds()
 
 
+def test_children_sharing_a_functions_memory_copy_on_write_count_it_once():
+    # 4 processes x 300 MiB by VmRSS, but 300 MiB of memory: within a 700 MiB limit.
+    with spindle.Executor(memory_mb=700, echo=False) as ex:
+        assert ex.submit(remote.fork_sharing, 300, 3).result(90) == "3 children shared 300 MiB"
+    next_call_succeeds()
+
+
 def test_a_function_printing_100_mb_is_truncated(capsys):
     total = 100 << 20
     with spindle.Executor(echo=False) as ex:

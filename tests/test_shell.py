@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List
 
+import cloudpickle
 import msgpack
 import pytest
 
 import spindle
 from conftest import ServerProcess, gateway_args, has_gateway, wait_until
+from spindle.shell import DRAIN_GRACE
 
 pytestmark = pytest.mark.skipif(
     not has_gateway(), reason="this spindle binary has no function gateway (--max-workers)"
@@ -62,6 +64,23 @@ def sh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
         yield Shell(server, fs)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def sh1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
+    """A server with one worker: Python and shell tasks share it."""
+    fs = tmp_path_factory.mktemp("spindle-fs-1").resolve()
+    server = ServerProcess("--session-ttl", "1", "--fs", str(fs), *gateway_args(1))
+    try:
+        yield Shell(server, fs)
+    finally:
+        server.stop()
+
+
+def running(args: str) -> bool:
+    """Whether a process with this command line runs (zombies do not count)."""
+    ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    return any(line.split(None, 1)[1:] == [args] for line in ps.splitlines() if not line.startswith("Z"))
 
 
 def local(command: str) -> subprocess.CompletedProcess:
@@ -123,6 +142,29 @@ def test_output_streams_while_the_command_runs(sh):
         client.wait()
 
 
+def test_output_held_back_by_a_slow_reader_is_never_dropped(sh):
+    """The reader takes nothing until the command has ended and the drain grace has passed,
+    so the worker's pump is blocked on the full stream with lines still in the command's
+    pipe: all of them must still come, and the status with them."""
+    marker = sh.fs / "slow-reader-ended"
+    command = (
+        'head -c 200000 /dev/zero | tr "\\0" x | fold -w100; echo; '
+        "for i in $(seq 300); do echo L$i; sleep 0.002; done; touch slow-reader-ended"
+    )
+    client = sh.popen(command, stdout=subprocess.PIPE)
+    try:
+        assert wait_until(marker.exists, deadline=HANG)
+        time.sleep(DRAIN_GRACE + 1)  # not a budget: what it takes for the old loss to show
+        out = client.stdout.read().decode()
+        assert client.wait(HANG) == 0
+    finally:
+        client.kill()
+        client.wait()
+    lines = out.splitlines()
+    assert lines[:2000] == ["x" * 100] * 2000
+    assert lines[2000:] == [f"L{i}" for i in range(1, 301)]
+
+
 def test_a_partial_line_is_not_held_back(sh):
     marker = sh.fs / "seen-prompt"
     command = "printf 'prompt> '; while [ ! -e seen-prompt ]; do sleep 0.05; done; echo answer"
@@ -149,6 +191,19 @@ def test_async_returns_and_the_command_runs_after_the_client_exited(sh):
     go.touch()  # the client has exited: only a detached function can see this
     assert wait_until(result.exists, deadline=HANG)
     assert wait_until(lambda: result.read_text() == "ran\n")
+
+
+def test_async_output_goes_nowhere(sh):
+    """A detached command's output is not kept in its worker's capture files (nobody reads
+    its report): the command sees their sizes stay 0 while it writes."""
+    sizes = sh.fs / "async-sizes"
+    command = (
+        "head -c 3000000 /dev/zero; head -c 3000000 /dev/zero >&2; "
+        "stat -L -c %s /proc/$PPID/fd/1 /proc/$PPID/fd/2 > async-sizes.tmp; mv async-sizes.tmp async-sizes"
+    )
+    assert sh.run("--async", command).returncode == 0
+    assert wait_until(sizes.exists, deadline=HANG)
+    assert sizes.read_text() == "0\n0\n"
 
 
 def test_verbose_prints_the_request_id_duration_and_memory(sh):
@@ -209,9 +264,67 @@ def test_the_command_runs_in_the_clients_directory_inside_spindle_fs(sh, tmp_pat
 
 
 def test_background_processes_end_with_the_command(sh):
-    done = sh.run("sleep 1000 & echo started")
+    done = sh.run("sleep 1000 & setsid sleep 1001 & (sleep 1002 &) ; echo started")
     assert done.returncode == 0 and done.stdout == b"started\n"
-    assert b"sleep 1000" not in subprocess.run(["ps", "-eo", "args"], capture_output=True).stdout
+    for leftover in ("sleep 1000", "sleep 1001", "sleep 1002"):
+        assert not running(leftover), f"{leftover} outlived its command"
+
+
+def invoke_python(sh: Shell, fn) -> object:
+    """Call ``fn()`` (pickled by value) on the server's worker pool; its result."""
+    client = spindle.Client(sh.server.address)
+    try:
+        rid = next(client._seq)
+        report = client.request([rid, "invoke", "python", cloudpickle.dumps((fn, (), {})), {}], rid)
+    finally:
+        client.close()
+    assert report["ok"], report["error"]
+    return cloudpickle.loads(report["result"])
+
+
+def test_a_shell_task_leaves_a_python_tasks_children_alone(sh1):
+    """One worker runs a Python task that keeps a subprocess, then shell commands: the
+    subprocess is not the shell's to kill, nor its status the shell's to reap."""
+
+    def start_child():
+        import builtins
+        import subprocess
+
+        builtins.spindle_test_child = subprocess.Popen(["sleep", "1003"])
+        builtins.spindle_test_done = subprocess.Popen(["true"])
+        builtins.spindle_test_done.wait()
+        builtins.spindle_test_exited = subprocess.Popen(["sh", "-c", "exit 5"])
+        return builtins.spindle_test_child.pid
+
+    def statuses():
+        import builtins
+
+        return [builtins.spindle_test_child.poll(), builtins.spindle_test_exited.wait()]
+
+    def stop_child():
+        import builtins
+
+        builtins.spindle_test_child.kill()
+        return builtins.spindle_test_child.wait()
+
+    invoke_python(sh1, start_child)
+    try:
+        done = sh1.run("true")
+        assert done.returncode == 0, done.stderr
+        done = sh1.run("sleep 1004 & setsid sleep 1005 & echo started")
+        assert done.stdout == b"started\n"
+        assert not running("sleep 1004") and not running("sleep 1005")
+        # Still running, and the status of the one that exited is still there to collect.
+        assert invoke_python(sh1, statuses) == [None, 5]
+    finally:
+        invoke_python(sh1, stop_child)
+
+
+def test_pipe_stages_beyond_the_workers_are_refused(sh1):
+    done = sh1.run("--pipe", "seq 1 10000000 | wc -l", timeout=HANG)
+    assert done.returncode == 2
+    assert b"2 stages" in done.stderr and b"at most 1" in done.stderr
+    assert sh1.run("seq 1 10 | wc -l").stdout.strip() == b"10", "in one function it runs"
 
 
 # -- parallel calls -----------------------------------------------------------------------------
@@ -274,11 +387,14 @@ def test_a_reader_that_stops_early_breaks_the_pipe_upstream(sh):
 
 def test_a_function_killed_mid_stream_ends_the_client_with_the_error(sh):
     started = time.monotonic()
-    done = sh.run("--timeout", "1", "echo start; sleep 30")
+    done = sh.run("--timeout", "1", "echo start; sleep 1007 & setsid sleep 1006 & sleep 1008")
     assert time.monotonic() - started < 30, "the client waited for the command"
     assert done.stdout == b"start\n"
     assert b"FunctionTimeout" in done.stderr
     assert done.returncode == 124
+    # The command's own session went with its worker.
+    for leftover in ("sleep 1007", "sleep 1006", "sleep 1008"):
+        assert wait_until(lambda: not running(leftover), deadline=HANG), f"{leftover} outlived its worker"
 
 
 def test_a_pipe_stage_killed_mid_stream_ends_the_whole_pipe(sh):
@@ -340,6 +456,30 @@ def test_a_bad_shell_payload_is_a_failed_report(sh):
         client.close()
     assert report["ok"] is False
     assert "bad shell payload" in report["error"]["message"]
+
+
+def test_a_failing_pump_still_ends_the_stream_and_the_task(sh):
+    """The stdout pump fails (its key is no queue): the task waits for its other helpers,
+    puts the stream's end marker, and reports the failure; the next task runs normally."""
+    client = spindle.Client(sh.server.address)
+    try:
+        client.create("Queue", "pump-fails-stream", [0], False)
+        client.create("Counter", "pump-fails-not-a-queue", [0], False)
+        spec = {"command": "echo out; echo err >&2", "stream": "pump-fails-stream",
+                "stdout": "pump-fails-not-a-queue"}
+        report = invoke_shell(sh, spec)
+        assert report["ok"] is False
+        items = []
+        while client.call("Queue", "pump-fails-stream", "qsize", []):
+            items.append(client.call("Queue", "pump-fails-stream", "get", []))
+        assert items[-1] is None, f"no end marker: {items}"
+        assert [2, b"err\n"] in items
+    finally:
+        client.delete("pump-fails-stream")
+        client.delete("pump-fails-not-a-queue")
+        client.close()
+    for _ in range(8):  # every worker of the pool is fine
+        assert sh.run("echo ok").stdout == b"ok\n"
 
 
 def test_unknown_runtimes_are_refused(sh):

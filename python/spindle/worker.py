@@ -223,14 +223,14 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
     }
 
 
-def run_other(runtime: str, payload: bytes, capture: Capture) -> Dict[str, Any]:
+def run_other(runtime: str, payload: bytes, options: Dict[str, Any], capture: Capture) -> Dict[str, Any]:
     """Run a task of another runtime than ``python`` (``shell``: spindle/shell.py)."""
     capture.reset_streams()
     if runtime == "shell":
         from spindle import shell  # imported on first use: Python workers start as fast
 
         try:
-            report = shell.run(payload)
+            report = shell.run(payload, options)
         except BaseException as exc:  # a bug of the runtime fails the task, not the worker
             report = {"ok": False, "result": None, "error": _error_of(exc), "duration": 0.0,
                       "peak_rss": 0}
@@ -285,7 +285,7 @@ def serve(address: str, worker_id: str) -> None:
             if runtime == "python":
                 report = run_task(request[2], capture)
             else:
-                report = run_other(runtime, request[2], capture)
+                report = run_other(runtime, request[2], options, capture)
             body = _pack([task_id, 0, report])
         elif op == "ping":
             body = _pack([task_id, 0, "pong"])

@@ -197,6 +197,11 @@ impl Client {
         Ok(existed.as_bool().unwrap_or(false))
     }
 
+    /// The server's `status` map.
+    pub(crate) fn status(&mut self) -> Result<Value, Failure> {
+        self.exchange("status", vec![], Some(TIMEOUT))
+    }
+
     /// The type of the named object `key`, if there is one (`objects` with it as prefix).
     pub(crate) fn type_of(&mut self, key: &str) -> Result<Option<String>, Failure> {
         let listing = self.exchange("objects", vec![key.into(), false.into()], Some(TIMEOUT))?;
@@ -272,23 +277,28 @@ fn open_stream(address: &str) -> Result<TcpStream, String> {
     })
 }
 
-/// A fresh random session id (16 bytes from the kernel; the pid and the clock without it).
+/// A fresh random session id (16 bytes from [`random_bytes`]).
 fn session_id() -> String {
-    let mut bytes = [0u8; 16];
-    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    match random {
-        Ok(()) => format!(
-            "spindle-cli-{}",
-            bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        ),
-        Err(_) => {
-            let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-            format!("spindle-cli-{}-{nanos}", std::process::id())
-        }
-    }
+    let hex: String = random_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    format!("spindle-cli-{hex}")
 }
 
-fn remote(error: &Value) -> Remote {
+/// 16 random bytes from the kernel; without /dev/urandom, the clock and the pid (unique
+/// enough for ids, which is all they are for).
+pub(crate) fn random_bytes() -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        bytes = (nanos ^ u128::from(std::process::id()) << 64).to_le_bytes();
+    }
+    bytes
+}
+
+/// An error reply's `[kind, message, data]`.
+pub(crate) fn remote(error: &Value) -> Remote {
     let part = |i: usize| error.as_array().and_then(|p| p.get(i)).and_then(Value::as_str);
     Remote {
         kind: part(0).unwrap_or("?").to_string(),
@@ -296,7 +306,8 @@ fn remote(error: &Value) -> Remote {
     }
 }
 
-fn field<'a>(map: &'a Value, name: &str) -> Option<&'a Value> {
+/// The value under `name` in a map (nil-free: `None` when absent or not a map).
+pub(crate) fn field<'a>(map: &'a Value, name: &str) -> Option<&'a Value> {
     map.as_map()?
         .iter()
         .find(|(k, _)| k.as_str() == Some(name))

@@ -157,8 +157,8 @@ pub(crate) struct FunctionArgs {
     #[arg(long, default_value_t = 30.0, hide = true)]
     worker_start_timeout: f64,
     /// Directory shared by every function and client for files (`spindle sh` commands run
-    /// in it), exported to workers as SPINDLE_FS [default: $SPINDLE_FS, else spindle-fs in
-    /// the temporary directory].
+    /// in it), exported to workers as SPINDLE_FS [default: $SPINDLE_FS, else this user's
+    /// spindle-fs-UID in the temporary directory, which must be this user's alone].
     #[arg(long, value_name = "DIR")]
     fs: Option<PathBuf>,
 }

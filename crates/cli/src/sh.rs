@@ -7,21 +7,18 @@
 //! withdraws the parked `get`, drains what is left without blocking, and ends with the error,
 //! so the client never waits on a dead function.
 
-use std::io::Read;
+use std::os::fd::FromRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
 use spindle_core::Value;
 
-use crate::client::{Client, Failure};
+use crate::client::{field, random_bytes, remote, Client, Failure};
+use crate::objects::streams::{stdin_ready, Chunks, PIPE_ITEMS};
 
 /// Items the output stream may hold before the function's writes wait for this client.
-const STREAM_ITEMS: u64 = 64;
-/// Items a pipe between two stages (and `--stdin`) may hold: the pipe encoding.
-const PIPE_ITEMS: u64 = 16;
-/// Largest chunk of stdin put in one item.
-const CHUNK: usize = 64 << 10;
+const STREAM_ITEMS: i64 = 64;
 
 /// Exit statuses of `spindle sh` itself (the command's own otherwise).
 const EXIT_TIMEOUT: u8 = 124;
@@ -37,7 +34,7 @@ const EXIT_USAGE: u8 = 2;
 )]
 pub(crate) struct ShArgs {
     /// Start the command and return at once; it keeps running after this process exits
-    /// and its output is dropped.
+    /// (at most 15 minutes, unless --timeout says otherwise) and its output is dropped.
     #[arg(long = "async")]
     detach: bool,
     /// Run this script file (its contents are sent); the COMMAND words are its arguments.
@@ -175,6 +172,19 @@ fn sh(args: ShArgs) -> Result<u8, Fail> {
         .unwrap_or(Value::Nil);
 
     let mut client = Client::connect(&args.address)?;
+    if commands.len() > 1 {
+        // Every stage runs at once (each reads the one before): with fewer workers than
+        // stages, the last ones would wait for a worker forever.
+        let status = client.status()?;
+        let workers = field(&status, "max_workers").and_then(Value::as_u64);
+        if let Some(workers) = workers.filter(|&w| w < commands.len() as u64) {
+            return Err(usage(&format!(
+                "--pipe runs each of the {} stages in a function of its own, all at once, but the server runs at \
+                 most {workers} (its --max-workers): drop --pipe to run the pipe in one function",
+                commands.len()
+            )));
+        }
+    }
     if args.verbose {
         eprintln!("RequestId: {request_id}");
     }
@@ -351,7 +361,7 @@ impl Run {
                 match reply {
                     Ok(item) => self.output(item)?,
                     // Withdrawn after a failure: nothing more came.
-                    Err(e) if error_kind(&e) == "Empty" => {}
+                    Err(e) if remote(&e).kind == "Empty" => {}
                     Err(e) => {
                         let message = format!("the output stream failed: {}", describe(&e));
                         self.fail(client, Fail::new(message, EXIT_FAILED))?;
@@ -490,20 +500,21 @@ fn write_all(fd: libc::c_int, mut bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// `--stdin`: a queue in the pipe encoding fed from our stdin by a thread on its own
-/// connection (blocking puts: the command's reading paces ours). Returns its key.
+/// connection (chunks cut as `pipe write` cuts them; blocking puts: the command's reading
+/// paces ours). Returns its key.
 fn forward_stdin(address: &str) -> Result<String, Fail> {
     let mut feeder = Client::connect(address)?;
     let key = format!("~{}.1", feeder.session());
     feeder.create("Queue", &key, vec![PIPE_ITEMS.into()], true, false)?;
     let queue = key.clone();
     std::thread::spawn(move || {
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = vec![0u8; CHUNK];
+        // Unbuffered fd 0: `stdin_ready` polls it, so no bytes may wait in a buffer above it.
+        // SAFETY: fd 0 stays open for the process's life; ManuallyDrop never closes it.
+        let stdin = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
+        let mut chunks = Chunks::new(&*stdin, stdin_ready);
         loop {
-            let item = match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => Value::Nil,
-                Ok(n) => Value::Binary(buf[..n].to_vec()),
-            };
+            // A read error ends the input as its end would.
+            let item = chunks.next_chunk().ok().flatten().map_or(Value::Nil, Value::Binary);
             let end = item.is_nil();
             // NotFound: the command stopped reading (or ended); so do we.
             if feeder.call_waiting("Queue", &queue, "put", vec![item], None).is_err() || end {
@@ -517,8 +528,7 @@ fn forward_stdin(address: &str) -> Result<String, Fail> {
 /// The error of a failed invocation (`[kind, message, data]`), with its exit status:
 /// 124 for a timeout, 128 + N for a worker killed by signal N, else 255.
 fn invocation_failed(error: &Value) -> Fail {
-    let kind = error_kind(error);
-    let code = match kind.as_str() {
+    let code = match remote(error).kind.as_str() {
         "FunctionTimeout" => EXIT_TIMEOUT,
         "WorkerCrashed" => error
             .as_array()
@@ -544,43 +554,15 @@ fn report_failed(report: &Value) -> Fail {
     Fail::new(format!("{}: {}", text("type"), text("message")), EXIT_FAILED)
 }
 
-fn error_kind(error: &Value) -> String {
-    error
-        .as_array()
-        .and_then(|parts| parts.first())
-        .and_then(Value::as_str)
-        .unwrap_or("?")
-        .to_string()
-}
-
+/// `KIND: message` of an error reply.
 fn describe(error: &Value) -> String {
-    let message = error
-        .as_array()
-        .and_then(|parts| parts.get(1))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    format!("{}: {message}", error_kind(error))
-}
-
-fn field<'a>(map: &'a Value, name: &str) -> Option<&'a Value> {
-    map.as_map()?
-        .iter()
-        .find(|(k, _)| k.as_str() == Some(name))
-        .map(|(_, v)| v)
+    let remote = remote(error);
+    format!("{}: {}", remote.kind, remote.message)
 }
 
 /// A random UUID (version 4) naming this run.
 fn request_id() -> String {
-    let mut b = [0u8; 16];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_err()
-    {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        b = (nanos ^ u128::from(std::process::id()) << 64).to_le_bytes();
-    }
+    let mut b = random_bytes();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();

@@ -677,12 +677,24 @@ fn a_deleted_pipe_ends_its_reader_and_a_closed_stdout_ends_it_quietly() {
     let out = wait_output(reader);
     assert_eq!(failed(&out, 1, "pipe read"), "pipe: pipe gone was closed");
 
-    // `pipe read | head -1`: the reader's reader leaves; it ends with 141, like a shell.
+    // `pipe read | head -2`: the reader's reader leaves; it ends with 141, like a shell, and
+    // closes the pipe, so its writer (blocked on the full pipe) fails instead of waiting
+    // forever (the loop only keeps a regression from hanging the test).
     let out = sh.bash(
-        "seq 1 300000 | pipe -n lines write & pipe -n lines read | head -2; echo \"${PIPESTATUS[0]}\"; pipe -n lines delete; wait",
+        "seq 1 3000000 | pipe -n lines write & writer=$!
+         pipe -n lines read | head -2; echo \"${PIPESTATUS[0]}\"
+         for i in $(seq 600); do kill -0 $writer 2>/dev/null || break; sleep 0.1; done
+         kill $writer 2>/dev/null && echo 'the writer hung'
+         wait $writer; echo \"writer $?\"",
     );
-    assert_eq!(text(&out.stdout), "1\n2\n141\n", "stderr: {}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "1\n2\n141\nwriter 1\n",
+        "stderr: {}",
+        text(&out.stderr)
+    );
     let stderr = text(&out.stderr);
+    assert!(stderr.contains("pipe lines was closed"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 

@@ -1,7 +1,7 @@
 //! Server settings (the flags of `spindle server`).
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
@@ -154,8 +154,30 @@ impl Config {
         if self.functions.token.as_deref() == Some("") {
             return Err("the token must not be empty".into());
         }
+        if self.functions.fs == private_fs() {
+            check_private_dir(&self.functions.fs)?;
+        }
         Ok(())
     }
+}
+
+/// The default shared directory must be this user's alone: another user who made it first
+/// could read the functions' files, or plant symlinks that their `>FILE` writes follow.
+fn check_private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return Ok(()); // Made with mode 0700 when the first worker starts.
+    };
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o022 != 0 {
+        return Err(format!(
+            "refusing to use {} as the shared directory: it is not a directory of this user that \
+             only this user may write; pass --fs DIR (or set SPINDLE_FS)",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `host` names only this machine (an unresolved host name counts as remote).
@@ -183,12 +205,18 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// `$SPINDLE_FS`, else `spindle-fs` in the system's temporary directory.
+/// `$SPINDLE_FS`, else this user's own `spindle-fs-UID` in the system's temporary directory.
 pub fn default_fs() -> PathBuf {
     match std::env::var_os("SPINDLE_FS").filter(|p| !p.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => std::env::temp_dir().join("spindle-fs"),
+        None => private_fs(),
     }
+}
+
+/// `spindle-fs-UID` in the system's temporary directory.
+fn private_fs() -> PathBuf {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    std::env::temp_dir().join(format!("spindle-fs-{}", unsafe { libc::getuid() }))
 }
 
 /// `$SPINDLE_PYTHON`, else the `python3` next to this executable (a virtualenv's `bin/`,
@@ -246,5 +274,21 @@ mod tests {
         config.functions.token = Some("secret".into());
         assert!(config.check().is_ok());
         assert!(Config::default().check().is_ok());
+    }
+
+    #[test]
+    fn the_default_shared_directory_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("spindle-config-test-{}", std::process::id()));
+        assert!(check_private_dir(&dir).is_ok(), "missing: made private later");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(check_private_dir(&dir).is_ok());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(check_private_dir(&dir).unwrap_err().contains("--fs"));
+        std::fs::remove_dir(&dir).unwrap();
+        std::os::unix::fs::symlink("/tmp", &dir).unwrap();
+        assert!(check_private_dir(&dir).is_err(), "a symlink planted in its place");
+        std::fs::remove_file(&dir).unwrap();
     }
 }

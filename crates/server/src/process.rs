@@ -204,9 +204,17 @@ fn kill_group(pid: u32) {
 /// The resident memory of the process and of its descendants (the commands a shell
 /// function runs, the subprocesses of a Python one): what the process costs the machine.
 /// `None` when the process is gone.
+///
+/// With descendants, pages a fork shares copy-on-write would count once per process in
+/// `VmRSS`, so the tree is summed in proportional set sizes (each shared page split among
+/// its sharers); a lone process is its `VmRSS` (cheaper to read).
 fn tree_resident_bytes(pid: u32) -> Option<u64> {
-    let mut total = resident_bytes(pid)?;
+    let rss = resident_bytes(pid)?;
     let mut todo = children(pid);
+    if todo.is_empty() {
+        return Some(rss);
+    }
+    let mut total = proportional_bytes(pid).unwrap_or(rss);
     // Bounded: a fork bomb must not stall the supervisor.
     let mut budget = 10_000;
     while let Some(child) = todo.pop() {
@@ -214,10 +222,17 @@ fn tree_resident_bytes(pid: u32) -> Option<u64> {
         if budget == 0 {
             break;
         }
-        total += resident_bytes(child).unwrap_or(0);
+        total += proportional_bytes(child).or_else(|| resident_bytes(child)).unwrap_or(0);
         todo.extend(children(child));
     }
     Some(total)
+}
+
+/// The process's proportional set size (`Pss` of /proc/PID/smaps_rollup, in kB).
+fn proportional_bytes(pid: u32) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let line = rollup.lines().find(|l| l.starts_with("Pss:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
 /// The process's children (`/proc/PID/task/*/children`).
@@ -266,7 +281,8 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep");
         assert!(children(std::process::id()).contains(&child.id()));
         let tree = tree_resident_bytes(std::process::id()).expect("our own tree");
-        assert!(tree > rss, "the child's memory counts: {tree} vs {rss}");
+        let own = proportional_bytes(std::process::id()).expect("our own smaps_rollup");
+        assert!(tree > own, "the child's memory counts: {tree} vs {own}");
         let _ = child.kill();
         let _ = child.wait();
     }

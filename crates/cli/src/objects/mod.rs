@@ -16,7 +16,7 @@ mod collections;
 mod counter;
 mod object;
 mod output;
-mod streams;
+pub(crate) mod streams;
 mod sync;
 
 use std::ffi::OsString;

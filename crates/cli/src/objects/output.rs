@@ -63,9 +63,12 @@ impl Out {
     }
 }
 
+/// The exit status of a command whose stdout was closed (128 + SIGPIPE, as a shell reports).
+pub(crate) const BROKEN_PIPE: u8 = 141;
+
 fn broken(e: io::Error) -> Exit {
     if e.kind() == ErrorKind::BrokenPipe {
-        Exit::Silent(141)
+        Exit::Silent(BROKEN_PIPE)
     } else {
         Exit::Error(format!("cannot write to stdout: {e}"))
     }

@@ -12,6 +12,7 @@ use std::os::fd::FromRawFd;
 use spindle_core::Value;
 
 use super::args::{flag, long_flag, typed, Slot};
+use super::output::BROKEN_PIPE;
 use super::{Exit, Invocation, Object, Op, Out, Outcome, Spec, DELETE};
 use crate::client::Failure;
 
@@ -141,22 +142,31 @@ fn run_pipe(inv: &Invocation, pipe: &mut Object, out: &mut Out) -> Outcome {
                 }
             }
         }
-        "read" => loop {
-            match pipe.call_waiting("get", vec![], None).map_err(|e| closed(pipe, e))? {
-                Value::Nil => return Ok(()),
-                Value::Binary(bytes) => out.raw(&bytes)?,
-                Value::String(text) => out.raw(text.as_bytes())?,
-                other => out.line(&other)?,
+        "read" => {
+            let mut copy = || loop {
+                match pipe.call_waiting("get", vec![], None).map_err(|e| closed(pipe, e))? {
+                    Value::Nil => return Ok(()),
+                    Value::Binary(bytes) => out.raw(&bytes)?,
+                    Value::String(text) => out.raw(text.as_bytes())?,
+                    other => out.line(&other)?,
+                }
+                // Whoever reads our stdout sees each chunk as it comes.
+                out.flush()?;
+            };
+            let copied = copy();
+            if matches!(copied, Err(Exit::Silent(BROKEN_PIPE))) {
+                // Our reader went away: close the pipe, so its writer fails (as a local
+                // writer gets SIGPIPE) instead of waiting forever on a full pipe.
+                let _ = pipe.delete();
             }
-            // Whoever reads our stdout sees each chunk as it comes.
-            out.flush()?;
-        },
+            copied
+        }
         other => unreachable!("pipe operation {other}"),
     }
 }
 
 /// Whether stdin has bytes (or its end) to read right now.
-fn stdin_ready() -> bool {
+pub(crate) fn stdin_ready() -> bool {
     let mut fd = libc::pollfd {
         fd: 0,
         events: libc::POLLIN,

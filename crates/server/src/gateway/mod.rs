@@ -9,6 +9,7 @@ mod pool;
 mod worker;
 
 use std::collections::VecDeque;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -79,10 +80,10 @@ impl Gateway {
             .as_deref()
     }
 
-    /// `SPINDLE_FS`, created if missing.
+    /// `SPINDLE_FS`, created (private to this user) if missing.
     pub(crate) fn fs_dir(&self) -> &Path {
         let fs = &self.config.fs;
-        if let Err(e) = std::fs::create_dir_all(fs) {
+        if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(fs) {
             tracing::warn!("cannot create the shared directory {} (--fs): {e}", fs.display());
         }
         fs
@@ -137,7 +138,7 @@ fn make_commands_dir() -> std::io::Result<PathBuf> {
         std::process::id(),
         crate::process::random_hex(6)?
     ));
-    std::fs::create_dir(&dir)?;
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     // The `spindle` binary dispatches on argv[0]; shell functions find these first on PATH.
     for name in spindle_proto::SHELL_OBJECT_COMMANDS.iter().chain(&["spindle"]) {
         std::os::unix::fs::symlink(&exe, dir.join(name))?;
@@ -326,6 +327,9 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
             }),
             Action::Kill(worker) => {
                 if let Some(proc) = gateway.procs.get(worker) {
+                    // A shell function's command runs in a session of its own, out of reach
+                    // of the kill of the worker's process group: it goes first.
+                    worker::kill_other_groups(proc.pid);
                     proc.kill();
                 }
             }
@@ -333,6 +337,10 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
     }
     shared.registry.deliver(replies);
 }
+
+/// The timeout of a `detach`ed invocation that gives none: nobody waits for its reply, so
+/// nothing else would ever stop it (AWS Lambda's longest run, too).
+const DETACHED_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 /// The options the gateway itself acts on.
 #[derive(Debug, PartialEq)]
@@ -388,6 +396,9 @@ fn parse_options(options: &Value, default_memory_mb: u64) -> Result<Options, Err
             // `label` and future keys are the worker's business.
             _ => {}
         }
+    }
+    if detach && timeout.is_none() {
+        timeout = Some(DETACHED_TIMEOUT);
     }
     Ok(Options {
         timeout,
@@ -463,6 +474,23 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::BadArguments);
         let e = parse_options(&map(vec![("memory_mb", 0.into())]), 1).unwrap_err();
         assert_eq!(e.kind, ErrorKind::ValueError);
+    }
+
+    #[test]
+    fn detached_invocations_get_a_default_timeout() {
+        let map = |entries: Vec<(&str, Value)>| Value::Map(entries.into_iter().map(|(k, v)| (k.into(), v)).collect());
+        let detached = parse_options(&map(vec![("detach", true.into())]), 1).unwrap();
+        assert_eq!(detached.timeout, Some(Duration::from_secs(900)));
+        let detached = parse_options(&map(vec![("detach", true.into()), ("timeout", Value::Nil)]), 1).unwrap();
+        assert_eq!(
+            detached.timeout,
+            Some(Duration::from_secs(900)),
+            "nil is no timeout given"
+        );
+        let given = parse_options(&map(vec![("timeout", 3.into()), ("detach", true.into())]), 1).unwrap();
+        assert_eq!(given.timeout, Some(Duration::from_secs(3)), "--timeout overrides");
+        let attached = parse_options(&map(vec![("detach", false.into())]), 1).unwrap();
+        assert_eq!(attached.timeout, None, "a caller waiting for its reply can cancel it");
     }
 
     #[test]
