@@ -47,6 +47,8 @@ bench: setup
 	$(PY) bench/santa.py
 	$(PY) bench/durability.py
 	$(PY) bench/shell.py
+	$(CARGO) build --release --locked -p spindle-loadgen
+	$(PY) bench/throughput.py
 
 clean:
 	rm -rf $(VENV) target
