@@ -118,10 +118,10 @@ def main() -> None:
          percentile(rincr, 0.99), med(incr) / med(rincr), "p50 < 5 ms", "yes" if med(incr) < 5 else "no"],
     ]
     latency_headers = ["command", "p50 (ms)", "p99 (ms)", "peer", "peer p50 (ms)", "peer p99 (ms)",
-                       "ratio (p50)", "goal", "met"]
+                       "Spindle/peer (p50)", "goal", "met"]
     parallel_rows = [[f"{PARALLEL} × `spindle sh 'echo N'`", med(par_sh), min(par_sh), max(par_sh),
                       f"{PARALLEL} × `echo N` locally", med(par_local), med(par_sh) / med(par_local)]]
-    parallel_headers = ["run by GNU parallel -j 100", "seconds (median)", "min", "max", "peer", "peer (s)", "ratio"]
+    parallel_headers = ["run by GNU parallel -j 100", "seconds (median)", "min", "max", "peer", "peer (s)", "Spindle/peer"]
     print_table(latency_headers, latency_rows)
     print_table(parallel_headers, parallel_rows)
     if args.no_docs:
@@ -136,7 +136,7 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     data = [sh, local, incr, rincr]
     labels = ["spindle sh true", "bash -c true", "counter increment", "redis-cli INCR"]
-    ax.boxplot(data, vert=False, showfliers=False)
+    ax.boxplot(data, orientation="horizontal", showfliers=False)
     ax.set_yticks(range(1, len(labels) + 1), labels)
     ax.set_xlabel("milliseconds per command, process start included")
     ax.set_title("Shell commands, end to end")
