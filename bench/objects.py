@@ -74,6 +74,23 @@ def spindle_cmd(port: int) -> list[str]:
     return [find_binary(), "server", "--port", str(port)]
 
 
+class Running:
+    """A server process started on ``port`` and waited for until it accepts connections."""
+
+    def __init__(self, cmd: list[str], port: int) -> None:
+        self.port = port
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(port, self.proc)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def redis_cmd(port: int) -> list[str]:
     redis = shutil.which("redis-server")
     if not redis:

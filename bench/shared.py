@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from objects import free_port, pct, redis_cmd, wait_for_port
+from objects import Running, free_port, pct, redis_cmd
 from report import IMG, log, machine, print_table, table, update_section
 
 import spindle
@@ -120,21 +120,6 @@ class Cell:
 
 
 # --- servers --------------------------------------------------------------------------------
-
-class Running:
-    def __init__(self, cmd: list[str], port: int) -> None:
-        self.port = port
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(port, self.proc)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
 
 def start_spindle(hosts: int) -> Running:
     binary = find_binary()

@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from objects import free_port, redis_cmd, wait_for_port
+from objects import Running, free_port, redis_cmd
 from report import IMG, ROOT, log, machine, print_table, table, update_section
 
 import spindle
@@ -79,21 +79,6 @@ def loadgen_binary() -> str:
     elif not path.exists():
         sys.exit("error: cargo not found and target/release/spindle-loadgen missing")
     return str(path)
-
-
-class Running:
-    def __init__(self, cmd: list[str], port: int) -> None:
-        self.port = port
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(port, self.proc)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def prepare(ports: dict[str, int]) -> None:

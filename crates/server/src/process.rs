@@ -236,7 +236,7 @@ fn proportional_bytes(pid: u32) -> Option<u64> {
 }
 
 /// The process's children (`/proc/PID/task/*/children`).
-fn children(pid: u32) -> Vec<u32> {
+pub(crate) fn children(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };

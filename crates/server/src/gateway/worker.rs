@@ -132,7 +132,7 @@ async fn supervise(shared: Arc<Shared>, id: WorkerId, mut child: Child, proc: Ar
 /// worker's group would miss them, and once the worker is dead they are out of its tree.
 pub(crate) fn kill_other_groups(worker: u32) {
     let Ok(own) = i32::try_from(worker) else { return };
-    let mut todo = children(worker);
+    let mut todo = crate::process::children(worker);
     // Bounded: a fork bomb must not stall the gateway.
     let mut budget = 10_000;
     while let Some(pid) = todo.pop() {
@@ -140,7 +140,7 @@ pub(crate) fn kill_other_groups(worker: u32) {
         if budget == 0 {
             break;
         }
-        todo.extend(children(pid));
+        todo.extend(crate::process::children(pid));
         let Ok(pid) = i32::try_from(pid) else { continue };
         // SAFETY: getpgid(2) and kill(2) take plain integers and touch no memory of ours.
         unsafe {
@@ -151,18 +151,4 @@ pub(crate) fn kill_other_groups(worker: u32) {
             }
         }
     }
-}
-
-/// The process's children (`/proc/PID/task/*/children`).
-fn children(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for task in tasks.flatten() {
-        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-        }
-    }
-    out
 }
