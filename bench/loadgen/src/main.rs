@@ -69,6 +69,9 @@ struct Args {
     /// Seed of the key choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Spindle: create the built-in objects persistent (the server needs --data-dir).
+    #[arg(long)]
+    persistent: bool,
     /// Key names are `<prefix><i>` for i in 0..keys (default: `incr-`, `mul-` or `num-` by op).
     #[arg(long)]
     key_prefix: Option<String>,
@@ -372,7 +375,7 @@ async fn spindle_setup(args: &Args, address: &str, keys: &[String], session: &st
                         Value::from(key.as_str()),
                         ctor.clone(),
                         Value::from(false),
-                        Value::from(false),
+                        Value::from(args.persistent),
                     ],
                 ));
             }

@@ -30,8 +30,13 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    fn start_with(args: &[&str]) -> Server {
         let mut child = Command::new(spindle_binary())
             .args(["server", "--port", "0"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -66,6 +71,40 @@ fn field(json: &str, name: &str) -> u64 {
         .next()
         .and_then(|d| d.parse().ok())
         .unwrap_or_else(|| panic!("{name} is not an integer in {json}"))
+}
+
+#[test]
+fn persistent_objects_are_made_persistent() {
+    let dir = std::env::temp_dir().join(format!("spindle-loadgen-test-{}", std::process::id()));
+    let server = Server::start_with(&["--data-dir", dir.to_str().expect("a UTF-8 path")]);
+    let out = Command::new(LOADGEN)
+        .args([
+            "--target",
+            "spindle",
+            "--address",
+            &server.address,
+            "--op",
+            "incr",
+            "--persistent",
+        ])
+        .args(["--connections", "2", "--keys", "3", "--seconds", "0.3", "--warmup", "0"])
+        .output()
+        .expect("run spindle-loadgen");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(field(&stdout, "errors"), 0, "{stdout}");
+    let listed = Command::new(spindle_binary())
+        .args(["objects", "--persistent", "--address", &server.address])
+        .output()
+        .expect("run spindle objects");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(listed.lines().filter(|l| l.contains("Counter")).count(), 3, "{listed}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
