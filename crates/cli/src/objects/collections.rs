@@ -37,14 +37,18 @@ macro_rules! map_ops {
     };
 }
 
+/// `-1` and `-2`, as every collection takes them.
+const FIRST_ARG: super::args::Flag = flag(
+    Slot::One,
+    "-1",
+    "ARG",
+    "the operation's first argument (repeat it for a list)",
+);
+const SECOND_ARG: super::args::Flag = flag(Slot::Two, "-2", "ARG", "its second argument");
+
 const MAP_FLAGS: &[super::args::Flag] = &[
-    flag(
-        Slot::One,
-        "-1",
-        "ARG",
-        "the operation's first argument (repeat it for a list)",
-    ),
-    flag(Slot::Two, "-2", "ARG", "its second argument"),
+    FIRST_ARG,
+    SECOND_ARG,
     flag(Slot::Three, "-3", "OP", "its third argument"),
     // CRUCIAL's containsKey took its key as -a.
     flag(Slot::One, "-a", "KEY", ""),
@@ -248,15 +252,7 @@ pub(crate) static LIST: Spec = Spec {
         },
         DELETE,
     ],
-    flags: &[
-        flag(
-            Slot::One,
-            "-1",
-            "ARG",
-            "the operation's first argument (repeat it for a list)",
-        ),
-        flag(Slot::Two, "-2", "ARG", "its second argument"),
-    ],
+    flags: &[FIRST_ARG, SECOND_ARG],
     notes: "Example: list -n urls add -1 a -1 b; for u in $(list -n urls list); do ...; done",
     run: run_list,
 };
