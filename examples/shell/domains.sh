@@ -16,4 +16,5 @@ while read -r l; do
     | awk '{ printf \"-1 %s=%s \", \$2, \$1 }' | xargs treemap -n ${TREE} mergeAll -2 sum" &
 done < "${CORPUS}/index"
 wait
-treemap -n "${TREE}" entrySet | awk -F= '{ print $2, $1 }' | LC_ALL=C sort -k1,1nr -k2,2 | head -n "${TOP}"
+treemap -n "${TREE}" entrySet | awk -F= '{ print $2, $1 }' | LC_ALL=C sort -k1,1nr -k2,2 \
+  | sed -n "1,${TOP}p"   # reads to the end: head would leave sort to die of SIGPIPE under pipefail
