@@ -34,21 +34,27 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
-# Benchmarks run beside the real peers: redis-server and GNU parallel from Debian's packages; Ray, Lithops and
-# PySpark (Java 17) from requirements-bench.lock, never part of `make test`.
-bench: setup
-	command -v redis-server >/dev/null && command -v parallel >/dev/null \
-		|| { apt-get update -qq && apt-get install -y -qq redis-server parallel; }
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-bench.lock
-	$(PY) bench/objects.py
-	$(PY) bench/shared.py
-	$(PY) bench/functions.py
-	$(PY) bench/ml.py
-	$(PY) bench/santa.py
-	$(PY) bench/durability.py
-	$(PY) bench/shell.py
+# Benchmarks run beside the real peers: redis-server, zookeeper and GNU parallel from Debian's packages; Ray,
+# Lithops, PySpark (Java 17) and kazoo from requirements-bench.lock, in their own virtual environment so that they
+# never enter the product's. `make bench QUICK=1` is a smoke check (small sizes, report in target/bench-quick/).
+BENCH_VENV := .venv-bench
+BPY := $(BENCH_VENV)/bin/python
+BENCHES := objects latency throughput shared sync functions scaling ml santa durability shell
+export QUICK
+
+$(BENCH_VENV)/.installed: requirements.lock requirements-bench.lock python/pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-bench.lock
+	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e python
+	touch $@
+
+bench: setup $(BENCH_VENV)/.installed
+	command -v redis-server >/dev/null && command -v parallel >/dev/null && test -f /usr/share/java/zookeeper.jar && command -v java >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq redis-server parallel zookeeper; }
 	$(CARGO) build --release --locked -p spindle-loadgen
-	$(PY) bench/throughput.py
+	install -m 755 target/release/spindle $(BENCH_VENV)/bin/spindle
+	set -e; for b in $(BENCHES); do SECONDS=0; $(BPY) bench/$$b.py; echo "bench/$$b.py: $${SECONDS} s" >&2; done
+	$(BPY) bench/summary.py
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) $(BENCH_VENV) target

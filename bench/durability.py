@@ -27,19 +27,17 @@ Throughput figures are medians over rounds (min and max beside them); the config
 take turns in each round, so the machine's slow spells hit all alike. Prints tables, writes
 the ``durability`` section of ``docs/benchmarks.md`` and plots under ``docs/img/``.
 
-Usage: ``python bench/durability.py [--quick] [--only throughput|ycsb|recovery] [--no-docs]``
-(``QUICK=1`` in the environment is ``--quick``: tiny sizes, under a minute).
+Usage: ``python bench/durability.py [--only throughput|ycsb|recovery] [--no-docs]``
+(``QUICK=1`` in the environment: tiny sizes, under a minute).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import multiprocessing as mp
 import os
 import re
 import shlex
-import shutil
 import signal
 import statistics
 import subprocess
@@ -52,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 from objects import free_port, redis_cmd
-from report import IMG, log, machine, print_table, table, update_section
+from report import IMG, QUICK, Claim, log, machine, print_table, redis_version, summarize, table, update_section
 
 import spindle
 from spindle.embedded import find_binary
@@ -78,13 +76,13 @@ class Sizes:
     restarts: int  # recovery: restarts (median over them)
 
 
-# Full mode fits in about 8 minutes on 2 cores: throughput 7 configurations x 2 workloads x
-# 3 rounds x 2 s; YCSB 2 loads of 1M records, then 4 workloads x 4 configurations x 3 rounds
+# Full mode fits in about 7 minutes on 2 cores: throughput 7 configurations x 2 workloads x
+# 3 rounds x 2 s; YCSB 2 loads of 1M records, then 4 workloads x 4 configurations x 2 rounds
 # x 3 s; recovery 1M counters and 3 restarts of each server.
-FULL = Sizes(rounds=3, seconds=2.0, records=1_000_000, ycsb_rounds=3, ycsb_seconds=3.0,
+FULL_SIZES = Sizes(rounds=3, seconds=2.0, records=1_000_000, ycsb_rounds=2, ycsb_seconds=3.0,
              objects=1_000_000, restarts=3)
-QUICK = Sizes(rounds=2, seconds=0.4, records=10_000, ycsb_rounds=1, ycsb_seconds=0.5,
-              objects=20_000, restarts=3)
+QUICK_SIZES = Sizes(rounds=1, seconds=0.4, records=5_000, ycsb_rounds=1, ycsb_seconds=0.4,
+                    objects=10_000, restarts=2)
 
 
 # --- servers ------------------------------------------------------------------------------------
@@ -701,12 +699,9 @@ def plot_ycsb(result: dict, img: Path) -> str:
 
 
 def versions() -> str:
-    redis = subprocess.run([shutil.which("redis-server") or "redis-server", "--version"],
-                           capture_output=True, text=True, check=False).stdout.split()
-    redis_v = next((w[2:] for w in redis if w.startswith("v=")), "?")
     spindle_v = subprocess.run([find_binary(), "--version"], capture_output=True, text=True,
                                check=False).stdout.strip()
-    return f"Redis {redis_v}, {spindle_v} (release build)"
+    return f"{redis_version()}, {spindle_v} (release build)"
 
 
 def rounds(n: int) -> str:
@@ -718,13 +713,12 @@ def write_docs(args, sizes: Sizes, results: dict, tables: dict, images: list[str
     lines = [
         "## Durability (`bench/durability.py`)",
         "",
-        (f"Machine: {machine()}. {versions()}; "
-         f"{datetime.date.today().isoformat()}. Data directories on `{fs}` (`{TMP}`). Both servers "
+        (f"Machine: {machine()}. {versions()}. Data directories on `{fs}` (`{TMP}`). Both servers "
          f"driven from Python ({args.clients} client processes, one connection each: the Spindle SDK and "
          "redis-py, one call per round trip); Redis with `appendonly yes` and no RDB snapshots "
          "(its default AOF rewrite on). The configurations take turns in each round, so the "
          "machine's slow spells hit all alike; figures are medians over the rounds, min and max beside."
-         + (" **QUICK run: tiny sizes, noisy figures.**" if args.quick else "")),
+         + (" **QUICK run: tiny sizes, noisy figures.**" if QUICK else "")),
         "",
     ]
     if "throughput" in tables:
@@ -795,16 +789,14 @@ PARTS = ("throughput", "ycsb", "recovery")
 def main() -> None:
     global TMP
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Full mode takes about 8 minutes on 2 cores; --quick under one.")
-    ap.add_argument("--quick", action="store_true", default=os.environ.get("QUICK", "") not in ("", "0"),
-                    help="tiny sizes (also QUICK=1 in the environment)")
+                                 epilog="Full mode takes about 7 minutes on 2 cores; QUICK=1 under one.")
     ap.add_argument("--only", choices=PARTS, help="run one part only (prints; does not write the docs)")
     ap.add_argument("--clients", type=int, default=CLIENTS, help="concurrent client processes")
     ap.add_argument("--recovery-flags", default="",
                     help="more spindle server flags for the recovery part (added to RECOVERY_FLAGS)")
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
     args = ap.parse_args()
-    sizes = QUICK if args.quick else FULL
+    sizes = QUICK_SIZES if QUICK else FULL_SIZES
     parts = [args.only] if args.only else list(PARTS)
     extra = RECOVERY_FLAGS + shlex.split(args.recovery_flags)
 
@@ -839,6 +831,31 @@ def main() -> None:
     images = [plot_throughput(results["throughput"], IMG), plot_ycsb(results["ycsb"], IMG)]
     TMP = Path(tempfile.gettempdir())  # where they were: the parent of the deleted directory
     write_docs(args, sizes, results, tables, images)
+    summarize("durability", claims(results, sizes.records, sizes.objects))
+
+
+def claims(results: dict, records: int, objects: int) -> list[Claim]:
+    """The summary's lines: --fsync always against ephemeral and against Redis' AOF, YCSB A, and
+    recovery."""
+    med = {k: statistics.median(v) for k, v in results["throughput"].items()}
+    out = []
+    for workload in ("increment", "1 KB write"):
+        always, eph = med[(workload, SPINDLE_ALWAYS.label)], med[(workload, SPINDLE_EPHEMERAL.label)]
+        out.append(Claim(f"{workload}s, --fsync always vs ephemeral", f"{always:,.0f} ops/s",
+                         f"Spindle ephemeral {eph:,.0f} ops/s", always / eph, "≥ 0.5", always / eph >= 0.5))
+        ms, mr = always, med[(workload, REDIS_ALWAYS.label)]
+        out.append(Claim(f"{workload}s, --fsync always vs Redis appendfsync always", f"{ms:,.0f} ops/s",
+                         f"Redis {mr:,.0f} ops/s", ms / mr, "≥ 1.0", ms >= mr))
+    runs = results["ycsb"]["runs"]
+    ms, mr = statistics.median(runs[("A", SPINDLE_ALWAYS.label)]), statistics.median(runs[("A", REDIS_ALWAYS.label)])
+    out.append(Claim(f"YCSB A, {records:,} records, fsync always", f"{ms:,.0f} ops/s", f"Redis {mr:,.0f} ops/s",
+                     ms / mr, "≥ 1.0", ms >= mr))
+    rec = results["recovery"]
+    spindle_key = next(k for k in rec if k.startswith("Spindle"))
+    ms, mr = statistics.median(rec[spindle_key]["start"]), statistics.median(rec[REDIS_EVERYSEC.label]["start"])
+    out.append(Claim(f"recovery of {objects:,} persistent objects, spawn to first answer", f"{ms * 1000:,.0f} ms",
+                     f"Redis {mr * 1000:,.0f} ms", mr / ms, "< 5,000 ms", ms < 5.0))
+    return out
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import IMG, ROOT, log, machine, print_table, table, update_section
+from report import IMG, QUICK, ROOT, Claim, log, machine, package_version, print_table, summarize, table, update_section
 
 sys.path.insert(0, str(ROOT / "examples"))
 import kmeans  # noqa: E402  (the examples' data generation and steps)
@@ -152,15 +152,15 @@ def time_to(losses: list[float], times: list[float], target: float, rel: float =
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=int, default=500_000)
+    ap.add_argument("--points", type=int, default=20_000 if QUICK else 500_000)
     ap.add_argument("--dims", type=int, default=50)
     ap.add_argument("-k", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=10, help="k-means iterations")
-    ap.add_argument("--rounds", type=int, default=3, help="k-means runs of each kind (median)")
-    ap.add_argument("--epochs", type=int, default=100, help="Spindle's gradient-descent epochs")
-    ap.add_argument("--spark-epochs", type=int, default=20, help="PySpark RDD GD epochs")
-    ap.add_argument("--lbfgs-iterations", type=int, default=20)
+    ap.add_argument("--iterations", type=int, default=5 if QUICK else 10, help="k-means iterations")
+    ap.add_argument("--rounds", type=int, default=1 if QUICK else 3, help="k-means runs of each kind (median)")
+    ap.add_argument("--epochs", type=int, default=50 if QUICK else 100, help="Spindle's gradient-descent epochs")
+    ap.add_argument("--spark-epochs", type=int, default=10 if QUICK else 20, help="PySpark RDD GD epochs")
+    ap.add_argument("--lbfgs-iterations", type=int, default=10 if QUICK else 20)
     ap.add_argument("--rate", type=float, default=2.0)
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--no-docs", action="store_true")
@@ -238,7 +238,7 @@ def main() -> None:
     lines = [
         "## k-means and logistic regression vs PySpark (`bench/ml.py`)",
         "",
-        f"Machine: {machine()}. PySpark {version('pyspark')} on `local[{args.threads}]` "
+        f"Machine: {machine()}. PySpark {package_version('pyspark')} on `local[{args.threads}]` "
         f"(Java 17), Spindle with {args.threads} cloud threads, one NumPy process on one core "
         "(`threadpoolctl` limits BLAS to one thread for it and for each cloud thread). "
         f"Generated data: {args.points:,} points x {args.dims} dims, k = {args.k} (k-means: "
@@ -263,13 +263,19 @@ def main() -> None:
         *[f"![{Path(i).stem}]({i})" for i in images],
     ]
     update_section("ml", "\n".join(lines))
-
-
-def version(module: str) -> str:
-    try:
-        return __import__(module).__version__
-    except Exception:
-        return "(not installed)"
+    claims = [Claim(f"k-means iteration, {args.threads} cloud threads, parallel efficiency vs one NumPy process",
+                    f"{s_it:.3f} s (efficiency {efficiency:.2f})", f"NumPy {n_it:.3f} s", n_it / s_it,
+                    "efficiency ≥ 0.75", efficiency >= 0.75)]
+    if km_spark:
+        spark_it = km_spark["per_iteration"]
+        claims.append(Claim(f"k-means iteration, {args.points:,} x {args.dims}, k = {args.k}", f"{s_it:.3f} s",
+                            f"PySpark MLlib {spark_it:.3f} s", spark_it / s_it, "≥ 3.0", spark_it / s_it >= 3.0))
+    for label, target, peer, mine, speedup in lr_rows[1:]:  # the PySpark rows
+        reached = isinstance(speedup, float)
+        claims.append(Claim(f"logistic regression to {label}'s loss {target:.3f}",
+                            f"{mine:.2f} s" if reached else "not reached", f"{label} {peer:.2f} s",
+                            speedup if reached else 0.0, "≥ 2.0", reached and speedup >= 2.0))
+    summarize("ml", claims)
 
 
 def plot(km_rows, lr_spindle, lr_numpy, lr_gd, lr_mllib) -> list[str]:

@@ -1,22 +1,36 @@
-"""Shared by the benchmarks: logging, the machine's description, tables, and
-``docs/benchmarks.md``, where each benchmark owns one section between markers
-(``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->``) and rewrites only that one."""
+"""Shared by the benchmarks: logging, the machine's description, peer versions, tables, the
+one-screen summary, and ``docs/benchmarks.md``, where each benchmark owns one section between
+markers (``<!-- bench:NAME -->`` ... ``<!-- /bench:NAME -->``) and rewrites only that one.
+
+``QUICK=1`` in the environment makes every benchmark a smoke check: small sizes, and its
+report goes to ``target/bench-quick/`` so that the published one is never overwritten by
+noisy figures.
+"""
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs"
+QUICK = os.environ.get("QUICK", "") not in ("", "0")
+DOCS = ROOT / "target" / "bench-quick" if QUICK else ROOT / "docs"
 IMG = DOCS / "img"
+SUMMARY = DOCS / "benchmarks-summary.json"
 HEADER = """# Benchmarks
 
 Every figure is measured side by side with the real peer in one run on one machine,
-and reported as a ratio. Regenerate with `make bench` (it installs `redis-server` and the
-pinned peers of `requirements-bench.lock`); each script rewrites only its own section.
+and reported as a ratio. Regenerate with `make bench` (it installs `redis-server`,
+`zookeeper` and the pinned peers of `requirements-bench.lock`); each `bench/*.py` rewrites
+only its own section, and the summary below is rebuilt from every section's results.
 """
 
 
@@ -25,9 +39,27 @@ def log(msg: str) -> None:
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
-    return f"{os.cpu_count()} cores, {cpu}"
+    """Cores, memory and CPU of this machine, and today's date: the first words of every table."""
+    info = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "unknown CPU")
+    mem_kib = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                    if line.startswith("MemTotal:")), 0)
+    return f"{os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB, {cpu}; {datetime.date.today().isoformat()}"
+
+
+def redis_version() -> str:
+    """`Redis 7.0.15`, from the redis-server on PATH."""
+    out = subprocess.run([shutil.which("redis-server") or "redis-server", "--version"],
+                         capture_output=True, text=True).stdout.split()
+    return "Redis " + next((w[2:] for w in out if w.startswith("v=")), "?")
+
+
+def package_version(name: str) -> str:
+    """The installed version of a Python package (a peer from requirements-bench.lock)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def table(headers: list[str], rows: list[list]) -> list[str]:
@@ -47,8 +79,63 @@ def print_table(headers: list[str], rows: list[list]) -> None:
     print("\n".join(table(headers, rows)), flush=True)
 
 
+@dataclass
+class Claim:
+    """One line of the summary: an experiment's figure for Spindle and for the peer, their
+    ratio (oriented so that above 1 means Spindle is better), the goal and whether it is met."""
+    experiment: str
+    spindle: str
+    peer: str
+    ratio: float
+    goal: str
+    met: bool | None  # None: no goal, reported for context
+
+
+SUMMARY_HEADERS = ["experiment", "spindle", "peer", "ratio", "goal", "met"]
+
+
+def summary_rows() -> list[list]:
+    """The summary, from every benchmark's claims, in the order of their sections."""
+    results = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+    doc = (DOCS / "benchmarks.md").read_text() if (DOCS / "benchmarks.md").exists() else ""
+
+    def position(bench: str) -> int:
+        at = doc.find(f"<!-- bench:{bench} -->")
+        return at if at >= 0 else len(doc)
+
+    rows = []
+    for bench in sorted(results, key=position):
+        claims = results[bench]
+        for c in claims:
+            met = {True: "yes", False: "**no**", None: "-"}[c["met"]]
+            rows.append([f"{c['experiment']} ({bench})", c["spindle"], c["peer"], f"{c['ratio']:.2f}x",
+                         c["goal"], met])
+    return rows
+
+
+def summarize(bench: str, claims: list[Claim]) -> None:
+    """Record ``bench``'s claims and rebuild the summary at the top of docs/benchmarks.md."""
+    results = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+    results[bench] = [asdict(c) for c in claims]
+    SUMMARY.parent.mkdir(parents=True, exist_ok=True)
+    SUMMARY.write_text(json.dumps(results, indent=1) + "\n")
+    rows = summary_rows()
+    met = sum(r[-1] == "yes" for r in rows)
+    goals = sum(r[-1] != "-" for r in rows)
+    update_section("summary", "\n".join([
+        "## Summary",
+        "",
+        f"{machine()}. Each row links to its section below, which gives the peer's settings, the "
+        f"spread over runs and, where a goal is missed, why. Ratios above 1 favour Spindle. "
+        f"Goals met: {met} of {goals}.",
+        "",
+        *table(SUMMARY_HEADERS, rows),
+    ]))
+
+
 def update_section(name: str, body: str) -> None:
-    """Replace (or append) the section of docs/benchmarks.md owned by bench `name`."""
+    """Replace (or add) the section of docs/benchmarks.md owned by bench `name` (the
+    summary goes first, the others in the order they first ran)."""
     path = DOCS / "benchmarks.md"
     text = path.read_text() if path.exists() else HEADER
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
@@ -56,7 +143,11 @@ def update_section(name: str, body: str) -> None:
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
+    elif name == "summary" and "<!-- bench:" in text:
+        first = text.index("<!-- bench:")
+        text = text[:first] + block + "\n\n" + text[first:]
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     log(f"updated the {name!r} section of {path}")

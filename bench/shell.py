@@ -13,13 +13,12 @@ invocations, start-up included):
   each a process start plus one round trip, p50 and p99.
 
 Prints the tables, writes the ``shell`` section of ``docs/benchmarks.md`` and a plot under
-``docs/img/``. Usage: ``python bench/shell.py [--quick] [--no-docs]`` (``QUICK=1``: fewer runs).
+``docs/img/``. Usage: ``python bench/shell.py [--no-docs]`` (``QUICK=1``: fewer runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shutil
 import statistics
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 
 from objects import free_port, redis_cmd, wait_for_port
-from report import IMG, log, machine, print_table, table, update_section
+from report import IMG, QUICK, Claim, log, machine, print_table, redis_version, summarize, table, update_section
 
 from spindle.embedded import find_binary
 
@@ -73,11 +72,9 @@ def parallel_seconds(command: str, env: dict, rounds: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", default=os.environ.get("QUICK", "") not in ("", "0"),
-                    help="fewer runs (a smoke check)")
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
     args = ap.parse_args()
-    runs, rounds = (40, 1) if args.quick else (300, 5)
+    runs, rounds = (40, 1) if QUICK else (300, 5)
     for tool in ("parallel", "redis-cli"):
         if not shutil.which(tool):
             sys.exit(f"error: {tool} not found; `make bench` installs it (apt-get install parallel redis-server)")
@@ -144,14 +141,11 @@ def main() -> None:
     fig.savefig(IMG / "shell_latency.png", dpi=110)
     plt.close(fig)
 
-    versions = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
-    redis_version = next((v.split("=")[1] for v in versions if v.startswith("v=")), "?")
     parallel_version = subprocess.run(["parallel", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     body = "\n".join([
         "## The serverless shell (`bench/shell.py`)",
         "",
-        f"Machine: {machine()}. Redis {redis_version}, {parallel_version}, spindle (release build); "
-        f"{datetime.date.today()}. Every figure is whole commands run from Python one after another "
+        f"Machine: {machine()}. {redis_version()}, {parallel_version}, spindle (release build). Every figure is whole commands run from Python one after another "
         f"({runs} runs after 5 warm-ups), the process start included, as at a terminal. "
         f"`spindle sh` runs the command in a warm worker of a local server (`--max-workers {PARALLEL}`) "
         "and streams its output back through the state tier.",
@@ -168,6 +162,14 @@ def main() -> None:
         "![shell_latency](img/shell_latency.png)",
     ])
     update_section("shell", body)
+    summarize("shell", [
+        Claim("`spindle sh true`, warm, p50", f"{med(sh):.1f} ms", f"`bash -c true` locally {med(local):.1f} ms",
+              med(local) / med(sh), "p50 < 20 ms", med(sh) < 20),
+        Claim("`counter increment` command, p50", f"{med(incr):.1f} ms", f"`redis-cli INCR` {med(rincr):.1f} ms",
+              med(rincr) / med(incr), "p50 < 5 ms", med(incr) < 5),
+        Claim(f"{PARALLEL} parallel `spindle sh` by GNU parallel", f"{med(par_sh):.2f} s",
+              f"local processes {med(par_local):.2f} s", med(par_local) / med(par_sh), "-", None),
+    ])
     log("wrote docs/benchmarks.md (shell section) and docs/img/shell_latency.png")
 
 

@@ -18,14 +18,13 @@ Operations, the same value semantics on both sides (a float64 multiplied by 1.00
 The (operation, system) runs take turns over several rounds; the table gives the median
 ops/s with the min-max over rounds and the Spindle/Redis ratio beside the issue's goal.
 Writes the ``throughput`` section of ``docs/benchmarks.md`` and ``docs/img/throughput.png``.
-Usage: ``python bench/throughput.py [--quick] [--no-docs] [--seconds S] [--rounds R]``
-(``QUICK=1`` is ``--quick``: a few seconds per run).
+Usage: ``python bench/throughput.py [--no-docs] [--seconds S] [--rounds R]`` (``QUICK=1``: a
+few seconds per run).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ import sys
 from pathlib import Path
 
 from objects import Running, free_port, redis_cmd
-from report import IMG, ROOT, log, machine, print_table, table, update_section
+from report import IMG, QUICK, ROOT, Claim, log, machine, print_table, redis_version, summarize, table, update_section
 
 import spindle
 from spindle.embedded import find_binary
@@ -174,20 +173,19 @@ def plot(med: dict, lo: dict, hi: dict, ops: list[str], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", default=os.environ.get("QUICK") == "1",
-                    help="a few seconds per run (also QUICK=1)")
-    ap.add_argument("--seconds", type=float, help="measured seconds per run (default 30, quick 2)")
+    ap.add_argument("--seconds", type=float, help="measured seconds per run (default 10: 30 s over the rounds; "
+                    "quick 1.5)")
     ap.add_argument("--warmup", type=float, help="warm-up seconds per run (default 2, quick 0.5)")
-    ap.add_argument("--rounds", type=int, help="rounds; the systems take turns (default 3, quick 2)")
+    ap.add_argument("--rounds", type=int, help="rounds; the systems take turns (default 3, quick 1)")
     ap.add_argument("--connections", type=int, default=200)
     ap.add_argument("--pipeline", type=int, default=1, help="requests in flight per connection, both systems")
     ap.add_argument("--hosts", type=int, default=os.cpu_count() or 1, help="--object-hosts (default: cores)")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
     args = ap.parse_args()
-    args.seconds = args.seconds or (2.0 if args.quick else 30.0)
-    args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 2.0)
-    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.seconds = args.seconds or (1.5 if QUICK else 10.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.5 if QUICK else 2.0)
+    args.rounds = args.rounds or (1 if QUICK else 3)
     ops = [op for op in args.ops.split(",") if op]
     if any(op not in OPS for op in ops):
         sys.exit(f"error: --ops takes {','.join(OPS)}")
@@ -227,11 +225,14 @@ def main() -> None:
     p99 = {k: statistics.median(x["p99_us"] for x in v) for k, v in runs.items()}
     headers = ["operation", "spindle ops/s (min-max)", "redis ops/s (min-max)", "spindle/redis",
                "goal", "met", "p50 µs s/r", "p99 µs s/r"]
-    rows = []
+    rows, claims = [], []
     for op in ops:
         s, rd = (op, "spindle"), (op, "redis")
         ratio = med[s] / med[rd]
         goal = GOAL_VALUES.get(op)
+        claims.append(Claim(f"{op} throughput, {args.connections} connections, {KEYS} objects", f"{med[s]:,.0f} ops/s",
+                            f"Redis {med[rd]:,.0f} ops/s", ratio, GOALS[op] if goal else "-",
+                            None if goal is None else ratio >= goal))
         rows.append([op, f"{med[s]:,.0f} ({lo[s]:,.0f}-{hi[s]:,.0f})", f"{med[rd]:,.0f} ({lo[rd]:,.0f}-{hi[rd]:,.0f})",
                      f"{ratio:.2f}", GOALS[op], "-" if goal is None else ("yes" if ratio >= goal else "**no**"),
                      f"{p50[s]:,.0f} / {p50[rd]:,.0f}", f"{p99[s]:,.0f} / {p99[rd]:,.0f}"])
@@ -243,10 +244,10 @@ def main() -> None:
         return
     plot(med, lo, hi, ops, IMG / "throughput.png")
     write_docs(args, ops, headers, rows, med, costs)
+    summarize("throughput", claims)
 
 
 def write_docs(args, ops, headers, rows, med, costs) -> None:
-    redis_v = version([shutil.which("redis-server") or "redis-server", "--version"])
     spindle_v = version([find_binary(), "--version"])
     how = ["| operation | Spindle | Redis |", "|---|---|---|"]
     how += [f"| {op} | {HOW[op][0]} | {HOW[op][1]} |" for op in ops]
@@ -254,13 +255,14 @@ def write_docs(args, ops, headers, rows, med, costs) -> None:
     lines = [
         "## Throughput vs Redis, seed Figure 3 (`bench/throughput.py`)",
         "",
-        f"Machine: {machine()}. {datetime.date.today().isoformat()}. {redis_v.split(' sha=')[0]} "
+        f"Machine: {machine()}. {redis_version()} "
         f"(no persistence, otherwise its defaults); {spindle_v or 'spindle'} release build with "
         f"`--object-hosts {args.hosts}`. Both driven by the same Rust load generator "
         "(`bench/loadgen`, `spindle-loadgen`) on the same machine: "
         f"{args.connections} connections, {args.pipeline} request(s) in flight per connection, "
         f"{KEYS} objects chosen uniformly at random (seeded), {args.seconds:g} s measured after "
-        f"{args.warmup:g} s of warm-up, {args.rounds} rounds in which the systems take turns; "
+        f"{args.warmup:g} s of warm-up, {args.rounds} rounds in which the systems take turns "
+        f"({args.seconds * args.rounds:g} s per system and operation in all; the seed ran 30 s); "
         "median ops/s with the min-max over rounds, latencies are medians over rounds of the "
         "per-run p50 and p99 (Spindle / Redis).",
         "",

@@ -34,6 +34,11 @@ enum Op {
     /// `--steps` sequential multiplications by `--factor`. Spindle: method `--method` of the
     /// user-defined type `--py-type` (created beforehand); Redis: a Lua script (`EVALSHA`).
     Complex,
+    /// Write a `--value-size` byte value. Spindle: `Blob.set(value)`; Redis: `SET key value`.
+    Put,
+    /// Read a `--value-size` byte value (written at setup). Spindle: `Blob.get()`; Redis:
+    /// `GET key`.
+    Get,
 }
 
 #[derive(Parser, Debug, Clone)]
@@ -72,7 +77,7 @@ struct Args {
     /// Spindle: create the built-in objects persistent (the server needs --data-dir).
     #[arg(long)]
     persistent: bool,
-    /// Key names are `<prefix><i>` for i in 0..keys (default: `incr-`, `mul-` or `num-` by op).
+    /// Key names are `<prefix><i>` for i in 0..keys (default: `incr-`, `mul-`, `num-` or `blob-`).
     #[arg(long)]
     key_prefix: Option<String>,
     /// The factor of `multiply` and `complex`.
@@ -87,6 +92,14 @@ struct Args {
     /// Spindle `complex`: the method, called as `method(steps, factor)`.
     #[arg(long, default_value = "spin")]
     method: String,
+    /// Bytes of each value of `put` and `get`.
+    #[arg(long, default_value_t = 1024)]
+    value_size: usize,
+}
+
+/// The value `put` writes and `get` reads: `--value-size` bytes.
+fn value_bytes(args: &Args) -> Vec<u8> {
+    (0..args.value_size).map(|i| b'a' + (i % 26) as u8).collect()
 }
 
 /// `multiply` on Redis: GET, one multiplication, SET (as `Array.scale`, no result).
@@ -319,6 +332,16 @@ fn spindle_call(args: &Args) -> SpindleCall {
                 Value::Map(vec![]),
             ]),
         },
+        Op::Put => SpindleCall {
+            type_name: "Blob".into(),
+            method: "set".into(),
+            args: Value::Array(vec![Value::Binary(value_bytes(args))]),
+        },
+        Op::Get => SpindleCall {
+            type_name: "Blob".into(),
+            method: "get".into(),
+            args: Value::Array(vec![]),
+        },
     }
 }
 
@@ -360,6 +383,7 @@ async fn spindle_setup(args: &Args, address: &str, keys: &[String], session: &st
             Value::from("float64"),
         ])),
         Op::Complex => None, // user-defined: created by the caller (bench/throughput.py)
+        Op::Put | Op::Get => Some(Value::Array(vec![Value::Binary(value_bytes(args))])),
     };
     if let Some(ctor) = ctor {
         for chunk in keys.chunks(256) {
@@ -462,6 +486,16 @@ fn redis_cmd(args: &Args, sha: &str, key: &str) -> redis::Cmd {
             c.arg(sha).arg(1).arg(key).arg(args.factor).arg(args.steps);
             c
         }
+        Op::Put => {
+            let mut c = redis::cmd("SET");
+            c.arg(key).arg(value_bytes(args));
+            c
+        }
+        Op::Get => {
+            let mut c = redis::cmd("GET");
+            c.arg(key);
+            c
+        }
     }
 }
 
@@ -475,8 +509,21 @@ async fn redis_connect(client: &redis::Client, address: &str) -> Result<redis::a
 /// Load the script (if any) and try one command; returns the script's SHA1.
 async fn redis_setup(args: &Args, client: &redis::Client, address: &str, keys: &[String]) -> Result<String, String> {
     let mut conn = redis_connect(client, address).await?;
+    if matches!(args.op, Op::Put | Op::Get) {
+        // Every key holds a value before the clock starts, as Spindle's Blobs do.
+        let value = value_bytes(args);
+        for chunk in keys.chunks(256) {
+            let mut pipe = redis::pipe();
+            for key in chunk {
+                pipe.cmd("SET").arg(key).arg(&value).ignore();
+            }
+            pipe.query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| format!("loading the values failed: {e}"))?;
+        }
+    }
     let lua = match args.op {
-        Op::Incr => None,
+        Op::Incr | Op::Put | Op::Get => None,
         Op::Multiply => Some(LUA_MULTIPLY),
         Op::Complex => Some(LUA_COMPLEX),
     };
@@ -551,6 +598,7 @@ async fn run(args: Args) -> Result<(Stats, f64), String> {
             Op::Incr => "incr-",
             Op::Multiply => "mul-",
             Op::Complex => "num-",
+            Op::Put | Op::Get => "blob-",
         }
         .into()
     });

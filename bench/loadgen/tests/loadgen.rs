@@ -110,7 +110,7 @@ fn persistent_objects_are_made_persistent() {
 #[test]
 fn drives_a_real_server_without_errors() {
     let server = Server::start();
-    for op in ["incr", "multiply"] {
+    for op in ["incr", "multiply", "put", "get"] {
         let out = Command::new(LOADGEN)
             .args(["--target", "spindle", "--address", &server.address, "--op", op])
             .args(["--connections", "4", "--pipeline", "2", "--keys", "8"])
@@ -126,6 +126,15 @@ fn drives_a_real_server_without_errors() {
         assert!(field(&stdout, "ops") > 0, "{op}: {stdout}");
         assert_eq!(field(&stdout, "errors"), 0, "{op}: {stdout}");
     }
+    // `put` wrote 1 KB values (the default --value-size) into Blobs that every program sees.
+    let got = Command::new(spindle_binary())
+        .args(["blob", "-n", "blob-0", "get"])
+        .env("SPINDLE_ADDRESS", &server.address)
+        .output()
+        .expect("run spindle blob");
+    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    let want: Vec<u8> = (0..1024).map(|i| b'a' + (i % 26) as u8).collect();
+    assert_eq!(got.stdout, want);
 }
 
 #[test]
