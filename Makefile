@@ -53,7 +53,9 @@ bench: setup $(BENCH_VENV)/.installed
 		|| { apt-get update -qq && apt-get install -y -qq redis-server parallel zookeeper; }
 	$(CARGO) build --release --locked -p spindle-loadgen
 	install -m 755 target/release/spindle $(BENCH_VENV)/bin/spindle
-	set -e; for b in $(BENCHES); do SECONDS=0; $(BPY) bench/$$b.py; echo "bench/$$b.py: $${SECONDS} s" >&2; done
+	$(BPY) bench/summary.py --reset
+	set -e; start=$$(date +%s); for b in $(BENCHES); do SECONDS=0; $(BPY) bench/$$b.py; \
+		echo "bench/$$b.py: $${SECONDS} s" >&2; done; echo "all benchmarks: $$(( $$(date +%s) - start )) s" >&2
 	$(BPY) bench/summary.py
 
 clean:

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 from objects import free_port, redis_cmd
-from report import IMG, QUICK, Claim, log, machine, print_table, redis_version, summarize, table, update_section
+from report import IMG, QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table, update_section
 
 import spindle
 from spindle.embedded import find_binary
@@ -76,11 +76,11 @@ class Sizes:
     restarts: int  # recovery: restarts (median over them)
 
 
-# Full mode fits in about 7 minutes on 2 cores: throughput 7 configurations x 2 workloads x
+# Full mode fits in about 6 minutes on 2 cores: throughput 7 configurations x 2 workloads x
 # 3 rounds x 2 s; YCSB 2 loads of 1M records, then 4 workloads x 4 configurations x 2 rounds
-# x 3 s; recovery 1M counters and 3 restarts of each server.
-FULL_SIZES = Sizes(rounds=3, seconds=2.0, records=1_000_000, ycsb_rounds=2, ycsb_seconds=3.0,
-             objects=1_000_000, restarts=3)
+# x 2 s; recovery 1M counters and 2 restarts of each server.
+FULL_SIZES = Sizes(rounds=3, seconds=2.0, records=1_000_000, ycsb_rounds=2, ycsb_seconds=2.0,
+                   objects=1_000_000, restarts=2)
 QUICK_SIZES = Sizes(rounds=1, seconds=0.4, records=5_000, ycsb_rounds=1, ycsb_seconds=0.4,
                     objects=10_000, restarts=2)
 
@@ -591,12 +591,6 @@ def throughput_tables(runs: dict) -> tuple[tuple, tuple]:
     return persistent, vs_redis
 
 
-def quantile(samples: np.ndarray, q: float) -> float:
-    """The q-quantile, as objects.pct takes it (the sample at index q·n)."""
-    s = np.sort(samples)
-    return float(s[min(len(s) - 1, int(q * len(s)))])
-
-
 def ycsb_tables(result: dict, records: int, clients: int) -> tuple[tuple, tuple]:
     loads, runs, lats = result["loads"], result["runs"], result["lats"]
     rows = [[label, records, rate, records / rate, result["sizes"][label] / 2 ** 20] for label, rate in loads.items()]
@@ -610,8 +604,8 @@ def ycsb_tables(result: dict, records: int, clients: int) -> tuple[tuple, tuple]
             ms, mr = statistics.median(runs[ks]), statistics.median(runs[kr])
             rows.append([f"{workload}: {description}", pair, ms, f"{min(runs[ks]):,.0f}–{max(runs[ks]):,.0f}",
                          mr, f"{min(runs[kr]):,.0f}–{max(runs[kr]):,.0f}", ms / mr,
-                         f"{quantile(ls, 0.5):,.0f} / {quantile(ls, 0.99):,.0f}",
-                         f"{quantile(lr, 0.5):,.0f} / {quantile(lr, 0.99):,.0f}",
+                         f"{percentile(ls, 0.5):,.0f} / {percentile(ls, 0.99):,.0f}",
+                         f"{percentile(lr, 0.5):,.0f} / {percentile(lr, 0.99):,.0f}",
                          "≥ 1.0"])
     run_table = (["workload", "fsync", "Spindle (ops/s)", "min–max", "Redis (ops/s)", "min–max", "Spindle/Redis",
                   "Spindle p50 / p99 (µs)", "Redis p50 / p99 (µs)", "goal"], rows)
@@ -683,7 +677,7 @@ def plot_ycsb(result: dict, img: Path) -> str:
         hi = [max(runs[(w, c.label)]) - m for m, w in zip(meds, WORKLOADS)]
         axes[0].bar(xs, [m / 1000 for m in meds], width, yerr=[[v / 1000 for v in lo], [v / 1000 for v in hi]],
                     capsize=2, label=c.label, color=colours[c.label])
-        axes[1].bar(xs, [quantile(lats[(w, c.label)], 0.99) / 1000 for w in WORKLOADS], width,
+        axes[1].bar(xs, [percentile(lats[(w, c.label)], 0.99) / 1000 for w in WORKLOADS], width,
                     color=colours[c.label])
     for ax, ylabel in zip(axes, ("thousand ops / s (median, min–max)", "p99 latency (ms)")):
         ax.set_xticks(range(len(WORKLOADS)), list(WORKLOADS))
@@ -789,7 +783,7 @@ PARTS = ("throughput", "ycsb", "recovery")
 def main() -> None:
     global TMP
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Full mode takes about 7 minutes on 2 cores; QUICK=1 under one.")
+                                 epilog="Full mode takes about 6 minutes on 2 cores; QUICK=1 under one.")
     ap.add_argument("--only", choices=PARTS, help="run one part only (prints; does not write the docs)")
     ap.add_argument("--clients", type=int, default=CLIENTS, help="concurrent client processes")
     ap.add_argument("--recovery-flags", default="",

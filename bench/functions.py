@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import queue
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from report import IMG, QUICK, ROOT, Claim, log, machine, package_version, print_table, summarize, table, update_section
+from report import IMG, QUICK, ROOT, Claim, log, machine, package_version, percentile, print_table, summarize, table, update_section
 from spindle.embedded import find_binary
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -35,11 +36,6 @@ def empty() -> None:
 
 def empty_of(_: object) -> None:  # Lithops passes each call one argument
     return None
-
-
-def quantile(samples: list[float], q: float) -> float:
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def start_server(*args: str) -> tuple[subprocess.Popen, str]:
@@ -163,9 +159,11 @@ def bench(name: str, calls: int, burst: int, colds: int) -> dict:
             first.append(clock() - t1)
             startup.append(t1 - t0)
             system.settle()
-        finally:
-            if i < colds - 1:
-                system.stop()
+        except BaseException:
+            system.stop()
+            raise
+        if i < colds - 1:
+            system.stop()
     try:
         system.many(8)  # the pool's workers start, as a warm platform's are
         system.settle()
@@ -238,6 +236,11 @@ def main() -> None:
             log(f"  {name} could not run: {missing[name]}")
 
     med = statistics.median
+
+    def cold(result: dict) -> float:
+        """Seconds from nothing to a first result: start-up plus first call, median."""
+        return med([a + b for a, b in zip(result["startup"], result["first"])])
+
     s = results["spindle"]
     rows, claims = [], []
     for name in ("ray", "lithops"):
@@ -245,17 +248,17 @@ def main() -> None:
             continue
         r = results[name]
         rows += [
-            [f"warm round trip p50 (ms), vs {name}", quantile(s["lat"], .5) * 1e3,
-             quantile(r["lat"], .5) * 1e3, quantile(r["lat"], .5) / quantile(s["lat"], .5)],
-            [f"warm round trip p99 (ms), vs {name}", quantile(s["lat"], .99) * 1e3,
-             quantile(r["lat"], .99) * 1e3, quantile(r["lat"], .99) / quantile(s["lat"], .99)],
+            [f"warm round trip p50 (ms), vs {name}", percentile(s["lat"], .5) * 1e3,
+             percentile(r["lat"], .5) * 1e3, percentile(r["lat"], .5) / percentile(s["lat"], .5)],
+            [f"warm round trip p99 (ms), vs {name}", percentile(s["lat"], .99) * 1e3,
+             percentile(r["lat"], .99) * 1e3, percentile(r["lat"], .99) / percentile(s["lat"], .99)],
             [f"empty functions/s, vs {name}", s["tput"], r["tput"], s["tput"] / r["tput"]],
             [f"cold: first call on a fresh platform (ms), vs {name}", med(s["first"]) * 1e3,
              med(r["first"]) * 1e3, med(r["first"]) / med(s["first"])],
             [f"cold: platform start-up (ms), vs {name}", med(s["startup"]) * 1e3, med(r["startup"]) * 1e3,
              med(r["startup"]) / med(s["startup"])],
         ]
-        p50_s, p50_r = quantile(s["lat"], .5) * 1e3, quantile(r["lat"], .5) * 1e3
+        p50_s, p50_r = percentile(s["lat"], .5) * 1e3, percentile(r["lat"], .5) * 1e3
         goal = name == "ray"
         claims += [
             Claim(f"warm empty-function round trip p50, vs {name}", f"{p50_s:.3f} ms",
@@ -264,8 +267,8 @@ def main() -> None:
             Claim(f"empty functions/s, vs {name}", f"{s['tput']:,.0f}/s", f"{name} {r['tput']:,.0f}/s",
                   s["tput"] / r["tput"], "≥ 3,000/s and ≥ 2.0" if goal else "-",
                   s["tput"] >= 3000 and s["tput"] >= 2 * r["tput"] if goal else None),
-            Claim(f"cold first call, vs {name}", f"{med(s['first']) * 1e3:.0f} ms",
-                  f"{name} {med(r['first']) * 1e3:.0f} ms", med(r["first"]) / med(s["first"]), "-", None),
+            Claim(f"cold: platform start-up and first call, vs {name}", f"{cold(s) * 1e3:.0f} ms",
+                  f"{name} {cold(r) * 1e3:.0f} ms", cold(r) / cold(s), "-", None),
         ][:3 if goal else 1]  # Lithops: the round trip is enough for the summary
     headers = ["measure", "spindle", "peer", "speed-up (peer/spindle time)"]
     print_table(headers, rows)
@@ -287,6 +290,10 @@ def main() -> None:
         "at least 3,000 calls/s and at least 2x Ray.",
         "",
         *table(headers, rows),
+        "",
+        *[f"Goal missed: {c.experiment}: {c.spindle} against {c.peer} (goal {c.goal}). Spindle's "
+          f"calls and the peer's share the machine's {os.cpu_count()} cores with the client submitting them, so "
+          "calls/s is CPU per call, client, gateway and worker together." for c in claims if c.met is False],
         "",
         *[f"- {name} could not run here: `{why}`" for name, why in missing.items()],
         "",

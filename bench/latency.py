@@ -23,7 +23,7 @@ import statistics
 import time
 
 from objects import Running, free_port, redis_cmd
-from report import IMG, QUICK, Claim, log, machine, print_table, redis_version, summarize, table, update_section
+from report import IMG, QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table, update_section
 from throughput import loadgen_binary, run_loadgen
 
 import spindle
@@ -62,9 +62,8 @@ def python_run(system: str, port: int, op: str, ops: int) -> dict:
         t0 = clock()
         call(i)
         samples.append((clock() - t0) / 1000.0)
-    samples.sort()
-    return {"mean_us": statistics.fmean(samples), "p50_us": samples[len(samples) // 2],
-            "p99_us": samples[min(len(samples) - 1, int(0.99 * len(samples)))]}
+    return {"mean_us": statistics.fmean(samples), "p50_us": percentile(samples, 0.5),
+            "p99_us": percentile(samples, 0.99)}
 
 
 def plot(results: dict, path) -> None:
@@ -103,15 +102,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
     args = ap.parse_args()
-    rounds, seconds, python_ops = (1, 0.5, 3000) if QUICK else (3, 3.0, 30_000)
+    rounds, seconds, python_ops = (1, 0.5, 3000) if QUICK else (3, 2.0, 30_000)
     loadgen_args = argparse.Namespace(connections=1, pipeline=1, seconds=seconds, warmup=0.5)
 
     binary = loadgen_binary()
     ports = {"spindle": free_port(), "redis": free_port()}
-    servers = {"spindle": Running([find_binary(), "server", "--port", str(ports["spindle"])], ports["spindle"]),
-               "redis": Running(redis_cmd(ports["redis"]), ports["redis"])}
+    cmds = {"redis": redis_cmd(ports["redis"]), "spindle": [find_binary(), "server", "--port", str(ports["spindle"])]}
+    servers: dict[str, Running] = {}
     results: dict[tuple[str, str, str], list[dict]] = {}
     try:
+        for name, cmd in cmds.items():
+            servers[name] = Running(cmd, ports[name])
         for r in range(rounds):
             order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
             for op in OPS:

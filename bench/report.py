@@ -48,10 +48,12 @@ def machine() -> str:
 
 
 def redis_version() -> str:
-    """`Redis 7.0.15`, from the redis-server on PATH."""
+    """`Redis 7.0.15` (the redis-server on PATH) and its Python client's version."""
     out = subprocess.run([shutil.which("redis-server") or "redis-server", "--version"],
                          capture_output=True, text=True).stdout.split()
-    return "Redis " + next((w[2:] for w in out if w.startswith("v=")), "?")
+    server = next((w[2:] for w in out if w.startswith("v=")), "?")
+    return (f"Redis {server} (Python clients: redis-py {package_version('redis')} with hiredis "
+            f"{package_version('hiredis')})")
 
 
 def package_version(name: str) -> str:
@@ -60,6 +62,13 @@ def package_version(name: str) -> str:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def percentile(samples, q: float) -> float:
+    """The q-quantile of ``samples`` (any sequence or NumPy array): the sample at index q·n of the
+    sorted samples, so that p99 of 100 samples is the largest."""
+    s = sorted(samples)
+    return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
 def table(headers: list[str], rows: list[list]) -> list[str]:
@@ -125,9 +134,10 @@ def summarize(bench: str, claims: list[Claim]) -> None:
     update_section("summary", "\n".join([
         "## Summary",
         "",
-        f"{machine()}. Each row links to its section below, which gives the peer's settings, the "
-        f"spread over runs and, where a goal is missed, why. Ratios above 1 favour Spindle. "
-        f"Goals met: {met} of {goals}.",
+        f"{machine()}. Each row names its section below (in parentheses), which gives the peers' "
+        f"versions and settings, the spread over runs and, where a goal is missed, why. Ratios "
+        f"above 1 favour Spindle (the peer's time over Spindle's, or Spindle's rate over the "
+        f"peer's). Goals met: {met} of {goals}.",
         "",
         *table(SUMMARY_HEADERS, rows),
     ]))

@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2] if QUICK else [1, 2, 4, 8],
                     help="worker counts (must include 1 and 2)")
     ap.add_argument("--rounds", type=int, default=1 if QUICK else 3)
-    ap.add_argument("--pi-points", type=int, default=30_000_000 if QUICK else 150_000_000,
+    ap.add_argument("--pi-points", type=int, default=30_000_000 if QUICK else 100_000_000,
                     help="Monte Carlo pi: points per cloud thread")
     ap.add_argument("--km-points", type=int, default=100_000 if QUICK else 200_000,
                     help="k-means: points per cloud thread")

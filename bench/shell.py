@@ -29,16 +29,11 @@ import time
 from pathlib import Path
 
 from objects import free_port, redis_cmd, wait_for_port
-from report import IMG, QUICK, Claim, log, machine, print_table, redis_version, summarize, table, update_section
+from report import IMG, QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table, update_section
 
 from spindle.embedded import find_binary
 
 PARALLEL = 100  # invocations at once (the figure)
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def timed_runs(cmd: list[str], runs: int, env: dict) -> list[float]:

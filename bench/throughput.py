@@ -173,9 +173,9 @@ def plot(med: dict, lo: dict, hi: dict, ops: list[str], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, help="measured seconds per run (default 10: 30 s over the rounds; "
+    ap.add_argument("--seconds", type=float, help="measured seconds per run (default 5: 15 s over the rounds; "
                     "quick 1.5)")
-    ap.add_argument("--warmup", type=float, help="warm-up seconds per run (default 2, quick 0.5)")
+    ap.add_argument("--warmup", type=float, help="warm-up seconds per run (default 1, quick 0.5)")
     ap.add_argument("--rounds", type=int, help="rounds; the systems take turns (default 3, quick 1)")
     ap.add_argument("--connections", type=int, default=200)
     ap.add_argument("--pipeline", type=int, default=1, help="requests in flight per connection, both systems")
@@ -183,8 +183,8 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
     args = ap.parse_args()
-    args.seconds = args.seconds or (1.5 if QUICK else 10.0)
-    args.warmup = args.warmup if args.warmup is not None else (0.5 if QUICK else 2.0)
+    args.seconds = args.seconds or (1.5 if QUICK else 5.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.5 if QUICK else 1.0)
     args.rounds = args.rounds or (1 if QUICK else 3)
     ops = [op for op in args.ops.split(",") if op]
     if any(op not in OPS for op in ops):
@@ -194,13 +194,14 @@ def main() -> None:
     binary = loadgen_binary()
     spindle_bin = find_binary()
     ports = {"spindle": free_port(), "redis": free_port()}
-    servers = {
-        "spindle": Running([spindle_bin, "server", "--port", str(ports["spindle"]),
-                            "--object-hosts", str(args.hosts), "--python", sys.executable], ports["spindle"]),
-        "redis": Running(redis_cmd(ports["redis"]), ports["redis"]),
-    }
+    cmds = {"redis": redis_cmd(ports["redis"]),
+            "spindle": [spindle_bin, "server", "--port", str(ports["spindle"]), "--object-hosts", str(args.hosts),
+                        "--python", sys.executable]}
+    servers: dict[str, Running] = {}
     runs: dict[tuple[str, str], list[dict]] = {}
     try:
+        for name, cmd in cmds.items():
+            servers[name] = Running(cmd, ports[name])
         log(f"creating {KEYS} objects per operation on both systems...")
         prepare(ports)
         for r in range(args.rounds):

@@ -469,7 +469,9 @@ fn redis_fatal(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_unrecoverable_error()
 }
 
-fn redis_cmd(args: &Args, sha: &str, key: &str) -> redis::Cmd {
+/// The command of one operation; `value` is `put`'s value, built once per connection (as the
+/// Spindle side builds its call once), so that neither side pays for making it per request.
+fn redis_cmd(args: &Args, sha: &str, key: &str, value: &[u8]) -> redis::Cmd {
     match args.op {
         Op::Incr => {
             let mut c = redis::cmd("INCRBY");
@@ -488,7 +490,7 @@ fn redis_cmd(args: &Args, sha: &str, key: &str) -> redis::Cmd {
         }
         Op::Put => {
             let mut c = redis::cmd("SET");
-            c.arg(key).arg(value_bytes(args));
+            c.arg(key).arg(value);
             c
         }
         Op::Get => {
@@ -536,7 +538,7 @@ async fn redis_setup(args: &Args, client: &redis::Client, address: &str, keys: &
             .map_err(|e| format!("SCRIPT LOAD failed: {e}"))?,
         None => String::new(),
     };
-    redis_cmd(args, &sha, &keys[0])
+    redis_cmd(args, &sha, &keys[0], &value_bytes(args))
         .query_async::<redis::Value>(&mut conn)
         .await
         .map_err(|e| format!("trial command on {:?} failed: {e}", keys[0]))?;
@@ -555,13 +557,16 @@ async fn redis_run(
 ) -> Result<Stats, String> {
     let mut rng = Rng::new(args.seed, stream);
     let mut stats = Stats::new();
+    let value = value_bytes(&args);
     loop {
         let sent = Instant::now();
         if sent >= window.to {
             return Ok(stats);
         }
         let key = &keys[rng.below(keys.len())];
-        let result = redis_cmd(&args, &sha, key).query_async::<redis::Value>(&mut conn).await;
+        let result = redis_cmd(&args, &sha, key, &value)
+            .query_async::<redis::Value>(&mut conn)
+            .await;
         let done = Instant::now();
         let ok = match result {
             Ok(_) => Ok(()),
