@@ -51,6 +51,16 @@ def wait_for_port(port: int, proc: subprocess.Popen, deadline_s: float = 10.0) -
     raise RuntimeError(f"server on port {port} did not start")
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @dataclass
 class Server:
     name: str
@@ -65,11 +75,7 @@ class Server:
         return float("nan")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 def spindle_cmd(port: int) -> list[str]:
@@ -89,12 +95,7 @@ class Running:
             raise
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 def redis_cmd(port: int) -> list[str]:

@@ -117,9 +117,14 @@ def summary_rows() -> list[list]:
         claims = results[bench]
         for c in claims:
             met = {True: "yes", False: "**no**", None: "-"}[c["met"]]
-            rows.append([f"{c['experiment']} ({bench})", c["spindle"], c["peer"], f"{c['ratio']:.2f}x",
+            rows.append([f"{c['experiment']} ({bench})", c["spindle"], c["peer"], ratio_text(c["ratio"]),
                          c["goal"], met])
     return rows
+
+
+def ratio_text(ratio: float) -> str:
+    """Three significant digits below 10 (so 0.499 never reads as a met 0.5), whole numbers above."""
+    return f"{ratio:.3g}x" if ratio < 10 else f"{ratio:,.0f}x"
 
 
 def summarize(bench: str, claims: list[Claim]) -> None:
@@ -128,6 +133,11 @@ def summarize(bench: str, claims: list[Claim]) -> None:
     results[bench] = [asdict(c) for c in claims]
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(results, indent=1) + "\n")
+    write_summary()
+
+
+def write_summary() -> None:
+    """The summary section of docs/benchmarks.md, from the recorded claims."""
     rows = summary_rows()
     met = sum(r[-1] == "yes" for r in rows)
     goals = sum(r[-1] != "-" for r in rows)

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from objects import free_port, redis_cmd, wait_for_port
+from objects import free_port, redis_cmd, stop_process, wait_for_port
 from report import IMG, QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table, update_section
 
 from spindle.embedded import find_binary
@@ -98,8 +98,7 @@ def main() -> None:
         rincr = timed_runs(["redis-cli", "-p", str(rport), "INCR", "bench-shell"], runs, env)
     finally:
         for proc in (server, redis):
-            proc.terminate()
-            proc.wait()
+            stop_process(proc)
         shutil.rmtree(bindir, ignore_errors=True)
 
     med = statistics.median

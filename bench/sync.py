@@ -45,7 +45,7 @@ import traceback
 import uuid
 from pathlib import Path
 
-from objects import free_port, redis_cmd, wait_for_port
+from objects import free_port, redis_cmd, stop_process, wait_for_port
 from report import (IMG, QUICK, Claim, log, machine, package_version, print_table, redis_version,
                     summarize, table, update_section)
 
@@ -148,12 +148,7 @@ class ZooKeeper:
         raise RuntimeError(f"ZooKeeper on port {self.port} did not start serving in {deadline_s:.0f} s")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -557,12 +552,7 @@ def main() -> None:
             if isinstance(server, ZooKeeper):
                 server.stop()
             else:
-                server.terminate()
-                try:
-                    server.wait(10)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait()
+                stop_process(server)
     elapsed = time.monotonic() - began
 
     # Barriers.
@@ -651,11 +641,10 @@ def report_body(barriers, med, barrier_headers, barrier_rows, map_headers, map_r
         misses.append(f"Both barrier goals are met at every party count (at {top} parties: Redis/Spindle "
                       f"{med[('redis', top)] / med[('spindle', top)]:.2f}, ZooKeeper/Spindle "
                       f"{med[('zookeeper', top)] / med[('spindle', top)]:.2f}).")
-    redis_py = package_version("redis")
     return "\n".join([
         "## Synchronization vs Redis and ZooKeeper, seed Figure 6 (`bench/sync.py`)",
         "",
-        f"Machine: {machine()}. Peers: {redis_version()} (no persistence) with redis-py {redis_py}; "
+        f"Machine: {machine()}. Peers: {redis_version()}, no persistence; "
         f"ZooKeeper {zk_version} (Debian package) as **a single standalone server** (the seed used a "
         f"3-node ensemble), its defaults otherwise (transaction log fsynced, in a temporary directory) "
         f"except `maxClientCnxns=0` so that {top} local clients may connect, with kazoo "
