@@ -18,6 +18,7 @@ import argparse
 import multiprocessing as mp
 import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
@@ -185,10 +186,19 @@ def bench(name: str, calls: int, burst: int, colds: int) -> dict:
 
 
 def _run_child(name: str, calls: int, burst: int, colds: int, out) -> None:
+    os.setsid()  # its own process group: the peer's processes can be killed with it
     try:
         out.put(("ok", bench(name, calls, burst, colds)))
     except Exception as e:  # reported by the parent
         out.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group that ``pid`` leads (a peer's child and what it started)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def run_isolated(name: str, calls: int, burst: int, colds: int, limit_s: float) -> dict:
@@ -201,12 +211,13 @@ def run_isolated(name: str, calls: int, burst: int, colds: int, limit_s: float) 
     try:
         status, value = out.get(timeout=limit_s)
     except queue.Empty:
-        child.kill()
+        kill_group(child.pid)
         raise TimeoutError(f"did not finish within {limit_s:.0f} s") from None
     finally:
         child.join(10)
         if child.is_alive():
-            child.kill()
+            kill_group(child.pid)
+            child.join()
     if status == "error":
         raise RuntimeError(value)
     return value
