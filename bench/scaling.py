@@ -28,10 +28,8 @@ Usage: python bench/scaling.py [--workers 1 2 4 8] [--rounds 3] [--no-docs]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -39,31 +37,10 @@ from report import IMG, QUICK, ROOT, Claim, log, machine, print_table, summarize
 
 sys.path.insert(0, str(ROOT / "examples"))
 import pi as pi_example  # noqa: E402  (Listing 1's cloud thread, also run here as the peer)
-from spindle.embedded import find_binary  # noqa: E402
+from ml import GOAL_EFFICIENCY, example, per_iteration  # noqa: E402  (one way to run the examples)
 
 CORES = os.cpu_count() or 1
-GOAL_EFFICIENCY = 0.75  # bench/ml.py's goal for k-means at 2 threads against one NumPy process
 STARTUP_POINTS = 1_000  # pi with this many points per thread: the cost of starting the workers
-
-
-def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if k != "SPINDLE_ADDRESS"}
-    e["PYTHONPATH"] = str(ROOT / "python")
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        e[var] = "1"  # one BLAS thread per process: one core per cloud thread
-    return e
-
-
-def example(name: str, *args: str, workers: int | None = None) -> dict:
-    """Run examples/NAME.py with `spindle run --max-workers W` (or, without `workers`, locally
-    with --local); its JSON result."""
-    script = str(ROOT / "examples" / f"{name}.py")
-    cmd = ([sys.executable, script, *args, "--local"] if workers is None
-           else [find_binary(), "run", "--max-workers", str(workers), script, *args])
-    out = subprocess.run([*cmd, "--json"], env=env(), capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 class _Hits:
@@ -81,12 +58,6 @@ def pi_one_process(points: int) -> float:
     t = time.perf_counter()
     pi_example.estimate(points, 0, _Hits())
     return points / (time.perf_counter() - t)
-
-
-def per_iteration(result: dict) -> float:
-    """Mean seconds per k-means iteration, the first (warm-up of caches) left out."""
-    times = result["times"][1:] or result["times"]
-    return sum(times) / len(times)
 
 
 def spread(samples: list[float], scale: float = 1.0, digits: int = 3) -> str:
@@ -137,7 +108,7 @@ def main() -> None:
                 f"(start-up {pi_start[w][-1]:.2f} s); k-means {km[w][-1]:.3f} s per iteration")
         pi_peer.append(pi_one_process(args.pi_points))
         for w in km_peer:
-            km_peer[w].append(per_iteration(example("kmeans", *km_args(w))))
+            km_peer[w].append(per_iteration(example("kmeans", *km_args(w), local=True)))
         log(f"  one process: pi {pi_peer[-1] / 1e6:.1f} M points/s; k-means NumPy "
             + ", ".join(f"{km_peer[w][-1]:.3f} s per iteration on {w}x the data" for w in km_peer))
     elapsed = time.perf_counter() - started
