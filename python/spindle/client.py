@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from .codec import packb, unpackb
 from .errors import ServerUnavailable, error_from_reply
@@ -27,9 +27,20 @@ PROTOCOL = 1
 RETRIES = 5
 FIRST_BACKOFF = 0.05
 CONNECT_TIMEOUT = 5.0
+# In a cluster, how long a call keeps looking for its shard's leader (an election, a node
+# restart) before it gives up with ServerUnavailable.
+FAILOVER_TIMEOUT = 30.0
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
 
 _get_ident = threading.get_ident
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The shard holding ``key`` in a cluster of ``shards`` shards (the server's FNV-1a)."""
+    h = 0xCBF29CE484222325
+    for byte in key.encode():
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h % shards
 
 
 def parse_address(address: str) -> Tuple[str, int]:
@@ -45,7 +56,7 @@ class Connection:
 
     # `sent` and `intact` say whether an interrupted call left the stream in step: the whole
     # request went out, and no reply was cut in the middle.
-    __slots__ = ("sock", "buf", "sent", "intact", "__weakref__")
+    __slots__ = ("sock", "buf", "sent", "intact", "address", "hello", "__weakref__")
 
     def __init__(
         self, host: str, port: int, session: str, hello_id: int, token: Optional[str] = None
@@ -67,6 +78,8 @@ class Connection:
         if reply[1] != 0:
             sock.close()
             raise error_from_reply(reply[2])
+        self.address = f"{host}:{port}"
+        self.hello = reply[2] if isinstance(reply[2], dict) else {}
 
     def roundtrip(self, data: bytes, req_id: int) -> List[Any]:
         """Send one request frame and return its reply ``[id, status, result]``."""
@@ -137,11 +150,22 @@ _identity = _new_identity()
 
 
 class Client:
-    """A process's link to one server: its session id, seq counter and per-thread sockets."""
+    """A process's link to one server or cluster: its session id, seq counter and
+    per-thread sockets.
+
+    ``address`` may list several nodes of a cluster (``"h1:p1,h2:p2"``); any one that answers
+    will do. In a cluster each call goes straight to the leader of its object's shard: the
+    client keeps the shard map, follows ``NotLeader`` redirects, and during a failover
+    resends the call (same ``seq``, so it applies once) until a new leader answers.
+    """
 
     def __init__(self, address: str, server: Optional[EmbeddedServer] = None) -> None:
         self.address = address
-        self.host, self.port = parse_address(address)
+        self.nodes = [a.strip() for a in address.split(",") if a.strip()] or [DEFAULT_ADDRESS]
+        self.host, self.port = parse_address(self.nodes[0])
+        # Cluster mode: the shard count (0 for a single server) and each shard's leader.
+        self.shards = 0
+        self._leaders: Dict[int, str] = {}
         self.server = server
         self.token = os.environ.get("SPINDLE_TOKEN") or None
         # (type, version) of the user-defined classes this client has sent with `define`.
@@ -189,7 +213,7 @@ class Client:
         shared object's method (see ``codec.packb``)."""
         seq = next(self._seq)
         request = [seq, "call", seq, _get_ident(), type_name, key, method, args]
-        return self.request(request, seq, ship)
+        return self.request(request, seq, ship, key)
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
                ship: bool = False, persistent: bool = False) -> bool:
@@ -197,7 +221,7 @@ class Client:
         request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
         if persistent:  # an optional operand: ephemeral creates keep the old shape
             request.append(True)
-        return self.request(request, seq, ship)
+        return self.request(request, seq, ship, key)
 
     def define(self, type_name: str, version: str, code: bytes) -> bool:
         """Register the code of a user-defined type (``py:...``) under ``version``."""
@@ -206,11 +230,11 @@ class Client:
 
     def delete(self, key: str) -> bool:
         seq = next(self._seq)
-        return self.request([seq, "delete", seq, key], seq)
+        return self.request([seq, "delete", seq, key], seq, key=key)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
         seq = next(self._seq)
-        return self.request([seq, "keep", seq, type_name, key, name], seq)
+        return self.request([seq, "keep", seq, type_name, key, name], seq, key=key)
 
     def objects(self, prefix: str = "", persistent: bool = False) -> List[Any]:
         rid = next(self._seq)
@@ -225,43 +249,92 @@ class Client:
         rid = next(self._seq)
         return self.request([rid, "ping"], rid)
 
-    def request(self, request: List[Any], req_id: int, ship: bool = False) -> Any:
-        """Send ``request`` on this thread's connection; resend it after a lost connection."""
+    def cluster(self) -> Any:
+        """The cluster map of the node this thread talks to (``ValueError`` on a single server)."""
+        rid = next(self._seq)
+        return self.request([rid, "cluster"], rid)
+
+    def request(
+        self, request: List[Any], req_id: int, ship: bool = False, key: Optional[str] = None
+    ) -> Any:
+        """Send ``request`` on this thread's connection (in a cluster: to the leader of
+        ``key``'s shard); resend it after a lost connection or a redirect."""
         data = frame(request, ship)
         local = self._local
         delay = FIRST_BACKOFF
         attempt = 0
+        address = None
+        if self.shards and key is not None:
+            address = self._leaders.get(shard_of(key, self.shards))
+            if address == self.nodes[0]:
+                address = None
+        deadline = None
         while True:
             conn = None
             try:
-                conn = local.conn
-            except AttributeError:
+                conn = local.conn if address is None else local.others[address]
+            except (AttributeError, KeyError):
                 pass
             try:
                 if conn is None:
-                    conn = self._open()
+                    conn = self._open(address)
                 reply = conn.roundtrip(data, req_id)
-                break
             except OSError as exc:  # connection lost (or refused): reconnect and resend
                 if conn is not None:
                     self._drop(conn)
-                if attempt >= RETRIES:
+                if self.shards:  # another node may lead now, or forward us to the one that does
+                    deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
+                    address = self._failed(address or self.nodes[0])
+                    if time.monotonic() < deadline:
+                        time.sleep(min(delay, 0.5))
+                        delay *= 2
+                        continue
+                if attempt >= RETRIES or self.shards:
                     raise ServerUnavailable(
                         f"spindle server at {self.address} is unavailable: {exc}"
                     ) from exc
                 attempt += 1
                 time.sleep(delay)
                 delay *= 2
+                continue
             except BaseException:  # interrupted mid-call (Ctrl-C, a signal handler raising)
                 if conn is not None and not self._withdraw(conn, request):
                     self._drop(conn)
                 raise
-        if reply[1] == 0:
-            return reply[2]
-        error = reply[2]
-        if isinstance(error, list) and error and error[0] == "FrameTooLarge":
-            self._drop(conn)  # the server closes it
-        raise error_from_reply(error)
+            if reply[1] == 0:
+                return reply[2]
+            error = reply[2]
+            if isinstance(error, list) and error and error[0] == "NotLeader":
+                # Not this node's shard: go to its leader (or wait out an election).
+                deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
+                leader = error[2] if len(error) > 2 and isinstance(error[2], str) else None
+                if key is not None and self.shards:
+                    shard = shard_of(key, self.shards)
+                    if leader:
+                        self._leaders[shard] = leader
+                    else:
+                        self._leaders.pop(shard, None)
+                if time.monotonic() < deadline:
+                    if leader and leader != conn.address:
+                        address = None if leader == self.nodes[0] else leader
+                    else:
+                        time.sleep(min(delay, 0.2))
+                        delay *= 2
+                    continue
+            if isinstance(error, list) and error and error[0] == "FrameTooLarge":
+                self._drop(conn)  # the server closes it
+            raise error_from_reply(error)
+
+    def _failed(self, address: str) -> Optional[str]:
+        """``address`` did not answer: forget it as a leader and try the next node (``None``:
+        the first of ``nodes``, which becomes the next one after a failure of the first)."""
+        for shard, leader in list(self._leaders.items()):
+            if leader == address:
+                del self._leaders[shard]
+        if address == self.nodes[0] and len(self.nodes) > 1:
+            self.nodes.append(self.nodes.pop(0))
+            self.host, self.port = parse_address(self.nodes[0])
+        return None
 
     def _withdraw(self, conn: Connection, request: List[Any]) -> bool:
         """Take back an interrupted call so its connection stays usable.
@@ -280,16 +353,42 @@ class Client:
             return False
         return reply[0] == withdraw_id and reply[1] == 0
 
-    def _open(self) -> Connection:
-        conn = Connection(self.host, self.port, self.session, next(self._seq), self.token)
-        self._local.conn = conn
+    def _open(self, address: Optional[str] = None) -> Connection:
+        """A new connection for this thread, to ``address`` (``None``: the first node)."""
+        host, port = parse_address(address) if address is not None else (self.host, self.port)
+        conn = Connection(host, port, self.session, next(self._seq), self.token)
+        if address is None:
+            self._local.conn = conn
+        else:
+            self._local.__dict__.setdefault("others", {})[address] = conn
         with self._conns_lock:
             self._conns.add(conn)
+        if conn.hello.get("shards") and not self.shards:
+            self._load_map(conn)
         return conn
+
+    def _load_map(self, conn: Connection) -> None:
+        """Learn the cluster's nodes and shard leaders from the node behind ``conn``."""
+        rid = next(self._seq)
+        reply = conn.roundtrip(frame([rid, "cluster"]), rid)
+        if reply[1] != 0 or not isinstance(reply[2], dict):
+            return
+        cluster = reply[2]
+        for node in cluster.get("nodes", {}).values():
+            if node not in self.nodes:
+                self.nodes.append(node)
+        for group in cluster.get("groups", []):
+            if group.get("leader_address"):
+                self._leaders[group["shard"]] = group["leader_address"]
+        self.shards = int(cluster.get("shards") or 0)
 
     def _drop(self, conn: Connection) -> None:
         if getattr(self._local, "conn", None) is conn:
             del self._local.conn
+        others = getattr(self._local, "others", {})
+        for address, other in list(others.items()):
+            if other is conn:
+                del others[address]
         with self._conns_lock:
             self._conns.discard(conn)
         conn.close()
@@ -337,9 +436,13 @@ def connect(address: Optional[str] = None, *, embedded: bool = True) -> Client:
         if _client is not None:
             disconnect()
         address = address or os.environ.get("SPINDLE_ADDRESS") or DEFAULT_ADDRESS
-        host, port = parse_address(address)
+        nodes = [a.strip() for a in address.split(",") if a.strip()]
+        host, port = parse_address(nodes[0])
         server = None
-        if not _listening(host, port):
+        if len(nodes) > 1:  # a cluster: no embedded server, any listed node will do
+            if not any(_listening(*parse_address(n)) for n in nodes):
+                raise ServerUnavailable(f"no node of the spindle cluster at {address} is available")
+        elif not _listening(host, port):
             if host not in _LOCAL_HOSTS or not embedded:
                 raise ServerUnavailable(f"spindle server at {address} is unavailable")
             try:

@@ -230,6 +230,8 @@ _SIMPLE: Dict[str, Callable[[str], BaseException]] = {
     "Unauthorized": Unauthorized,
     "StorageError": StorageError,
     "Busy": SpindleError,
+    # A cluster's shard had no leader for longer than the client waits (see client.py).
+    "NotLeader": ServerUnavailable,
     "Internal": SpindleError,
 }
 

@@ -197,6 +197,16 @@ impl Client {
         Ok(existed.as_bool().unwrap_or(false))
     }
 
+    /// The cluster map of the node (`cluster`).
+    pub(crate) fn cluster(&mut self) -> Result<Value, String> {
+        self.request("cluster", vec![])
+    }
+
+    /// Ask a shard's leader to remove `node` from the shard.
+    pub(crate) fn leave(&mut self, node: u64, shard: u64) -> Result<Value, String> {
+        self.request("leave", vec![node.into(), shard.into()])
+    }
+
     /// The server's `status` map.
     pub(crate) fn status(&mut self) -> Result<Value, Failure> {
         self.exchange("status", vec![], Some(TIMEOUT))

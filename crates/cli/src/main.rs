@@ -2,6 +2,7 @@
 //! and objects.
 
 mod client;
+mod cluster;
 mod objects;
 mod run;
 mod sh;
@@ -15,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use spindle_server::config::{
     default_max_workers, default_object_hosts, default_partitions, default_python, Fsync, FunctionsConfig, HostsConfig,
 };
-use spindle_server::{Config, RecoveryError, Server};
+use spindle_server::{ClusterConfig, Config, RecoveryError, Server};
 use tracing::{error, info};
 
 const DEFAULT_ADDRESS: &str = "127.0.0.1:7070";
@@ -34,6 +35,8 @@ struct Cli {
 enum Command {
     /// Run a state server (objects and functions) in the foreground.
     Server(ServerArgs),
+    /// Look at a cluster (`status`) or take a node out of it (`remove`).
+    Cluster(cluster::ClusterArgs),
     /// Run a Python program against $SPINDLE_ADDRESS, or else against a server started
     /// for it (and stopped after); exits with the program's exit code.
     Run(run::RunArgs),
@@ -100,6 +103,17 @@ struct ServerArgs {
     /// replays at most about this much log. 0: never snapshot.
     #[arg(long, default_value_t = spindle_server::config::DEFAULT_SNAPSHOT_AFTER, value_name = "BYTES")]
     snapshot_after: u64,
+    /// Run as node ID of a cluster: every partition becomes a shard replicated by Raft on
+    /// the cluster's nodes (needs --data-dir). Without --join, a new cluster starts here.
+    #[arg(long, value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]
+    node_id: Option<u64>,
+    /// Join the cluster that the node at HOST:PORT belongs to (a new node; a restarted
+    /// member needs only its --data-dir).
+    #[arg(long, value_name = "HOST:PORT", requires = "node_id")]
+    join: Option<String>,
+    /// The address other nodes and clients reach this node at [default: the bound address].
+    #[arg(long, value_name = "HOST:PORT", requires = "node_id")]
+    advertise: Option<String>,
     #[command(flatten)]
     functions: FunctionArgs,
     #[command(flatten)]
@@ -185,10 +199,10 @@ impl FunctionArgs {
 }
 
 #[derive(Args)]
-struct AddressArg {
+pub(crate) struct AddressArg {
     /// Server address [default: $SPINDLE_ADDRESS or 127.0.0.1:7070].
     #[arg(long, env = "SPINDLE_ADDRESS", default_value = DEFAULT_ADDRESS)]
-    address: String,
+    pub(crate) address: String,
 }
 
 fn main() -> ExitCode {
@@ -210,6 +224,7 @@ fn main() -> ExitCode {
             address,
         } => client::objects(&address.address, prefix.as_deref().unwrap_or(""), persistent),
         Command::Repair { data_dir } => repair(&data_dir),
+        Command::Cluster(args) => cluster::run(args),
         Command::ShellEnv => objects::shell_env(),
     };
     match result {
@@ -297,6 +312,11 @@ fn run_server(args: ServerArgs) -> ExitCode {
         data_dir: args.data_dir,
         fsync: args.fsync,
         snapshot_after: args.snapshot_after,
+        cluster: args.node_id.map(|node_id| ClusterConfig {
+            node_id,
+            join: args.join,
+            advertise: args.advertise,
+        }),
     };
     if let Err(message) = config.check() {
         error!("{message}");

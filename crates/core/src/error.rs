@@ -42,11 +42,14 @@ pub enum ErrorKind {
     ObjectLost,
     /// The op log could not be written (disk full, I/O error): the call's effect is not durable.
     StorageError,
+    /// In a cluster: this node does not lead the call's shard; `data` is the leader's
+    /// address (nil while no leader is known). The call did not run here.
+    NotLeader,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 29] = [
+    pub const ALL: [ErrorKind; 30] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -76,6 +79,7 @@ impl ErrorKind {
         ErrorKind::Raised,
         ErrorKind::ObjectLost,
         ErrorKind::StorageError,
+        ErrorKind::NotLeader,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -109,6 +113,7 @@ impl ErrorKind {
             ErrorKind::Raised => "Raised",
             ErrorKind::ObjectLost => "ObjectLost",
             ErrorKind::StorageError => "StorageError",
+            ErrorKind::NotLeader => "NotLeader",
         }
     }
 

@@ -895,6 +895,35 @@ impl Partition {
         }
     }
 
+    /// This replica stops serving its shard (in a cluster, the shard's leadership moved):
+    /// answer every parked call, and every call waiting for an object host, with `error`,
+    /// and let the hosts drop their objects (see [`take_forwards`](Self::take_forwards)).
+    /// The partition is replaced after this.
+    pub fn abandon(&mut self, error: &Error, now: Instant) -> Vec<Delivery> {
+        let keys: Vec<String> = self.objects.iter().map(|(k, _)| k.to_string()).collect();
+        let mut out = Vec::new();
+        for key in keys {
+            let Some(e) = self.remove(&key) else { continue };
+            match e.body {
+                Body::Builtin(mut obj) => {
+                    let caller = system_caller();
+                    let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
+                    obj.drain_waiters(&mut ctx, error);
+                }
+                Body::User(u) => {
+                    out.extend(u.calls.into_iter().map(|token| Delivery {
+                        token,
+                        reply: Err(error.clone()),
+                    }));
+                    if u.state != UserState::Stored {
+                        self.forwards.push(Forward::Drop { key, object_id: u.id });
+                    }
+                }
+            }
+        }
+        out
+    }
+
     fn delete(&mut self, key: &str, now: Instant, out: &mut Vec<Delivery>) -> bool {
         self.moved.remove(key);
         let Some(e) = self.remove(key) else {

@@ -103,6 +103,33 @@ pub enum Request {
         host: String,
         pid: Option<u64>,
     },
+    /// The cluster's map: its nodes, and each shard's replicas and leader.
+    Cluster {
+        id: u64,
+    },
+    /// Ask the leader of shard `group` to add node `node` (reachable at `address`) to it.
+    Join {
+        id: u64,
+        node: u64,
+        address: String,
+        group: u64,
+    },
+    /// Ask the leader of shard `group` to remove node `node` from it.
+    Leave {
+        id: u64,
+        node: u64,
+        group: u64,
+    },
+    /// Raft messages between the nodes of a cluster (one-way: never answered).
+    Raft {
+        id: u64,
+        /// The sending node and its address (so the receiver can answer).
+        from: u64,
+        address: String,
+        group: u64,
+        /// Protobuf-encoded `raft::eraftpb::Message`s.
+        messages: Vec<Vec<u8>>,
+    },
 }
 
 impl Request {
@@ -121,7 +148,11 @@ impl Request {
             | Request::Cancel { id, .. }
             | Request::Worker { id, .. }
             | Request::Define { id, .. }
-            | Request::Host { id, .. } => *id,
+            | Request::Host { id, .. }
+            | Request::Cluster { id }
+            | Request::Join { id, .. }
+            | Request::Leave { id, .. }
+            | Request::Raft { id, .. } => *id,
         }
     }
 
@@ -141,6 +172,10 @@ impl Request {
             Request::Worker { .. } => "worker",
             Request::Define { .. } => "define",
             Request::Host { .. } => "host",
+            Request::Cluster { .. } => "cluster",
+            Request::Join { .. } => "join",
+            Request::Leave { .. } => "leave",
+            Request::Raft { .. } => "raft",
         }
     }
 }
@@ -289,6 +324,50 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         "ping" => {
             p.arity("[id, \"ping\"]", 0)?;
             Request::Ping { id }
+        }
+        "cluster" => {
+            p.arity("[id, \"cluster\"]", 0)?;
+            Request::Cluster { id }
+        }
+        "join" => {
+            p.arity("[id, \"join\", node, address, shard]", 3)?;
+            Request::Join {
+                id,
+                node: p.uint("node")?,
+                address: p.string("address")?,
+                group: p.uint("shard")?,
+            }
+        }
+        "leave" => {
+            p.arity("[id, \"leave\", node, shard]", 2)?;
+            Request::Leave {
+                id,
+                node: p.uint("node")?,
+                group: p.uint("shard")?,
+            }
+        }
+        "raft" => {
+            p.arity("[id, \"raft\", from, address, shard, [message, ...]]", 4)?;
+            let (from, address, group) = (p.uint("from")?, p.string("address")?, p.uint("shard")?);
+            let mut messages = Vec::new();
+            for m in p.array("messages")? {
+                match m {
+                    Value::Binary(b) => messages.push(b),
+                    other => {
+                        return Err(bad(
+                            id,
+                            format!("raft messages must be binary, not {}", describe(&other)),
+                        ))
+                    }
+                }
+            }
+            Request::Raft {
+                id,
+                from,
+                address,
+                group,
+                messages,
+            }
         }
         "withdraw" => {
             p.arity("[id, \"withdraw\", call_id, key]", 2)?;

@@ -28,6 +28,8 @@ pub struct Config {
     /// Log bytes a partition writes before it snapshots its persistent objects and drops
     /// the log behind the snapshot (0: never).
     pub snapshot_after: u64,
+    /// Cluster mode (`--node-id`): shards are Raft groups replicated on the cluster's nodes.
+    pub cluster: Option<crate::ClusterConfig>,
 }
 
 /// A snapshot after this much log keeps recovery to about a second of replay.
@@ -123,6 +125,7 @@ impl Default for Config {
             data_dir: None,
             fsync: Fsync::Always,
             snapshot_after: DEFAULT_SNAPSHOT_AFTER,
+            cluster: None,
         }
     }
 }

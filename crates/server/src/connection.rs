@@ -15,6 +15,7 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
+use crate::cluster::MembershipChange;
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
 use crate::registry::{self, log_error_reply, Outbox};
@@ -304,6 +305,36 @@ impl Connection {
                 self.reply(id, reply)
             }
             Request::Host { id, host, .. } => self.host_hello(id, &host),
+            Request::Cluster { id } => {
+                let reply = match &self.shared.cluster {
+                    Some(cluster) => Ok(cluster.map()),
+                    None => Err(not_clustered()),
+                };
+                self.reply(id, reply)
+            }
+            Request::Join {
+                id,
+                node,
+                address,
+                group,
+            } => self.change(id, group, MembershipChange::Add { node, address }),
+            Request::Leave { id, node, group } => self.change(id, group, MembershipChange::Remove { node }),
+            Request::Raft {
+                id,
+                from,
+                address,
+                group,
+                messages,
+            } => {
+                if !self.authorized {
+                    return self.reply(id, Err(unauthorized("sending Raft messages")));
+                }
+                match &self.shared.cluster {
+                    // Never answered: Raft messages are one-way.
+                    Some(cluster) => cluster.receive(from, &address, group, messages),
+                    None => self.reply(id, Err(not_clustered())),
+                }
+            }
         }
     }
 
@@ -330,6 +361,25 @@ impl Connection {
         self.apply(id, seq, thread, op, code.as_ref());
     }
 
+    /// `join` or `leave`: a membership change of one shard, answered once proposed.
+    fn change(&mut self, id: u64, group: u64, change: MembershipChange) {
+        if !self.authorized {
+            return self.reply(id, Err(unauthorized("changing the cluster's membership")));
+        }
+        if self.shared.cluster.is_none() {
+            return self.reply(id, Err(not_clustered()));
+        }
+        let (shared, conn) = (self.shared.clone(), self.id);
+        tokio::spawn(async move {
+            let Some(cluster) = shared.cluster.as_ref() else { return };
+            let reply = cluster.change(group, change).await;
+            shared.registry.deliver([Delivery {
+                token: Token { conn, req: id },
+                reply,
+            }]);
+        });
+    }
+
     fn invoke(&mut self, id: u64, runtime: &str, payload: Vec<u8>, options: Value) {
         if !self.authorized {
             return self.reply(id, Err(unauthorized("invoking functions")));
@@ -350,7 +400,7 @@ impl Connection {
         match gateway::worker_hello(&self.shared, self.id, secret, runtime) {
             Ok((worker, actions)) => {
                 self.worker = Some(worker);
-                self.reply(id, Ok(hello_reply(false)));
+                self.reply(id, Ok(hello_reply(&self.shared, false)));
                 // The worker reads this reply before its first task.
                 self.flush();
                 gateway::execute(&self.shared, actions);
@@ -425,12 +475,12 @@ impl Connection {
                 let message = format!("this connection already said hello as client '{current}'");
                 return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
             }
-            return self.reply(id, Ok(hello_reply(true)));
+            return self.reply(id, Ok(hello_reply(&self.shared, true)));
         }
         let (client, resumed) = self.shared.sessions.open(&client);
         debug!(conn = self.id, client = &*client, resumed, "hello");
         self.client = Some(client);
-        self.reply(id, Ok(hello_reply(resumed)));
+        self.reply(id, Ok(hello_reply(&self.shared, resumed)));
     }
 
     /// Run an object operation on its shard, in this task. `code` is the class's code for a
@@ -449,6 +499,9 @@ impl Connection {
         let token = Token { conn: self.id, req: id };
         let shared = &self.shared;
         let applied = shared.shards.with(index, |s| {
+            if !s.serving() {
+                return Err(redirect(shared, index));
+            }
             s.calls += 1;
             if let (
                 Some(code),
@@ -469,9 +522,9 @@ impl Connection {
             let deliveries = s.journal(deliveries);
             // User-defined objects' calls go to their hosts before the shard is unlocked, so
             // each host gets them in the order they were applied.
-            (deliveries, hosts::forward(shared, &mut s.partition, code))
+            Ok((deliveries, hosts::forward(shared, &mut s.partition, code)))
         });
-        match applied {
+        match applied.and_then(|r| r) {
             Ok((deliveries, actions)) => {
                 self.route(deliveries);
                 hosts::run(&self.shared, actions);
@@ -489,16 +542,24 @@ impl Connection {
             req: call_id,
         };
         let this = Token { conn: self.id, req: id };
-        match self.shared.shards.with(index, |s| {
-            let mut deliveries = s.partition.withdraw(token, key, Instant::now());
-            let withdrawn = deliveries.iter().any(|d| d.token == token);
-            // After the withdrawn call's answer, on the same path (it may wait for the log).
-            deliveries.push(Delivery {
-                token: this,
-                reply: Ok(Value::Boolean(withdrawn)),
-            });
-            s.journal(deliveries)
-        }) {
+        let shared = &self.shared;
+        match shared
+            .shards
+            .with(index, |s| {
+                if !s.serving() {
+                    return Err(redirect(shared, index));
+                }
+                let mut deliveries = s.partition.withdraw(token, key, Instant::now());
+                let withdrawn = deliveries.iter().any(|d| d.token == token);
+                // After the withdrawn call's answer, on the same path (it may wait for the log).
+                deliveries.push(Delivery {
+                    token: this,
+                    reply: Ok(Value::Boolean(withdrawn)),
+                });
+                Ok(s.journal(deliveries))
+            })
+            .and_then(|r| r)
+        {
             Ok(deliveries) => self.route(deliveries),
             Err(e) => self.reply(id, Err(e)),
         }
@@ -562,6 +623,10 @@ impl Connection {
         let now = Instant::now();
         for (index, _) in self.touched.iter().enumerate().filter(|(_, t)| **t) {
             match shared.shards.with(index, |s| {
+                if !s.serving() {
+                    // Stopped leading: the connection's calls there were answered then.
+                    return Vec::new();
+                }
                 let deliveries = s.partition.disconnect(self.id, now);
                 s.journal(deliveries)
             }) {
@@ -578,6 +643,18 @@ impl Connection {
     }
 }
 
+/// The answer to a call on a shard this node does not serve (in a cluster).
+fn redirect(shared: &Shared, index: usize) -> Error {
+    match &shared.cluster {
+        Some(cluster) => cluster.redirect(index),
+        None => Error::new(ErrorKind::Internal, format!("shard {index} is not serving")),
+    }
+}
+
+fn not_clustered() -> Error {
+    Error::value("this server is not part of a cluster (start it with --node-id)")
+}
+
 /// Running code needs the server's token when it has one.
 fn unauthorized(what: &str) -> Error {
     let message =
@@ -585,13 +662,19 @@ fn unauthorized(what: &str) -> Error {
     Error::new(ErrorKind::Unauthorized, message)
 }
 
-fn hello_reply(resumed: bool) -> Value {
-    Value::Map(vec![
+fn hello_reply(shared: &Shared, resumed: bool) -> Value {
+    let mut fields = vec![
         (Value::from("server"), Value::from("spindle")),
         (Value::from("version"), Value::from(crate::VERSION)),
         (Value::from("protocol"), Value::from(PROTOCOL_VERSION)),
         (Value::from("resumed"), Value::Boolean(resumed)),
-    ])
+    ];
+    if let Some(cluster) = &shared.cluster {
+        // Clients of a cluster route calls by shard: `cluster` tells the shard map.
+        fields.push((Value::from("node"), Value::from(cluster.node_id)));
+        fields.push((Value::from("shards"), Value::from(shared.shards.count() as u64)));
+    }
+    Value::Map(fields)
 }
 
 async fn discard_input(reader: &mut OwnedReadHalf) {

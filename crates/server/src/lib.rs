@@ -8,6 +8,7 @@
 //! and the host processes that run them), `process` (starting and supervising both kinds of
 //! Python child processes).
 
+mod cluster;
 pub mod config;
 mod connection;
 mod gateway;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+pub use cluster::ClusterConfig;
 pub use config::Config;
 pub use journal::RecoveryError;
 
@@ -45,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) stats: status::Stats,
     pub(crate) gateway: gateway::Gateway,
     pub(crate) hosts: hosts::Hosts,
+    /// This node's part in a cluster (`--node-id`).
+    pub(crate) cluster: Option<cluster::Cluster>,
     /// Where workers connect (the bound address, loopback when bound to every interface).
     pub(crate) worker_address: String,
     /// This server's claim on its data directory, held for its life.
@@ -62,9 +66,17 @@ impl Server {
     /// objects (with a data directory) before anything is served: connections made meanwhile
     /// wait in the listen backlog. A failed recovery is an error carrying a [`RecoveryError`].
     pub async fn bind(mut config: Config) -> io::Result<Server> {
+        if config.cluster.is_some() && config.data_dir.is_none() {
+            return Err(io::Error::other(
+                "a cluster node needs --data-dir (its replicas' Raft logs live there)",
+            ));
+        }
         let data_lock = match &config.data_dir {
             Some(dir) => {
                 let lock = spindle_storage::lock_dir(dir)?;
+                if let Some(shards) = cluster_shards(&config, dir).await? {
+                    config.partitions = shards;
+                }
                 config.partitions = journal::partitions(dir, config.partitions)?;
                 Some(lock)
             }
@@ -81,7 +93,19 @@ impl Server {
             };
             reachable.set_ip(loopback);
         }
+        let prepared = match (&config.cluster, &config.data_dir) {
+            (Some(settings), Some(dir)) => {
+                let advertised = settings.advertise.clone().unwrap_or_else(|| reachable.to_string());
+                Some(cluster::prepare(settings, dir, advertised, config.partitions)?.into_parts())
+            }
+            _ => None,
+        };
+        let (cluster, replicas, drivers) = match prepared {
+            Some((c, r, d)) => (Some(c), r, d),
+            None => (None, Vec::new(), Vec::new()),
+        };
         let shared = Arc::new(Shared {
+            cluster,
             shards: shards::Shards::new(config.partitions),
             registry: registry::Registry::new(),
             sessions: sessions::Sessions::new(),
@@ -93,10 +117,28 @@ impl Server {
             config,
             _data_lock: data_lock,
         });
-        if let Some(dir) = &shared.config.data_dir {
+        if let Some(cluster) = &shared.cluster {
+            // Connection ids appear in replicated records: each node numbers its own.
+            shared.registry.start_after(cluster.node_id << 40);
+            for (index, replica) in replicas.into_iter().enumerate() {
+                shared
+                    .shards
+                    .with(index, |s| {
+                        s.partition.enable_storage();
+                        s.replica = Some(replica);
+                    })
+                    .map_err(io::Error::other)?;
+            }
+            cluster::start(&shared, drivers);
+        } else if let Some(dir) = &shared.config.data_dir {
             journal::start(&shared, dir, shared.config.fsync, shared.config.snapshot_after)?;
         }
         Ok(Server { listener, shared })
+    }
+
+    /// This node's id in its cluster (`None` for a single server).
+    pub fn node_id(&self) -> Option<u64> {
+        self.shared.cluster.as_ref().map(|c| c.node_id)
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -144,5 +186,33 @@ impl Server {
         }
         info!("stopped accepting connections");
         Ok(())
+    }
+}
+
+/// A new node joining a cluster takes the cluster's shard count from the node it joins
+/// through (every node splits the keys the same way). `None`: keep the configured count.
+async fn cluster_shards(config: &Config, dir: &std::path::Path) -> io::Result<Option<usize>> {
+    let Some(seed) = config.cluster.as_ref().and_then(|c| c.join.as_deref()) else {
+        return Ok(None);
+    };
+    if dir.join("raft").exists() {
+        return Ok(None); // A member already: its logs say which shards it has.
+    }
+    let token = config.functions.token.as_deref();
+    let map = cluster::peers_request(seed, token, vec!["cluster".into()])
+        .await
+        .map_err(|e| io::Error::other(format!("cannot join through {seed}: {}", e.message)))?;
+    let shards = match &map {
+        spindle_core::Value::Map(entries) => entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("shards"))
+            .and_then(|(_, v)| v.as_u64()),
+        _ => None,
+    };
+    match shards {
+        Some(n) if n > 0 => Ok(Some(n as usize)),
+        _ => Err(io::Error::other(format!(
+            "cannot join through {seed}: its cluster map has no shard count"
+        ))),
     }
 }

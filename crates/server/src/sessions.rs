@@ -124,6 +124,10 @@ fn end_if_idle(shared: &Arc<Shared>, client: &Arc<str>, epoch: u64) {
         let now = Instant::now();
         for index in 0..shared.shards.count() {
             match shared.shards.with(index, |s| {
+                if !s.serving() {
+                    // A follower hears of the session's end from the leader's log.
+                    return (Vec::new(), Vec::new());
+                }
                 let out = s.partition.end_session(client, now);
                 let out = s.journal(out);
                 (out, hosts::forward(shared, &mut s.partition, None))

@@ -20,18 +20,27 @@ pub(crate) struct ShardState {
     armed: Option<Instant>,
     /// Object operations applied here (for `status`).
     pub(crate) calls: u64,
-    /// The op log (with `--data-dir`).
+    /// The op log (with `--data-dir`, on a single server).
     pub(crate) log: Option<Journal>,
+    /// The shard's Raft replica (in a cluster), in place of the op log.
+    pub(crate) replica: Option<crate::cluster::Replica>,
 }
 
 impl ShardState {
     /// After any partition entry point: hand its op-log records, with the replies that
     /// depend on them, to the log writer. Returns the replies that may go now.
     pub(crate) fn journal(&mut self, deliveries: Vec<Delivery>) -> Vec<Delivery> {
-        match self.partition.take_log() {
-            Some(records) => journal::submit(self, records, deliveries),
-            None => deliveries,
+        match (self.partition.take_log(), &mut self.replica) {
+            (Some(records), Some(replica)) => replica.submit(records, deliveries),
+            (Some(records), None) => journal::submit(self, records, deliveries),
+            (None, _) => deliveries,
         }
+    }
+
+    /// Whether calls may run on this shard here: always on a single server; in a cluster,
+    /// only on the shard's serving leader (elsewhere the partition follows the Raft log).
+    pub(crate) fn serving(&self) -> bool {
+        self.replica.as_ref().is_none_or(|r| r.serving)
     }
 }
 
@@ -54,6 +63,7 @@ impl Shards {
                     armed: None,
                     calls: 0,
                     log: None,
+                    replica: None,
                 }),
                 timer: Notify::new(),
             })
@@ -101,6 +111,14 @@ impl Shards {
     /// `keep`: give an object a life of its own, optionally under a new key. The object
     /// moves between shards one lock at a time (never two locks held at once).
     pub(crate) fn keep(&self, type_name: &str, key: &str, name: Option<&str>) -> Result<Value, Error> {
+        for index in [Some(key), name].into_iter().flatten().map(|k| self.index_of(k)) {
+            if !self.with(index, |s| s.serving())? {
+                return Err(Error::new(
+                    ErrorKind::NotLeader,
+                    "keep needs a node that leads the shards of both the object and its new name",
+                ));
+            }
+        }
         let Some(name) = name.filter(|n| *n != key) else {
             self.with(self.index_of(key), |s| s.partition.disown(type_name, key))??;
             return Ok(Value::from(key));
@@ -211,6 +229,11 @@ pub(crate) async fn run_timer(shared: Arc<Shared>, index: usize) {
     let shard = &shared.shards.shards[index];
     loop {
         let ticked = shared.shards.with(index, |s| {
+            if !s.serving() {
+                // A follower's parked calls are answered by the leader's logged expiries.
+                s.armed = None;
+                return (Vec::new(), None);
+            }
             let replies = s.partition.tick(Instant::now());
             let replies = s.journal(replies);
             s.armed = s.partition.next_deadline();

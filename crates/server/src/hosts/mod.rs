@@ -206,6 +206,10 @@ fn on_shard(
 ) -> Vec<Action> {
     let index = shared.shards.index_of(key);
     match shared.shards.with(index, |s| {
+        if !s.serving() {
+            // Stopped leading since the call went to the host: its caller was answered.
+            return (Vec::new(), Vec::new());
+        }
         let replies = f(&mut s.partition, Instant::now());
         let replies = s.journal(replies);
         (replies, forward(shared, &mut s.partition, None))

@@ -1,0 +1,557 @@
+//! One shard's Raft group on this node: a task that owns the raft-rs `RawNode` and its
+//! storage, steps peers' messages into it, proposes the leader's records, persists and sends
+//! what each `Ready` holds, and applies committed entries to the shard's partition.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, HardState, Message};
+use raft::{RawNode, StateRole};
+use spindle_core::{Error, ErrorKind, Partition, Value};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, info, warn};
+
+use super::store::Store;
+use crate::{hosts, Shared};
+
+/// Raft's clock: elections after 10-20 ticks without a leader, heartbeats every 2.
+const TICK: Duration = Duration::from_millis(50);
+const ELECTION_TICKS: usize = 10;
+const HEARTBEAT_TICKS: usize = 2;
+/// Events handled before the next `Ready` (a batch: many proposals, one fsync).
+const BATCH: usize = 1024;
+
+pub(crate) enum Event {
+    /// Protobuf-encoded Raft messages from a peer.
+    Messages(Vec<Vec<u8>>),
+    /// An entry to propose (see [`encode_entry`]).
+    Propose(Vec<u8>),
+    /// A membership change, answered once proposed (or refused).
+    Change(Change, oneshot::Sender<Result<Value, Error>>),
+}
+
+pub(crate) enum Change {
+    Add { node: u64, address: String },
+    Remove { node: u64 },
+}
+
+/// An entry proposed by a shard's leader: `[node, epoch, proposal, [record, ...]]`.
+pub(crate) fn encode_entry(node: u64, epoch: u64, proposal: u64, records: Vec<Vec<u8>>) -> Vec<u8> {
+    let value = Value::Array(vec![
+        node.into(),
+        epoch.into(),
+        proposal.into(),
+        Value::Array(records.into_iter().map(Value::Binary).collect()),
+    ]);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &value).expect("encoding to memory");
+    out
+}
+
+struct Proposed {
+    node: u64,
+    epoch: u64,
+    proposal: u64,
+    records: Vec<Vec<u8>>,
+}
+
+fn decode_entry(data: &[u8]) -> Result<Proposed, String> {
+    let value = rmpv::decode::read_value(&mut &data[..]).map_err(|e| e.to_string())?;
+    let bad = || "an entry that is not [node, epoch, proposal, records]".to_string();
+    let Value::Array(items) = value else { return Err(bad()) };
+    let [node, epoch, proposal, Value::Array(records)] = <[Value; 4]>::try_from(items).map_err(|_| bad())? else {
+        return Err(bad());
+    };
+    let records = records
+        .into_iter()
+        .map(|r| match r {
+            Value::Binary(b) => Ok(b),
+            _ => Err(bad()),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Proposed {
+        node: node.as_u64().ok_or_else(bad)?,
+        epoch: epoch.as_u64().ok_or_else(bad)?,
+        proposal: proposal.as_u64().ok_or_else(bad)?,
+        records,
+    })
+}
+
+pub(crate) struct Driver {
+    node_id: u64,
+    index: usize,
+    raw: RawNode<raft::storage::MemStorage>,
+    store: Store,
+    events: mpsc::UnboundedReceiver<Event>,
+    /// Committed entries to replay into the partition before anything else runs.
+    recovered: Vec<Entry>,
+    applied: u64,
+    leading: bool,
+    /// Leading, but entries of earlier terms up to this index are not applied yet.
+    serve_at: Option<u64>,
+    serving: bool,
+    /// A proposal was dropped while serving: the partition is ahead of the log.
+    diverged: bool,
+}
+
+impl Driver {
+    /// Open shard `index`'s group. A new first node (`bootstrap`) makes itself the group's
+    /// only voter through the log's first entry, so nodes that join later learn it there.
+    pub(crate) fn new(
+        node_id: u64,
+        index: usize,
+        mut store: Store,
+        events: mpsc::UnboundedReceiver<Event>,
+        bootstrap: bool,
+        address: &str,
+        nodes: &mut BTreeMap<u64, String>,
+    ) -> std::io::Result<Driver> {
+        if store.is_empty() && bootstrap {
+            let mut cc = ConfChange::default();
+            cc.set_change_type(ConfChangeType::AddNode);
+            cc.node_id = node_id;
+            cc.context = address.as_bytes().to_vec().into();
+            let mut first = Entry::default();
+            first.set_entry_type(EntryType::EntryConfChange);
+            first.index = 1;
+            first.term = 1;
+            first.data = cc.write_to_bytes().map_err(std::io::Error::other)?.into();
+            store.append(&[first])?;
+            store.set_hard_state(&HardState {
+                term: 1,
+                commit: 1,
+                ..Default::default()
+            })?;
+            store.set_conf_state(&raft::prelude::ConfState {
+                voters: vec![node_id],
+                ..Default::default()
+            })?;
+            store.sync()?;
+        }
+        // Committed entries are replayed here, not handed back by raft-rs: replaying a
+        // membership change onto the configuration stored after it would undo later ones.
+        let commit = store.mem.rl().hard_state().commit;
+        let recovered = store.entries(1, commit);
+        for e in &recovered {
+            if e.get_entry_type() == EntryType::EntryConfChange {
+                if let Ok(cc) = ConfChange::parse_from_bytes(&e.data) {
+                    learn(nodes, &cc);
+                }
+            }
+        }
+        let config = raft::Config {
+            id: node_id,
+            election_tick: ELECTION_TICKS,
+            heartbeat_tick: HEARTBEAT_TICKS,
+            applied: commit,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            pre_vote: true,
+            check_quorum: true,
+            ..Default::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&config, store.mem.clone(), &logger).map_err(std::io::Error::other)?;
+        Ok(Driver {
+            node_id,
+            index,
+            raw,
+            store,
+            events,
+            recovered,
+            applied: commit,
+            leading: false,
+            serve_at: None,
+            serving: false,
+            diverged: false,
+        })
+    }
+
+    pub(crate) async fn run(mut self, shared: Arc<Shared>) {
+        let recovered = std::mem::take(&mut self.recovered);
+        let now = Instant::now();
+        let _ = shared.shards.with(self.index, |s| {
+            for e in &recovered {
+                replay(&mut s.partition, self.index, e, now);
+            }
+        });
+        let voters: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+        if voters == [self.node_id] {
+            let _ = self.raw.campaign();
+        }
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    self.raw.tick();
+                    self.promote_learners(&shared);
+                }
+                event = self.events.recv() => match event {
+                    Some(event) => self.handle(&shared, event),
+                    None => return,
+                },
+            }
+            for _ in 0..BATCH {
+                match self.events.try_recv() {
+                    Ok(event) => self.handle(&shared, event),
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = self.on_ready(&shared) {
+                error!(
+                    shard = self.index,
+                    "the shard's Raft log cannot be written: {e}; this node leaves the shard's service"
+                );
+                self.demote(&shared);
+                return;
+            }
+            self.check_role(&shared);
+        }
+    }
+
+    fn handle(&mut self, shared: &Arc<Shared>, event: Event) {
+        match event {
+            Event::Messages(messages) => {
+                for bytes in messages {
+                    match Message::parse_from_bytes(&bytes) {
+                        Ok(m) => {
+                            let _ = self.raw.step(m);
+                        }
+                        Err(e) => warn!(shard = self.index, "dropped a Raft message that does not decode: {e}"),
+                    }
+                }
+            }
+            Event::Propose(data) => {
+                if self.raw.propose(Vec::new(), data).is_err() {
+                    self.diverged = true;
+                }
+            }
+            Event::Change(change, reply) => {
+                let _ = reply.send(self.change(shared, change));
+            }
+        }
+    }
+
+    fn change(&mut self, shared: &Arc<Shared>, change: Change) -> Result<Value, Error> {
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(cluster(shared).redirect(self.index));
+        }
+        let conf = self.raw.raft.prs().conf();
+        let voters: Vec<u64> = conf.voters().ids().iter().collect();
+        let learners: Vec<u64> = conf.learners().iter().copied().collect();
+        let busy = || {
+            Error::new(
+                ErrorKind::Busy,
+                "a membership change of this shard is in progress; retry when it is done",
+            )
+        };
+        let mut cc = ConfChange::default();
+        match change {
+            Change::Add { node, address } => {
+                if voters.contains(&node) {
+                    return Ok("voter".into());
+                }
+                if learners.contains(&node) {
+                    return Ok("learner".into());
+                }
+                if self.raw.raft.has_pending_conf() {
+                    return Err(busy());
+                }
+                cluster(shared).learn_address(node, &address);
+                cc.set_change_type(ConfChangeType::AddLearnerNode);
+                cc.node_id = node;
+                cc.context = address.into_bytes().into();
+            }
+            Change::Remove { node } => {
+                if !voters.contains(&node) && !learners.contains(&node) {
+                    return Ok("not a member".into());
+                }
+                if node == self.node_id {
+                    // A leader does not remove itself: it hands the shard to another voter
+                    // first, and the caller asks that one.
+                    if let Some(&other) = voters.iter().find(|&&v| v != node) {
+                        self.raw.transfer_leader(other);
+                    }
+                    return Err(Error::new(
+                        ErrorKind::Busy,
+                        "this node leads the shard: leadership is moving to another voter; retry",
+                    ));
+                }
+                if self.raw.raft.has_pending_conf() {
+                    return Err(busy());
+                }
+                cc.set_change_type(ConfChangeType::RemoveNode);
+                cc.node_id = node;
+            }
+        }
+        self.raw
+            .propose_conf_change(Vec::new(), cc)
+            .map_err(|e| Error::new(ErrorKind::Busy, format!("the change was not proposed: {e}; retry")))?;
+        Ok("proposed".into())
+    }
+
+    /// A learner that has caught up with the commit index becomes a voter (one at a time).
+    fn promote_learners(&mut self, shared: &Arc<Shared>) {
+        if self.raw.raft.state != StateRole::Leader || self.raw.raft.has_pending_conf() {
+            return;
+        }
+        let committed = self.raw.raft.raft_log.committed;
+        let ready = self
+            .raw
+            .raft
+            .prs()
+            .conf()
+            .learners()
+            .iter()
+            .copied()
+            .find(|id| self.raw.raft.prs().get(*id).is_some_and(|p| p.matched >= committed));
+        if let Some(node) = ready {
+            let mut cc = ConfChange::default();
+            cc.set_change_type(ConfChangeType::AddNode);
+            cc.node_id = node;
+            cc.context = cluster(shared).address_of(node).unwrap_or_default().into_bytes().into();
+            if self.raw.propose_conf_change(Vec::new(), cc).is_ok() {
+                info!(shard = self.index, node, "the learner caught up; promoting it to voter");
+            }
+        }
+    }
+
+    fn on_ready(&mut self, shared: &Arc<Shared>) -> std::io::Result<()> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.raw.ready();
+        self.send(shared, rd.take_messages());
+        if !rd.snapshot().is_empty() {
+            warn!(
+                shard = self.index,
+                "ignored a Raft snapshot: this version replicates logs only"
+            );
+        }
+        let committed = rd.take_committed_entries();
+        self.apply(shared, committed)?;
+        self.store.append(rd.entries())?;
+        if let Some(hs) = rd.hs() {
+            self.store.set_hard_state(hs)?;
+        }
+        if rd.must_sync() {
+            self.store.sync()?;
+        }
+        self.send(shared, rd.take_persisted_messages());
+        let mut light = self.raw.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            self.store.set_commit(commit)?;
+        }
+        self.send(shared, light.take_messages());
+        let committed = light.take_committed_entries();
+        self.apply(shared, committed)?;
+        self.raw.advance_apply();
+        Ok(())
+    }
+
+    fn send(&self, shared: &Arc<Shared>, messages: Vec<Message>) {
+        let Some(cluster) = shared.cluster.as_ref() else { return };
+        let mut by_peer: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
+        for m in messages {
+            match m.write_to_bytes() {
+                Ok(bytes) => by_peer.entry(m.to).or_default().push(bytes),
+                Err(e) => warn!(shard = self.index, "a Raft message did not encode: {e}"),
+            }
+        }
+        for (to, batch) in by_peer {
+            cluster.peers.send(shared, to, self.index as u64, batch);
+        }
+    }
+
+    fn apply(&mut self, shared: &Arc<Shared>, entries: Vec<Entry>) -> std::io::Result<()> {
+        let Some(last) = entries.last().map(|e| e.index) else {
+            return Ok(());
+        };
+        // Stored before any effect, so a restart replays exactly the entries applied.
+        if self.store.mem.rl().hard_state().commit < last {
+            self.store.set_commit(last)?;
+        }
+        let now = Instant::now();
+        for e in entries {
+            self.applied = e.index;
+            match e.get_entry_type() {
+                EntryType::EntryNormal if e.data.is_empty() => {}
+                EntryType::EntryNormal => {
+                    let outcome = shared.shards.with(self.index, |s| {
+                        if let (Some(replica), Ok(p)) = (s.replica.as_mut(), decode_entry(&e.data)) {
+                            if let Some(replies) = replica.committed(p.node, p.epoch, p.proposal) {
+                                return replies;
+                            }
+                        }
+                        replay(&mut s.partition, self.index, &e, now);
+                        Vec::new()
+                    });
+                    if let Ok(replies) = outcome {
+                        shared.registry.deliver(replies);
+                    }
+                }
+                EntryType::EntryConfChange => {
+                    let cc = match ConfChange::parse_from_bytes(&e.data) {
+                        Ok(cc) => cc,
+                        Err(err) => {
+                            error!(
+                                shard = self.index,
+                                index = e.index,
+                                "a membership change does not decode: {err}"
+                            );
+                            continue;
+                        }
+                    };
+                    if let Some(cluster) = shared.cluster.as_ref() {
+                        if matches!(
+                            cc.get_change_type(),
+                            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode
+                        ) {
+                            cluster.learn_address(cc.node_id, &String::from_utf8_lossy(&cc.context));
+                        }
+                    }
+                    match self.raw.apply_conf_change(&cc) {
+                        Ok(cs) => {
+                            self.store.set_conf_state(&cs)?;
+                            info!(
+                                shard = self.index,
+                                voters = ?cs.voters,
+                                learners = ?cs.learners,
+                                "membership changed"
+                            );
+                        }
+                        Err(err) => warn!(shard = self.index, "a membership change was refused: {err}"),
+                    }
+                }
+                EntryType::EntryConfChangeV2 => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Follow leadership: start serving once the log of earlier terms is applied, and stop
+    /// (rebuilding the partition from the log) when leadership is lost.
+    fn check_role(&mut self, shared: &Arc<Shared>) {
+        let cluster = cluster(shared);
+        let handle = &cluster.groups[self.index];
+        handle.leader.store(self.raw.raft.leader_id, Ordering::Relaxed);
+        let is_leader = self.raw.raft.state == StateRole::Leader;
+        if is_leader && !self.leading {
+            self.leading = true;
+            self.serve_at = Some(self.raw.raft.raft_log.last_index());
+        } else if !is_leader && self.leading {
+            self.leading = false;
+            self.serve_at = None;
+            if self.serving {
+                info!(shard = self.index, "no longer the shard's leader");
+                self.demote(shared);
+            }
+        }
+        if std::mem::take(&mut self.diverged) && self.serving {
+            warn!(
+                shard = self.index,
+                "a proposal was dropped; rebuilding the shard from its log"
+            );
+            self.demote(shared);
+            if self.leading {
+                self.serve_at = Some(self.raw.raft.raft_log.last_index());
+            }
+        }
+        if self.serve_at.is_some_and(|at| self.applied >= at) {
+            self.serve_at = None;
+            self.serving = true;
+            let now = Instant::now();
+            let started = shared.shards.with(self.index, |s| {
+                if let Some(replica) = s.replica.as_mut() {
+                    replica.start();
+                }
+                // Calls parked by connections of earlier leaders are dropped (logged).
+                let replies = s.partition.restart(now);
+                s.journal(replies)
+            });
+            if let Ok(replies) = started {
+                shared.registry.deliver(replies);
+            }
+            info!(shard = self.index, term = self.raw.raft.term, "leading the shard");
+        }
+        let conf = self.raw.raft.prs().conf();
+        let mut view = handle.view.lock().unwrap_or_else(|e| e.into_inner());
+        view.term = self.raw.raft.term;
+        view.commit = self.raw.raft.raft_log.committed;
+        view.applied = self.applied;
+        view.voters = conf.voters().ids().iter().collect();
+        view.voters.sort_unstable();
+        view.learners = conf.learners().iter().copied().collect();
+        view.learners.sort_unstable();
+        view.serving = self.serving;
+    }
+
+    /// Stop serving: answer the calls waiting here with `NotLeader`, and rebuild the
+    /// partition from the committed log (dropping what was applied but never committed,
+    /// and the ephemeral objects, which lived with this leader).
+    fn demote(&mut self, shared: &Arc<Shared>) {
+        self.serving = false;
+        let entries = self.store.entries(1, self.applied);
+        let error = cluster(shared).redirect(self.index);
+        let now = Instant::now();
+        let rebuilt = shared.shards.with(self.index, |s| {
+            let mut replies = s.replica.as_mut().map(|r| r.stop(&error)).unwrap_or_default();
+            replies.extend(s.partition.abandon(&error, now));
+            let actions = hosts::forward(shared, &mut s.partition, None);
+            let mut partition = Partition::new();
+            partition.enable_storage();
+            for e in &entries {
+                replay(&mut partition, self.index, e, now);
+            }
+            s.partition = partition;
+            (replies, actions)
+        });
+        if let Ok((replies, actions)) = rebuilt {
+            shared.registry.deliver(replies);
+            hosts::run(shared, actions);
+        }
+    }
+}
+
+fn cluster(shared: &Shared) -> &super::Cluster {
+    shared.cluster.as_ref().expect("a Raft group runs only in cluster mode")
+}
+
+fn learn(nodes: &mut BTreeMap<u64, String>, cc: &ConfChange) {
+    if matches!(
+        cc.get_change_type(),
+        ConfChangeType::AddNode | ConfChangeType::AddLearnerNode
+    ) && !cc.context.is_empty()
+    {
+        nodes.insert(cc.node_id, String::from_utf8_lossy(&cc.context).into_owned());
+    }
+}
+
+/// Apply a committed entry proposed elsewhere (or before a restart) to `partition`.
+fn replay(partition: &mut Partition, index: usize, e: &Entry, now: Instant) {
+    if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+        return;
+    }
+    match decode_entry(&e.data) {
+        Ok(p) => {
+            for record in &p.records {
+                if let Err(why) = partition.replay(record, now) {
+                    error!(
+                        shard = index,
+                        entry = e.index,
+                        "a replicated record was not applied: {why}"
+                    );
+                }
+            }
+        }
+        Err(why) => error!(
+            shard = index,
+            entry = e.index,
+            "a replicated entry does not decode: {why}"
+        ),
+    }
+}

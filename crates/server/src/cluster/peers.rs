@@ -1,0 +1,198 @@
+//! Links between the nodes of a cluster: one outgoing TCP connection per peer, carrying Raft
+//! messages as `raft` requests on the peer's ordinary port. A link that fails drops what it
+//! held and reconnects; Raft resends whatever mattered.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use spindle_core::{Error, ErrorKind, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+use crate::Shared;
+
+/// Messages of one shard for one peer.
+pub(crate) type Batch = (u64, Vec<Vec<u8>>);
+
+/// Messages queued for a peer beyond this are dropped (Raft resends): a dead peer never
+/// grows memory without bound.
+const QUEUE_LIMIT: usize = 4096;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const RECONNECT_AFTER: Duration = Duration::from_millis(200);
+
+#[derive(Default)]
+pub(crate) struct Peers {
+    links: Mutex<HashMap<u64, mpsc::Sender<Batch>>>,
+}
+
+impl Peers {
+    /// Queue `messages` of shard `group` for node `to`, starting its link on first use.
+    pub(crate) fn send(&self, shared: &Arc<Shared>, to: u64, group: u64, messages: Vec<Vec<u8>>) {
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        let link = links.entry(to).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(QUEUE_LIMIT);
+            tokio::spawn(run_link(shared.clone(), to, rx));
+            tx
+        });
+        // Full: the peer is not keeping up (or is down); Raft will retry.
+        let _ = link.try_send((group, messages));
+    }
+}
+
+async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
+    let Some(cluster) = shared.cluster.as_ref() else { return };
+    let mut next_id = 1u64;
+    loop {
+        let Some(address) = cluster.address_of(to) else {
+            // Not known yet (it is learned from the log and from the peer's own messages).
+            if drop_until(&mut rx, RECONNECT_AFTER).await {
+                return;
+            }
+            continue;
+        };
+        let mut stream = match open(&address, &cluster.name(), shared.config.functions.token.as_deref()).await {
+            Ok(stream) => {
+                info!(node = to, %address, "connected to peer");
+                stream
+            }
+            Err(e) => {
+                debug!(node = to, %address, "cannot reach peer: {e}");
+                if drop_until(&mut rx, RECONNECT_AFTER).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let (mut reader, mut writer) = stream.split();
+        // Raft requests are never answered; anything the peer sends (an error) is logged.
+        let outcome = tokio::select! {
+            _ = async {
+                let mut buf = vec![0u8; 4096];
+                while let Ok(n) = reader.read(&mut buf).await {
+                    if n == 0 { break; }
+                    debug!(node = to, "peer answered a raft frame: {n} bytes");
+                }
+            } => "the peer closed the link".to_string(),
+            e = async {
+                while let Some((group, messages)) = rx.recv().await {
+                    let request = Value::Array(vec![
+                        next_id.into(),
+                        "raft".into(),
+                        cluster.node_id.into(),
+                        cluster.address.as_str().into(),
+                        group.into(),
+                        Value::Array(messages.into_iter().map(Value::Binary).collect()),
+                    ]);
+                    next_id += 1;
+                    if let Err(e) = writer.write_all(&frame(&request)).await {
+                        return e.to_string();
+                    }
+                }
+                "the server is stopping".to_string()
+            } => e,
+        };
+        debug!(node = to, "peer link ended: {outcome}");
+        if rx.is_closed() {
+            return;
+        }
+    }
+}
+
+/// Drop queued messages for `wait`; true when the queue closed.
+async fn drop_until(rx: &mut mpsc::Receiver<Batch>, wait: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(_)) => continue,
+            Ok(None) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// One request frame.
+fn frame(request: &Value) -> Vec<u8> {
+    let mut out = vec![0u8; 4];
+    // Writing MessagePack to a Vec cannot fail.
+    rmpv::encode::write_value(&mut out, request).expect("encoding to memory");
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_be_bytes());
+    out
+}
+
+/// Connect to a node and say hello as `client` (with the cluster's token).
+async fn open(address: &str, client: &str, token: Option<&str>) -> Result<TcpStream, Error> {
+    let unavailable = |e: String| Error::new(ErrorKind::Busy, format!("cannot reach {address}: {e}"));
+    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+        .await
+        .map_err(|_| unavailable("timed out".into()))?
+        .map_err(|e| unavailable(e.to_string()))?;
+    let _ = stream.set_nodelay(true);
+    let mut hello = vec![
+        (Value::from("client"), Value::from(client)),
+        (Value::from("protocol"), Value::from(1)),
+    ];
+    if let Some(token) = token {
+        hello.push((Value::from("token"), Value::from(token)));
+    }
+    roundtrip(
+        &mut stream,
+        Value::Array(vec![0.into(), "hello".into(), Value::Map(hello)]),
+    )
+    .await?;
+    Ok(stream)
+}
+
+/// Send one request and read its reply.
+async fn roundtrip(stream: &mut TcpStream, request: Value) -> Result<Value, Error> {
+    let broken = |e: std::io::Error| Error::new(ErrorKind::Busy, format!("connection to a peer failed: {e}"));
+    stream.write_all(&frame(&request)).await.map_err(broken)?;
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await.map_err(broken)?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream.read_exact(&mut body).await.map_err(broken)?;
+    let reply = rmpv::decode::read_value(&mut &body[..])
+        .map_err(|e| Error::new(ErrorKind::ProtocolError, format!("a peer's reply does not decode: {e}")))?;
+    let bad = || Error::new(ErrorKind::ProtocolError, "a peer's reply is not [id, status, result]");
+    let Value::Array(mut items) = reply else {
+        return Err(bad());
+    };
+    if items.len() != 3 {
+        return Err(bad());
+    }
+    let result = items.pop().unwrap_or(Value::Nil);
+    match items[1].as_u64() {
+        Some(0) => Ok(result),
+        Some(_) => Err(error_of(result)),
+        None => Err(bad()),
+    }
+}
+
+fn error_of(result: Value) -> Error {
+    let Value::Array(items) = result else {
+        return Error::new(ErrorKind::ProtocolError, "a peer's error reply is malformed");
+    };
+    let kind = items
+        .first()
+        .and_then(Value::as_str)
+        .and_then(ErrorKind::from_name)
+        .unwrap_or(ErrorKind::Internal);
+    let message = items.get(1).and_then(Value::as_str).unwrap_or("").to_string();
+    Error::new(kind, message).with_data(items.get(2).cloned().unwrap_or(Value::Nil))
+}
+
+/// One request to the node at `address` on a connection of its own (joining a cluster).
+pub(crate) async fn request(
+    address: &str,
+    client: &str,
+    token: Option<&str>,
+    request: Vec<Value>,
+) -> Result<Value, Error> {
+    let mut stream = open(address, client, token).await?;
+    let mut items = vec![Value::from(1)];
+    items.extend(request);
+    roundtrip(&mut stream, Value::Array(items)).await
+}
