@@ -1,0 +1,342 @@
+"""Cluster mode with real processes: three `spindle server --node-id` nodes on loopback,
+replicated shards, `kill -9` and `SIGSTOP` of leaders under load, restarts with the data
+directory intact, and membership changes while serving (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+import spindle
+from spindle.client import Client, Connection, frame, shard_of
+from conftest import ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
+
+SHARDS = 4
+
+# A client process: increments persistent counters and merges into a persistent Dict on a
+# cluster until told to stop, recording every acknowledged result. Leaders die under it;
+# the SDK resends each call, with the same seq, to whichever node leads the shard next.
+LOAD = r"""
+import json, os, sys
+import spindle
+addresses, prefix, me, stop, out = sys.argv[1:]
+spindle.connect(addresses, embedded=False)
+shared = spindle.Counter(name=prefix + ".shared", persistent=True)
+mine = spindle.Counter(name=prefix + ".c" + me, persistent=True)
+merges = spindle.Dict(name=prefix + ".dict", persistent=True)
+seen, adds, merged = [], 0, 0
+while not os.path.exists(stop):
+    seen.append(shared.add(1))
+    adds = mine.add(1)
+    merged = merges.merge("k" + me, 1, "sum")
+with open(out, "w") as f:
+    json.dump({"seen": seen, "adds": adds, "merged": merged}, f)
+"""
+
+
+class Node:
+    """One cluster node: a server process with its own port and data directory."""
+
+    def __init__(self, node_id: int, data_dir: Path, join: Optional[str] = None) -> None:
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.join = join
+        self.log = data_dir.parent / f"node{node_id}.log"
+        self.server: Optional[ServerProcess] = None
+        self.start()
+
+    def start(self) -> None:
+        args = ["--node-id", str(self.node_id), "--data-dir", str(self.data_dir)]
+        args += ["--partitions", str(SHARDS), "--session-ttl", "30"]
+        if self.join:
+            args += ["--join", self.join]
+        with open(self.log, "a") as log:
+            self.server = ServerProcess(*args, port=self.port, stderr=log)
+
+    def map(self) -> Dict:
+        """This node's view of the cluster (the `cluster` request)."""
+        conn = Connection("127.0.0.1", self.port, "cluster-test", 1)
+        try:
+            reply = conn.roundtrip(frame([2, "cluster"]), 2)
+        finally:
+            conn.close()
+        assert reply[1] == 0, reply
+        return reply[2]
+
+    def kill(self) -> None:
+        assert self.server is not None
+        self.server.kill()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+class Cluster:
+    """Three nodes: the first starts the cluster, the others join it through the first."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        self.nodes: List[Node] = []
+        for node_id in range(1, size + 1):
+            join = self.nodes[0].address if self.nodes else None
+            self.nodes.append(Node(node_id, root / f"n{node_id}", join))
+        assert wait_until(lambda: self.voters_everywhere(set(range(1, size + 1))), 30), self.describe()
+
+    @property
+    def addresses(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    def voters_everywhere(self, voters: set) -> bool:
+        try:
+            return all(set(g["voters"]) == voters and g["leader"] for g in self.nodes[0].map()["groups"])
+        except OSError:
+            return False
+
+    def leaders(self, via: Optional[Node] = None) -> Dict[int, int]:
+        """Each shard's leader (node id), as ``via`` (default: the first live node) sees it."""
+        for node in [via] if via else self.nodes:
+            try:
+                return {g["shard"]: g["leader"] for g in node.map()["groups"]}
+            except OSError:
+                continue
+        return {}
+
+    def busiest_leader(self) -> Node:
+        counts: Dict[int, int] = {}
+        for leader in self.leaders().values():
+            counts[leader] = counts.get(leader, 0) + 1
+        node_id = max(counts, key=counts.__getitem__)
+        return next(n for n in self.nodes if n.node_id == node_id)
+
+    def caught_up(self, node: Node) -> bool:
+        """Whether ``node`` applied every shard's log as far as the shard's leader committed."""
+        try:
+            mine = {g["shard"]: g["applied"] for g in node.map()["groups"]}
+            views = {n.node_id: n.map() for n in self.nodes if n is not node}
+        except OSError:
+            return False
+        for view in views.values():
+            for g in view["groups"]:
+                if g["leader"] == view["node"] and mine[g["shard"]] < g["commit"]:
+                    return False
+        return True
+
+    def describe(self) -> str:
+        out = []
+        for n in self.nodes:
+            try:
+                out.append(json.dumps(n.map()["groups"]))
+            except OSError as exc:
+                out.append(f"node {n.node_id}: {exc}")
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def run_load(cluster: Cluster, tmp_path: Path, during, clients: int = 3) -> List[dict]:
+    """Run ``clients`` LOAD processes against the cluster, call ``during()``, stop them and
+    return what each saw acknowledged."""
+    stop = tmp_path / "stop"
+    env = dict(os.environ, PYTHONPATH=pythonpath_for_tests())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOAD, cluster.addresses, "load", str(i), str(stop), str(tmp_path / f"out{i}")],
+            env=env,
+        )
+        for i in range(clients)
+    ]
+    try:
+        time.sleep(0.5)
+        during()
+        time.sleep(0.5)
+        stop.touch()
+        for p in procs:
+            assert p.wait(90) == 0
+    finally:
+        stop.touch()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [json.loads((tmp_path / f"out{i}").read_text()) for i in range(clients)]
+
+
+def check_exactly_once(cluster: Cluster, results: List[dict]) -> None:
+    """Every acknowledged update is in the cluster, each exactly once."""
+    client = Client(cluster.addresses)
+    try:
+        seen = sorted(v for r in results for v in r["seen"])
+        assert len(seen) > 30, "the load ran"
+        assert seen == list(range(1, len(seen) + 1)), "an acknowledged increment was lost or applied twice"
+        assert client.call("Counter", "load.shared", "get", []) == len(seen)
+        for i, r in enumerate(results):
+            assert client.call("Counter", f"load.c{i}", "get", []) == r["adds"]
+            assert client.call("Dict", "load.dict", "getitem", [f"k{i}"]) == r["merged"]
+            assert r["adds"] == r["merged"] == len(r["seen"])
+    finally:
+        client.close()
+
+
+def test_every_shard_is_replicated_on_three_nodes_and_calls_reach_their_leader(cluster):
+    client = Client(cluster.addresses)
+    try:
+        keys = [f"rep{i}" for i in range(16)]
+        assert {shard_of(k, SHARDS) for k in keys} == set(range(SHARDS)), "the keys cover every shard"
+        for k in keys:
+            client.create("Counter", k, [], False, persistent=True)
+            for _ in range(5):
+                client.call("Counter", k, "add", [2])
+        assert [client.call("Counter", k, "get", []) for k in keys] == [10] * 16
+        assert client.shards == SHARDS
+    finally:
+        client.close()
+    # Every node applies every shard's log up to its leader's commit.
+    for node in cluster.nodes:
+        assert wait_until(lambda: cluster.caught_up(node), 10), cluster.describe()
+    # The CLI shows the same map.
+    out = subprocess.run(
+        [server_binary(), "cluster", "status", "--address", cluster.nodes[1].address],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line[:1].isdigit()]
+    shard_rows = [r for r in rows if len(r) >= 7]
+    assert len(shard_rows) == SHARDS and all(r[2] == "1,2,3" for r in shard_rows), out.stdout
+
+
+def test_a_node_that_does_not_lead_the_shard_answers_with_its_leader(cluster):
+    leaders = cluster.leaders()
+    shard, leader = next(iter(leaders.items()))
+    key = next(f"k{i}" for i in range(1000) if shard_of(f"k{i}", SHARDS) == shard)
+    follower = next(n for n in cluster.nodes if n.node_id != leader)
+    leader_node = next(n for n in cluster.nodes if n.node_id == leader)
+    conn = Connection("127.0.0.1", follower.port, "redirect-test", 1)
+    try:
+        reply = conn.roundtrip(frame([2, "create", 1, 0, "Counter", key, [], False]), 2)
+        assert reply[1] == 1 and reply[2][0] == "NotLeader", reply
+        assert reply[2][2] == leader_node.address
+        assert conn.hello["shards"] == SHARDS and conn.hello["node"] == follower.node_id
+    finally:
+        conn.close()
+    # The create ran nowhere: the leader has no such counter.
+    client = Client(leader_node.address)
+    try:
+        with pytest.raises(spindle.errors.ObjectNotFound):
+            client.call("Counter", key, "get", [])
+    finally:
+        client.close()
+
+
+def test_killing_the_busiest_leader_under_load_loses_and_repeats_nothing(cluster, tmp_path):
+    victim = cluster.busiest_leader()
+
+    def crash_and_restart() -> None:
+        victim.kill()  # SIGKILL
+        # The others elect new leaders; the load carries on against them.
+        assert wait_until(lambda: victim.node_id not in cluster.leaders().values(), 20)
+        time.sleep(1.0)
+        victim.start()  # its data directory is intact
+
+    results = run_load(cluster, tmp_path, crash_and_restart)
+    check_exactly_once(cluster, results)
+    # The restarted node caught up with everything committed while it was down.
+    assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
+
+
+def test_a_stopped_leader_is_replaced_and_catches_up_after_it_resumes(cluster, tmp_path):
+    victim = cluster.busiest_leader()
+
+    def pause() -> None:
+        os.kill(victim.server.process.pid, signal.SIGSTOP)  # a slow node, not a dead one
+        try:
+            assert wait_until(
+                lambda: victim.node_id not in cluster.leaders(via=next(n for n in cluster.nodes if n is not victim)).values(),
+                20,
+            )
+            time.sleep(1.0)
+        finally:
+            os.kill(victim.server.process.pid, signal.SIGCONT)
+        time.sleep(1.0)
+
+    results = run_load(cluster, tmp_path, pause)
+    check_exactly_once(cluster, results)
+    assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
+
+
+def test_removing_a_node_under_load_keeps_every_update(cluster, tmp_path):
+    def remove_third() -> None:
+        out = subprocess.run(
+            [server_binary(), "cluster", "remove", "3", "--address", cluster.nodes[0].address],
+            capture_output=True, text=True, timeout=90,
+        )
+        assert out.returncode == 0, out.stderr
+        assert cluster.voters_everywhere({1, 2}), cluster.describe()
+
+    results = run_load(cluster, tmp_path, remove_third)
+    check_exactly_once(cluster, results)
+    cluster.nodes[2].stop()
+    # Two voters of two: every shard still serves without the removed node.
+    client = Client(f"{cluster.nodes[0].address},{cluster.nodes[1].address}")
+    try:
+        assert client.call("Counter", "load.shared", "add", [1]) > 0
+    finally:
+        client.close()
+
+
+def test_a_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster):
+    client = Client(cluster.addresses)
+    try:
+        client.create("Dict", "kept", [], False, persistent=True)
+        client.call("Dict", "kept", "setitem", ["a", 1])
+    finally:
+        client.close()
+    for node in cluster.nodes:
+        node.stop()
+    for node in cluster.nodes:
+        node.start()
+    assert wait_until(lambda: all(cluster.leaders().values()), 30), cluster.describe()
+    client = Client(cluster.addresses)
+    try:
+        assert client.call("Dict", "kept", "getitem", ["a"]) == 1
+    finally:
+        client.close()
+
+
+def start_refused(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [server_binary(), "server", "--port", "0", *args],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )
+
+
+def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
+    out = start_refused("--node-id", "1")
+    assert out.returncode != 0 and "--data-dir" in out.stderr
+    node = Node(1, tmp_path / "n1")
+    try:
+        out = start_refused("--node-id", "2", "--data-dir", str(tmp_path / "other"), "--join", "127.0.0.1:1")
+        assert out.returncode != 0 and "cannot join through 127.0.0.1:1" in out.stderr
+    finally:
+        node.stop()
+    out = start_refused("--node-id", "2", "--data-dir", str(tmp_path / "n1"))
+    assert out.returncode != 0 and "belongs to node 1" in out.stderr
+    out = start_refused("--join", "127.0.0.1:1")
+    assert out.returncode != 0 and "--node-id" in out.stderr
