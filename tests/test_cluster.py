@@ -45,8 +45,11 @@ with open(out, "w") as f:
 class Node:
     """One cluster node: a server process with its own port and data directory."""
 
-    def __init__(self, node_id: int, data_dir: Path, join: Optional[str] = None) -> None:
+    def __init__(
+        self, node_id: int, data_dir: Path, join: Optional[str] = None, *extra: str
+    ) -> None:
         self.node_id = node_id
+        self.extra = list(extra)
         self.data_dir = data_dir
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -60,6 +63,7 @@ class Node:
         args += ["--partitions", str(SHARDS), "--session-ttl", "30"]
         if self.join:
             args += ["--join", self.join]
+        args += self.extra
         with open(self.log, "a") as log:
             self.server = ServerProcess(*args, port=self.port, stderr=log)
 
@@ -85,31 +89,55 @@ class Node:
 class Cluster:
     """Three nodes: the first starts the cluster, the others join it through the first."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, rf: int = 3) -> None:
+        self.root = root
         self.nodes: List[Node] = []
         for node_id in range(1, size + 1):
             join = self.nodes[0].address if self.nodes else None
-            self.nodes.append(Node(node_id, root / f"n{node_id}", join))
-        assert wait_until(lambda: self.voters_everywhere(set(range(1, size + 1))), 30), self.describe()
+            self.nodes.append(Node(node_id, root / f"n{node_id}", join, "--replication-factor", str(rf)))
+        assert wait_until(self.settled, 30), self.describe()
+
+    def add(self) -> Node:
+        """Start one more node, joining through the last one."""
+        node = Node(len(self.nodes) + 1, self.root / f"n{len(self.nodes) + 1}", self.nodes[-1].address)
+        self.nodes.append(node)
+        return node
+
+    def views(self) -> Dict[int, Dict]:
+        """Every group as its leader sees it (a node knows only the groups it holds)."""
+        views: Dict[int, Dict] = {}
+        for node in self.nodes:
+            try:
+                cluster = node.map()
+            except OSError:
+                continue
+            for g in cluster["groups"] + [dict(cluster["metadata"], shard="meta")]:
+                if g["leader"] == node.node_id:
+                    views[g["shard"]] = g
+        return views
+
+    def settled(self) -> bool:
+        """Every group has a leader and exactly its placed replicas as voters (the nodes
+        that do not vote on the metadata follow it as learners)."""
+        views = self.views()
+        return len(views) == SHARDS + 1 and all(
+            sorted(g["voters"]) == sorted(g["placement"]) and (shard == "meta" or not g["learners"])
+            for shard, g in views.items()
+        )
 
     @property
     def addresses(self) -> str:
         return ",".join(n.address for n in self.nodes)
 
     def voters_everywhere(self, voters: set) -> bool:
-        try:
-            return all(set(g["voters"]) == voters and g["leader"] for g in self.nodes[0].map()["groups"])
-        except OSError:
-            return False
+        views = self.views()
+        return len(views) == SHARDS + 1 and all(set(g["voters"]) == voters for g in views.values())
 
     def leaders(self, via: Optional[Node] = None) -> Dict[int, int]:
-        """Each shard's leader (node id), as ``via`` (default: the first live node) sees it."""
-        for node in [via] if via else self.nodes:
-            try:
-                return {g["shard"]: g["leader"] for g in node.map()["groups"]}
-            except OSError:
-                continue
-        return {}
+        """Each shard's leader (node id), as its leader sees it (or as ``via`` sees it)."""
+        if via is not None:
+            return {g["shard"]: g["leader"] for g in via.map()["groups"]}
+        return {shard: g["leader"] for shard, g in self.views().items() if shard != "meta"}
 
     def busiest_leader(self) -> Node:
         counts: Dict[int, int] = {}
@@ -119,23 +147,25 @@ class Cluster:
         return next(n for n in self.nodes if n.node_id == node_id)
 
     def caught_up(self, node: Node) -> bool:
-        """Whether ``node`` applied every shard's log as far as the shard's leader committed."""
+        """Whether ``node`` applied the log of every shard it holds as far as the shard's
+        leader committed."""
         try:
             mine = {g["shard"]: g["applied"] for g in node.map()["groups"]}
-            views = {n.node_id: n.map() for n in self.nodes if n is not node}
         except OSError:
             return False
-        for view in views.values():
-            for g in view["groups"]:
-                if g["leader"] == view["node"] and mine[g["shard"]] < g["commit"]:
-                    return False
-        return True
+        views = self.views()
+        return all(
+            mine[shard] >= g["commit"]
+            for shard, g in views.items()
+            if shard != "meta" and node.node_id in g["voters"]
+        ) and len(views) == SHARDS + 1
 
     def describe(self) -> str:
         out = []
         for n in self.nodes:
             try:
-                out.append(json.dumps(n.map()["groups"]))
+                m = n.map()
+                out.append(json.dumps(m["groups"] + [m["metadata"]]))
             except OSError as exc:
                 out.append(f"node {n.node_id}: {exc}")
         return "\n".join(out)
@@ -217,9 +247,14 @@ def test_every_shard_is_replicated_on_three_nodes_and_calls_reach_their_leader(c
         capture_output=True, text=True, timeout=30,
     )
     assert out.returncode == 0, out.stderr
-    rows = [line.split() for line in out.stdout.splitlines() if line[:1].isdigit()]
-    shard_rows = [r for r in rows if len(r) >= 7]
-    assert len(shard_rows) == SHARDS and all(r[2] == "1,2,3" for r in shard_rows), out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"3 nodes, {SHARDS} shards, 3 replicas each", out.stdout
+    table = lines[lines.index(next(line for line in lines if line.startswith("shard"))) + 1:]
+    rows = [line.split() for line in table]
+    assert [r[0] for r in rows] == [str(i) for i in range(SHARDS)] + ["meta"], out.stdout
+    assert all(r[2] == "1,2,3" and r[-1] == "up" for r in rows), out.stdout
+    # Leadership follows placement: the three nodes share the shards' leadership.
+    assert len({r[1] for r in rows[:SHARDS]}) > 1, out.stdout
 
 
 def test_a_node_that_does_not_lead_the_shard_answers_with_its_leader(cluster):
@@ -299,6 +334,37 @@ def test_removing_a_node_under_load_keeps_every_update(cluster, tmp_path):
         assert client.call("Counter", "load.shared", "add", [1]) > 0
     finally:
         client.close()
+
+
+def test_with_one_replica_each_shard_lives_on_one_node_and_the_shards_spread(tmp_path):
+    cluster = Cluster(tmp_path, rf=1)
+    try:
+        views = cluster.views()
+        holders = {shard: g["voters"] for shard, g in views.items() if shard != "meta"}
+        assert all(len(v) == 1 for v in holders.values()), holders
+        assert len({v[0] for v in holders.values()}) > 1, "the shards spread over the nodes"
+        client = Client(cluster.addresses)
+        try:
+            keys = [f"one{i}" for i in range(16)]
+            for k in keys:
+                client.create("Counter", k, [], False, persistent=True)
+                client.call("Counter", k, "add", [3])
+            assert [client.call("Counter", k, "get", []) for k in keys] == [3] * 16
+        finally:
+            client.close()
+    finally:
+        cluster.stop()
+
+
+def test_a_joining_node_takes_its_replicas_under_load_with_no_update_lost(cluster, tmp_path):
+    def join_a_fourth() -> None:
+        node = cluster.add()
+        assert wait_until(cluster.settled, 60), cluster.describe()
+        held = [s for s, g in cluster.views().items() if node.node_id in g["voters"]]
+        assert held, "the new node holds replicas"
+
+    results = run_load(cluster, tmp_path, join_a_fourth)
+    check_exactly_once(cluster, results)
 
 
 def test_a_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster):

@@ -202,9 +202,9 @@ impl Client {
         self.request("cluster", vec![])
     }
 
-    /// Ask a shard's leader to remove `node` from the shard.
-    pub(crate) fn leave(&mut self, node: u64, shard: u64) -> Result<Value, String> {
-        self.request("leave", vec![node.into(), shard.into()])
+    /// Ask the metadata group's leader to remove `node` from the cluster.
+    pub(crate) fn leave(&mut self, node: u64) -> Result<Value, String> {
+        self.request("leave", vec![node.into()])
     }
 
     /// The server's `status` map.

@@ -20,8 +20,9 @@ enum ClusterCommand {
         #[command(flatten)]
         address: crate::AddressArg,
     },
-    /// Remove node ID from every shard while the cluster serves (its shards' leadership
-    /// moves away first), then stop it. New nodes join with `spindle server --join`.
+    /// Remove node ID from the cluster while it serves: its replicas move to other nodes
+    /// first (and leadership away from it); then it may be stopped. New nodes join with
+    /// `spindle server --node-id N --join HOST:PORT`.
     Remove {
         /// The node's id (`--node-id` it was started with).
         node: u64,
@@ -55,20 +56,48 @@ fn cluster_map(address: &str) -> Result<Value, String> {
     Client::connect(address)?.cluster()
 }
 
+/// Each group as its leader sees it (a node knows only the groups it holds), from the maps
+/// of every node that answers, then the metadata group's.
+fn leaders_views(map: &Value) -> (Vec<Value>, Value) {
+    let mut groups = field(map, "groups")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    groups.push(field(map, "metadata").cloned().unwrap_or(Value::Nil));
+    let nodes = field(map, "nodes").and_then(Value::as_map).cloned().unwrap_or_default();
+    let views: Vec<Value> = nodes
+        .iter()
+        .filter_map(|(_, a)| cluster_map(a.as_str()?).ok())
+        .collect();
+    for view in &views {
+        let node = field(view, "node").and_then(Value::as_u64);
+        let mut theirs = field(view, "groups")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        theirs.push(field(view, "metadata").cloned().unwrap_or(Value::Nil));
+        for (mine, their) in groups.iter_mut().zip(theirs) {
+            if node.is_some() && field(&their, "leader").and_then(Value::as_u64) == node {
+                *mine = their;
+            }
+        }
+    }
+    let metadata = groups.pop().unwrap_or(Value::Nil);
+    (groups, metadata)
+}
+
 fn status(address: &str) -> Result<(), String> {
     let map = cluster_map(address)?;
     let nodes = field(&map, "nodes")
         .and_then(Value::as_map)
         .cloned()
         .unwrap_or_default();
-    let groups = field(&map, "groups")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let (groups, metadata) = leaders_views(&map);
     println!(
-        "node {} answered; {} shards",
-        field(&map, "node").and_then(Value::as_u64).unwrap_or(0),
-        groups.len()
+        "{} nodes, {} shards, {} replicas each",
+        nodes.len(),
+        groups.len(),
+        field(&map, "replication_factor").and_then(Value::as_u64).unwrap_or(0)
     );
     println!();
     println!("{:<6} {:<24} {:>8}", "node", "address", "leading");
@@ -82,10 +111,10 @@ fn status(address: &str) -> Result<(), String> {
     }
     println!();
     println!(
-        "{:<6} {:<8} {:<12} {:<10} {:>6} {:>10} {:>10}  health",
-        "shard", "leader", "voters", "learners", "term", "commit", "applied"
+        "{:<6} {:<8} {:<12} {:<10} {:<12} {:>6} {:>10} {:>10}  health",
+        "shard", "leader", "voters", "learners", "placement", "term", "commit", "applied"
     );
-    for g in &groups {
+    for g in groups.iter().chain(std::iter::once(&metadata)) {
         let num = |name: &str| field(g, name).and_then(Value::as_u64).unwrap_or(0);
         let list = |name: &str| {
             let v = ids(field(g, name));
@@ -95,22 +124,31 @@ fn status(address: &str) -> Result<(), String> {
                 v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
             }
         };
-        let voters = ids(field(g, "voters"));
+        let (voters, placement) = (ids(field(g, "voters")), ids(field(g, "placement")));
+        let mut settled = voters.clone();
+        settled.sort_unstable();
+        let mut placed = placement.clone();
+        placed.sort_unstable();
         let health = match num("leader") {
             0 => "no leader".to_string(),
-            _ if voters.len() < 3 => format!("up, {} replica(s)", voters.len()),
+            _ if settled != placed => "up, moving".to_string(),
             _ => "up".to_string(),
+        };
+        let name = match std::ptr::eq(g, &metadata) {
+            true => "meta".to_string(),
+            false => num("shard").to_string(),
         };
         let leader = match num("leader") {
             0 => "-".to_string(),
             n => n.to_string(),
         };
         println!(
-            "{:<6} {:<8} {:<12} {:<10} {:>6} {:>10} {:>10}  {health}",
-            num("shard"),
+            "{:<6} {:<8} {:<12} {:<10} {:<12} {:>6} {:>10} {:>10}  {health}",
+            name,
             leader,
             list("voters"),
             list("learners"),
+            list("placement"),
             num("term"),
             num("commit"),
             num("applied")
@@ -120,30 +158,33 @@ fn status(address: &str) -> Result<(), String> {
 }
 
 fn remove(address: &str, node: u64) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut asked = false;
     loop {
         let map = cluster_map(address)?;
-        let groups = field(&map, "groups")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let member: Vec<&Value> = groups
-            .iter()
-            .filter(|g| ids(field(g, "voters")).contains(&node) || ids(field(g, "learners")).contains(&node))
-            .collect();
-        if member.is_empty() {
-            println!("node {node} is in no shard any more; it can be stopped");
+        let (mut groups, metadata) = leaders_views(&map);
+        let is_member =
+            |g: &Value| ids(field(g, "voters")).contains(&node) || ids(field(g, "learners")).contains(&node);
+        let listed = field(&map, "nodes")
+            .and_then(Value::as_map)
+            .is_some_and(|nodes| nodes.iter().any(|(id, _)| id.as_u64() == Some(node)));
+        if !asked && !listed {
+            return Err(format!("node {node} is not a member of the cluster"));
+        }
+        groups.push(metadata.clone());
+        let member = groups.iter().filter(|g| is_member(g)).count();
+        if !listed && member == 0 {
+            println!("node {node} left the cluster: it holds no replica any more and can be stopped");
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("node {node} is still in {} shards after 60 s", member.len()));
+            return Err(format!("node {node} still holds {member} replicas after 120 s"));
         }
-        for g in member {
-            let shard = field(g, "shard").and_then(Value::as_u64).unwrap_or(0);
-            // Ask the shard's leader; refusals (busy, moving leadership) are retried.
-            if let Some(leader) = field(g, "leader_address").and_then(Value::as_str) {
+        if listed {
+            // The metadata group's leader takes the request; retried until it is recorded.
+            if let Some(leader) = field(&metadata, "leader_address").and_then(Value::as_str) {
                 if let Ok(mut client) = Client::connect(leader) {
-                    let _ = client.leave(node, shard);
+                    asked |= client.leave(node).is_ok();
                 }
             }
         }

@@ -114,6 +114,10 @@ struct ServerArgs {
     /// The address other nodes and clients reach this node at [default: the bound address].
     #[arg(long, value_name = "HOST:PORT", requires = "node_id")]
     advertise: Option<String>,
+    /// Replicas of each shard in a new cluster (fewer while the cluster has fewer nodes).
+    #[arg(long, value_name = "N", requires = "node_id", default_value_t = spindle_server::DEFAULT_REPLICATION_FACTOR as u8,
+          value_parser = clap::value_parser!(u8).range(1..=7))]
+    replication_factor: u8,
     #[command(flatten)]
     functions: FunctionArgs,
     #[command(flatten)]
@@ -316,6 +320,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
             node_id,
             join: args.join,
             advertise: args.advertise,
+            replication_factor: usize::from(args.replication_factor),
         }),
     };
     if let Err(message) = config.check() {

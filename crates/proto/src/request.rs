@@ -107,18 +107,17 @@ pub enum Request {
     Cluster {
         id: u64,
     },
-    /// Ask the leader of shard `group` to add node `node` (reachable at `address`) to it.
+    /// Add node `node` (reachable at `address`) to the cluster (sent to the leader of the
+    /// metadata group; others answer `NotLeader`).
     Join {
         id: u64,
         node: u64,
         address: String,
-        group: u64,
     },
-    /// Ask the leader of shard `group` to remove node `node` from it.
+    /// Remove node `node` from the cluster: its replicas move away first.
     Leave {
         id: u64,
         node: u64,
-        group: u64,
     },
     /// Raft messages between the nodes of a cluster (one-way: never answered).
     Raft {
@@ -330,20 +329,18 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             Request::Cluster { id }
         }
         "join" => {
-            p.arity("[id, \"join\", node, address, shard]", 3)?;
+            p.arity("[id, \"join\", node, address]", 2)?;
             Request::Join {
                 id,
                 node: p.uint("node")?,
                 address: p.string("address")?,
-                group: p.uint("shard")?,
             }
         }
         "leave" => {
-            p.arity("[id, \"leave\", node, shard]", 2)?;
+            p.arity("[id, \"leave\", node]", 1)?;
             Request::Leave {
                 id,
                 node: p.uint("node")?,
-                group: p.uint("shard")?,
             }
         }
         "raft" => {

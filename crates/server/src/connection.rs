@@ -312,13 +312,8 @@ impl Connection {
                 };
                 self.reply(id, reply)
             }
-            Request::Join {
-                id,
-                node,
-                address,
-                group,
-            } => self.change(id, group, MembershipChange::Add { node, address }),
-            Request::Leave { id, node, group } => self.change(id, group, MembershipChange::Remove { node }),
+            Request::Join { id, node, address } => self.change(id, MembershipChange::AddNode { node, address }),
+            Request::Leave { id, node } => self.change(id, MembershipChange::RemoveNode { node }),
             Request::Raft {
                 id,
                 from,
@@ -361,8 +356,8 @@ impl Connection {
         self.apply(id, seq, thread, op, code.as_ref());
     }
 
-    /// `join` or `leave`: a membership change of one shard, answered once proposed.
-    fn change(&mut self, id: u64, group: u64, change: MembershipChange) {
+    /// `join` or `leave`: a change of the cluster's nodes, answered once proposed.
+    fn change(&mut self, id: u64, change: MembershipChange) {
         if !self.authorized {
             return self.reply(id, Err(unauthorized("changing the cluster's membership")));
         }
@@ -372,7 +367,7 @@ impl Connection {
         let (shared, conn) = (self.shared.clone(), self.id);
         tokio::spawn(async move {
             let Some(cluster) = shared.cluster.as_ref() else { return };
-            let reply = cluster.change(group, change).await;
+            let reply = cluster.change(change).await;
             shared.registry.deliver([Delivery {
                 token: Token { conn, req: id },
                 reply,

@@ -1,6 +1,8 @@
-//! One shard's Raft group on this node: a task that owns the raft-rs `RawNode` and its
-//! storage, steps peers' messages into it, proposes the leader's records, persists and sends
-//! what each `Ready` holds, and applies committed entries to the shard's partition.
+//! One Raft group on this node (a shard, or the cluster's metadata): a task that owns the
+//! raft-rs `RawNode` and its storage, steps peers' messages into it, proposes the leader's
+//! entries, persists and sends what each `Ready` holds, and applies committed entries (to
+//! the shard's partition, or to the metadata). Its leader also moves the group's replicas
+//! towards their placement, one membership change at a time.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -14,6 +16,7 @@ use spindle_core::{Error, ErrorKind, Partition, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
+use super::meta::{Command, Meta};
 use super::store::Store;
 use crate::{hosts, Shared};
 
@@ -23,19 +26,16 @@ const ELECTION_TICKS: usize = 10;
 const HEARTBEAT_TICKS: usize = 2;
 /// Events handled before the next `Ready` (a batch: many proposals, one fsync).
 const BATCH: usize = 1024;
+/// Ticks between two leadership transfers to a group's preferred leader (no ping-pong).
+const TRANSFER_COOLDOWN: u32 = 40;
 
 pub(crate) enum Event {
     /// Protobuf-encoded Raft messages from a peer.
     Messages(Vec<Vec<u8>>),
     /// An entry to propose (see [`encode_entry`]).
     Propose(Vec<u8>),
-    /// A membership change, answered once proposed (or refused).
-    Change(Change, oneshot::Sender<Result<Value, Error>>),
-}
-
-pub(crate) enum Change {
-    Add { node: u64, address: String },
-    Remove { node: u64 },
+    /// A change of the cluster's nodes (metadata group only), answered once proposed.
+    Change(Command, oneshot::Sender<Result<Value, Error>>),
 }
 
 /// An entry proposed by a shard's leader: `[node, epoch, proposal, [record, ...]]`.
@@ -83,6 +83,8 @@ fn decode_entry(data: &[u8]) -> Result<Proposed, String> {
 pub(crate) struct Driver {
     node_id: u64,
     index: usize,
+    /// This is the metadata group (otherwise a shard's).
+    meta: bool,
     raw: RawNode<raft::storage::MemStorage>,
     store: Store,
     events: mpsc::UnboundedReceiver<Event>,
@@ -95,21 +97,27 @@ pub(crate) struct Driver {
     serving: bool,
     /// A proposal was dropped while serving: the partition is ahead of the log.
     diverged: bool,
+    /// Ticks until the next leadership transfer may start.
+    cooldown: u32,
 }
 
 impl Driver {
-    /// Open shard `index`'s group. A new first node (`bootstrap`) makes itself the group's
-    /// only voter through the log's first entry, so nodes that join later learn it there.
+    /// Open group `index` (the metadata group when `meta`). A new first node (`bootstrap`
+    /// is its replication factor) makes itself the group's only voter through the log's first
+    /// entry, so nodes that join later learn it there; the metadata log then names it and
+    /// the replication factor.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         node_id: u64,
         index: usize,
+        meta: bool,
         mut store: Store,
         events: mpsc::UnboundedReceiver<Event>,
-        bootstrap: bool,
+        bootstrap: Option<usize>,
         address: &str,
         nodes: &mut BTreeMap<u64, String>,
     ) -> std::io::Result<Driver> {
-        if store.is_empty() && bootstrap {
+        if let Some(rf) = bootstrap.filter(|_| store.is_empty()) {
             let mut cc = ConfChange::default();
             cc.set_change_type(ConfChangeType::AddNode);
             cc.node_id = node_id;
@@ -119,10 +127,28 @@ impl Driver {
             first.index = 1;
             first.term = 1;
             first.data = cc.write_to_bytes().map_err(std::io::Error::other)?.into();
-            store.append(&[first])?;
+            let mut entries = vec![first];
+            if meta {
+                let commands = [
+                    Command::AddNode {
+                        node: node_id,
+                        address: address.to_string(),
+                    },
+                    Command::SetReplicationFactor { rf },
+                ];
+                for command in commands {
+                    let mut e = Entry::default();
+                    e.index = entries.len() as u64 + 1;
+                    e.term = 1;
+                    e.data = command.encode().into();
+                    entries.push(e);
+                }
+            }
+            let commit = entries.len() as u64;
+            store.append(&entries)?;
             store.set_hard_state(&HardState {
                 term: 1,
-                commit: 1,
+                commit,
                 ..Default::default()
             })?;
             store.set_conf_state(&raft::prelude::ConfState {
@@ -158,6 +184,7 @@ impl Driver {
         Ok(Driver {
             node_id,
             index,
+            meta,
             raw,
             store,
             events,
@@ -167,17 +194,24 @@ impl Driver {
             serve_at: None,
             serving: false,
             diverged: false,
+            cooldown: 0,
         })
     }
 
     pub(crate) async fn run(mut self, shared: Arc<Shared>) {
         let recovered = std::mem::take(&mut self.recovered);
-        let now = Instant::now();
-        let _ = shared.shards.with(self.index, |s| {
+        if self.meta {
             for e in &recovered {
-                replay(&mut s.partition, self.index, e, now);
+                apply_meta(cluster(&shared), e);
             }
-        });
+        } else {
+            let now = Instant::now();
+            let _ = shared.shards.with(self.index, |s| {
+                for e in &recovered {
+                    replay(&mut s.partition, self.index, e, now);
+                }
+            });
+        }
         let voters: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
         if voters == [self.node_id] {
             let _ = self.raw.campaign();
@@ -188,7 +222,8 @@ impl Driver {
             tokio::select! {
                 _ = ticker.tick() => {
                     self.raw.tick();
-                    self.promote_learners(&shared);
+                    self.cooldown = self.cooldown.saturating_sub(1);
+                    self.reconcile(&shared);
                 }
                 event = self.events.recv() => match event {
                     Some(event) => self.handle(&shared, event),
@@ -236,86 +271,114 @@ impl Driver {
         }
     }
 
-    fn change(&mut self, shared: &Arc<Shared>, change: Change) -> Result<Value, Error> {
-        if self.raw.raft.state != StateRole::Leader {
-            return Err(cluster(shared).redirect(self.index));
+    /// Add or remove a node (metadata group): proposed by its leader, refused elsewhere.
+    fn change(&mut self, shared: &Arc<Shared>, command: Command) -> Result<Value, Error> {
+        let cluster = cluster(shared);
+        if !self.meta {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "membership changes go to the metadata group",
+            ));
         }
-        let conf = self.raw.raft.prs().conf();
-        let voters: Vec<u64> = conf.voters().ids().iter().collect();
-        let learners: Vec<u64> = conf.learners().iter().copied().collect();
-        let busy = || {
-            Error::new(
-                ErrorKind::Busy,
-                "a membership change of this shard is in progress; retry when it is done",
-            )
-        };
-        let mut cc = ConfChange::default();
-        match change {
-            Change::Add { node, address } => {
-                if voters.contains(&node) {
-                    return Ok("voter".into());
-                }
-                if learners.contains(&node) {
-                    return Ok("learner".into());
-                }
-                if self.raw.raft.has_pending_conf() {
-                    return Err(busy());
-                }
-                cluster(shared).learn_address(node, &address);
-                cc.set_change_type(ConfChangeType::AddLearnerNode);
-                cc.node_id = node;
-                cc.context = address.into_bytes().into();
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(cluster.redirect(self.index));
+        }
+        let meta = cluster.meta();
+        match &command {
+            Command::AddNode { node, address } if meta.nodes.get(node) == Some(address) => return Ok("member".into()),
+            Command::AddNode { node, .. } if meta.nodes.contains_key(node) => {
+                return Err(Error::value(format!(
+                    "node {node} is a member at another address; remove it first"
+                )))
             }
-            Change::Remove { node } => {
-                if !voters.contains(&node) && !learners.contains(&node) {
-                    return Ok("not a member".into());
-                }
-                if node == self.node_id {
-                    // A leader does not remove itself: it hands the shard to another voter
-                    // first, and the caller asks that one.
-                    if let Some(&other) = voters.iter().find(|&&v| v != node) {
-                        self.raw.transfer_leader(other);
-                    }
-                    return Err(Error::new(
-                        ErrorKind::Busy,
-                        "this node leads the shard: leadership is moving to another voter; retry",
-                    ));
-                }
-                if self.raw.raft.has_pending_conf() {
-                    return Err(busy());
-                }
-                cc.set_change_type(ConfChangeType::RemoveNode);
-                cc.node_id = node;
+            Command::RemoveNode { node } if !meta.nodes.contains_key(node) => return Ok("not a member".into()),
+            Command::RemoveNode { .. } if meta.nodes.len() == 1 => {
+                return Err(Error::value("the cluster's last node cannot be removed"));
             }
+            _ => {}
         }
         self.raw
-            .propose_conf_change(Vec::new(), cc)
+            .propose(Vec::new(), command.encode())
             .map_err(|e| Error::new(ErrorKind::Busy, format!("the change was not proposed: {e}; retry")))?;
         Ok("proposed".into())
     }
 
-    /// A learner that has caught up with the commit index becomes a voter (one at a time).
-    fn promote_learners(&mut self, shared: &Arc<Shared>) {
-        if self.raw.raft.state != StateRole::Leader || self.raw.raft.has_pending_conf() {
+    /// The leader moves the group's replicas towards their placement, one membership change
+    /// at a time: add the missing replicas as learners, promote them once they caught up,
+    /// then remove (or, in the metadata group, demote) the replicas placed elsewhere, handing
+    /// leadership away first if this node is one of them; and hand leadership to the
+    /// preferred replica, which spreads shard leaders over the nodes.
+    fn reconcile(&mut self, shared: &Arc<Shared>) {
+        if self.raw.raft.state != StateRole::Leader || self.raw.raft.has_pending_conf() || self.serve_at.is_some() {
             return;
         }
+        let cluster = cluster(shared);
+        let meta: Meta = cluster.meta();
+        if meta.nodes.is_empty() || meta.rf == 0 {
+            return;
+        }
+        let group = self.index as u64;
+        let (voters_wanted, members_wanted): (Vec<u64>, Vec<u64>) = match self.meta {
+            // Every node follows the metadata; a few of them vote.
+            true => (meta.meta_voters(group), meta.nodes.keys().copied().collect()),
+            false => {
+                let replicas = meta.shard_replicas(group);
+                (replicas.clone(), replicas)
+            }
+        };
+        let conf = self.raw.raft.prs().conf();
+        let voters: Vec<u64> = conf.voters().ids().iter().collect();
+        let learners: Vec<u64> = conf.learners().iter().copied().collect();
         let committed = self.raw.raft.raft_log.committed;
-        let ready = self
-            .raw
-            .raft
-            .prs()
-            .conf()
-            .learners()
-            .iter()
-            .copied()
-            .find(|id| self.raw.raft.prs().get(*id).is_some_and(|p| p.matched >= committed));
-        if let Some(node) = ready {
+        let caught_up = |n: u64| self.raw.raft.prs().get(n).is_some_and(|p| p.matched >= committed);
+        let change = |kind: ConfChangeType, node: u64| {
             let mut cc = ConfChange::default();
-            cc.set_change_type(ConfChangeType::AddNode);
+            cc.set_change_type(kind);
             cc.node_id = node;
-            cc.context = cluster(shared).address_of(node).unwrap_or_default().into_bytes().into();
+            cc.context = cluster.address_of(node).unwrap_or_default().into_bytes().into();
+            cc
+        };
+        let next = if let Some(&n) = members_wanted
+            .iter()
+            .find(|n| !voters.contains(n) && !learners.contains(n))
+        {
+            Some(change(ConfChangeType::AddLearnerNode, n))
+        } else if let Some(&n) = learners.iter().find(|n| voters_wanted.contains(n) && caught_up(**n)) {
+            Some(change(ConfChangeType::AddNode, n))
+        } else if let Some(&n) = voters.iter().find(|n| !voters_wanted.contains(n)) {
+            // Only once every placed replica votes, so the group never shrinks below them.
+            if !voters_wanted.iter().all(|w| voters.contains(w)) {
+                None
+            } else if n == self.node_id {
+                if self.cooldown == 0 {
+                    self.cooldown = TRANSFER_COOLDOWN;
+                    info!(
+                        shard = self.index,
+                        to = voters_wanted[0],
+                        "handing leadership to a placed replica"
+                    );
+                    self.raw.transfer_leader(voters_wanted[0]);
+                }
+                None
+            } else if members_wanted.contains(&n) {
+                Some(change(ConfChangeType::AddLearnerNode, n))
+            } else {
+                Some(change(ConfChangeType::RemoveNode, n))
+            }
+        } else if let Some(&n) = learners.iter().find(|n| !members_wanted.contains(n)) {
+            Some(change(ConfChangeType::RemoveNode, n))
+        } else {
+            let preferred = voters_wanted[0];
+            if preferred != self.node_id && self.cooldown == 0 && voters.contains(&preferred) && caught_up(preferred) {
+                self.cooldown = TRANSFER_COOLDOWN;
+                self.raw.transfer_leader(preferred);
+            }
+            None
+        };
+        if let Some(cc) = next {
+            let (kind, node) = (cc.get_change_type(), cc.node_id);
             if self.raw.propose_conf_change(Vec::new(), cc).is_ok() {
-                info!(shard = self.index, node, "the learner caught up; promoting it to voter");
+                info!(shard = self.index, node, change = ?kind, "moving the group towards its placement");
             }
         }
     }
@@ -380,6 +443,7 @@ impl Driver {
             self.applied = e.index;
             match e.get_entry_type() {
                 EntryType::EntryNormal if e.data.is_empty() => {}
+                EntryType::EntryNormal if self.meta => apply_meta(cluster(shared), &e),
                 EntryType::EntryNormal => {
                     let outcome = shared.shards.with(self.index, |s| {
                         if let (Some(replica), Ok(p)) = (s.replica.as_mut(), decode_entry(&e.data)) {
@@ -440,7 +504,10 @@ impl Driver {
         let handle = &cluster.groups[self.index];
         handle.leader.store(self.raw.raft.leader_id, Ordering::Relaxed);
         let is_leader = self.raw.raft.state == StateRole::Leader;
-        if is_leader && !self.leading {
+        if self.meta {
+            // The metadata group has no partition to serve.
+            self.leading = is_leader;
+        } else if is_leader && !self.leading {
             self.leading = true;
             self.serve_at = Some(self.raw.raft.raft_log.last_index());
         } else if !is_leader && self.leading {
@@ -519,6 +586,23 @@ impl Driver {
 
 fn cluster(shared: &Shared) -> &super::Cluster {
     shared.cluster.as_ref().expect("a Raft group runs only in cluster mode")
+}
+
+/// Apply a committed metadata entry.
+fn apply_meta(cluster: &super::Cluster, e: &Entry) {
+    if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+        return;
+    }
+    match Command::decode(&e.data) {
+        Ok(command) => {
+            if let Command::AddNode { node, address } = &command {
+                cluster.learn_address(*node, address);
+            }
+            info!(?command, "cluster metadata changed");
+            cluster.apply_meta(command);
+        }
+        Err(why) => error!(entry = e.index, "a metadata entry does not decode: {why}"),
+    }
 }
 
 fn learn(nodes: &mut BTreeMap<u64, String>, cc: &ConfChange) {

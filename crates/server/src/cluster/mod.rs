@@ -1,4 +1,6 @@
-//! Cluster mode: every shard is a Raft group (raft-rs) replicated on the cluster's nodes.
+//! Cluster mode: every shard is a Raft group (raft-rs) replicated on `rf` of the cluster's
+//! nodes, placed by rendezvous hashing over the nodes that a metadata Raft group records
+//! (see `meta`); each group's leader moves its replicas when nodes join or leave.
 //!
 //! A shard's leader runs calls on its partition as a single server does; the op-log records
 //! its partition produces for persistent objects become Raft entries instead of local log
@@ -16,6 +18,7 @@
 //! with the leader's address: clients follow it and cache the shard map.
 
 mod group;
+mod meta;
 mod peers;
 mod store;
 
@@ -29,8 +32,8 @@ use spindle_core::{Delivery, Error, ErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-pub(crate) use group::Change as MembershipChange;
 use group::Event;
+pub(crate) use meta::Command as MembershipChange;
 
 use crate::Shared;
 
@@ -43,7 +46,12 @@ pub struct ClusterConfig {
     pub join: Option<String>,
     /// The address other nodes and clients use to reach this one (default: the bound one).
     pub advertise: Option<String>,
+    /// Replicas per shard, for a new cluster (default 3; fewer while there are fewer nodes).
+    pub replication_factor: usize,
 }
+
+/// Replicas per shard unless `--replication-factor` says otherwise.
+pub const DEFAULT_REPLICATION_FACTOR: usize = 3;
 
 /// The cluster side of a server: this node, its peers, and one Raft group per shard.
 pub(crate) struct Cluster {
@@ -52,7 +60,11 @@ pub(crate) struct Cluster {
     pub(crate) address: String,
     /// Known addresses of the cluster's nodes (from the log and from peers' messages).
     nodes: Mutex<BTreeMap<u64, String>>,
+    /// The shards' groups, then the metadata group (at index `meta_group`).
     pub(crate) groups: Box<[GroupHandle]>,
+    meta_group: usize,
+    /// The cluster's nodes and replication factor, as the metadata group applied them.
+    meta: Mutex<meta::Meta>,
     peers: peers::Peers,
     /// `--join`, for a new node until it is a member of every shard.
     join: Option<String>,
@@ -170,6 +182,14 @@ impl Cluster {
         format!("spindle-node-{}", self.node_id)
     }
 
+    pub(crate) fn meta(&self) -> meta::Meta {
+        self.meta.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn apply_meta(&self, command: meta::Command) {
+        self.meta.lock().unwrap_or_else(|e| e.into_inner()).apply(command);
+    }
+
     pub(crate) fn address_of(&self, node: u64) -> Option<String> {
         self.nodes.lock().unwrap_or_else(|e| e.into_inner()).get(&node).cloned()
     }
@@ -185,13 +205,33 @@ impl Cluster {
         }
     }
 
-    /// The `NotLeader` error for shard `group`, naming its leader if known.
+    /// The `NotLeader` error for group `group`, naming where to go: its leader if this node
+    /// knows it, else a node placed to hold the group (a member knows its leader), so that
+    /// a client reaches the leader within two hops.
     pub(crate) fn redirect(&self, group: usize) -> Error {
+        not_leader(self.leader_guess(group).as_deref())
+    }
+
+    /// The address of group `group`'s leader, or of a node that should know it.
+    fn leader_guess(&self, group: usize) -> Option<String> {
+        let meta = self.meta();
+        let placed = match group == self.meta_group {
+            true => meta.meta_voters(group as u64),
+            false => meta.shard_replicas(group as u64),
+        };
         let leader = self.groups[group].leader.load(Ordering::Relaxed);
-        let address = (leader != 0 && leader != self.node_id)
-            .then(|| self.address_of(leader))
-            .flatten();
-        not_leader(address.as_deref())
+        if leader == self.node_id {
+            return None; // Leading, not serving yet: retry here shortly.
+        }
+        // A node the group moved away from may never hear of it again: its own view of the
+        // leader is trusted only while it is placed to hold the group.
+        if leader != 0 && (placed.contains(&self.node_id) || group == self.meta_group) {
+            return self.address_of(leader);
+        }
+        placed
+            .into_iter()
+            .filter(|&n| n != self.node_id)
+            .find_map(|n| self.address_of(n))
     }
 
     /// Raft messages from node `from` for shard `group`.
@@ -202,14 +242,9 @@ impl Cluster {
         }
     }
 
-    /// Ask shard `group`'s Raft group (here: its leader) to add or remove a node.
-    pub(crate) async fn change(&self, group: u64, change: MembershipChange) -> Result<Value, Error> {
-        let Some(g) = usize::try_from(group).ok().and_then(|g| self.groups.get(g)) else {
-            return Err(Error::value(format!(
-                "there is no shard {group}: the cluster has {} shards",
-                self.groups.len()
-            )));
-        };
+    /// Ask the metadata group (here: its leader) to add or remove a node.
+    pub(crate) async fn change(&self, change: MembershipChange) -> Result<Value, Error> {
+        let g = &self.groups[self.meta_group];
         let (reply, answer) = oneshot::channel();
         g.events
             .send(Event::Change(change, reply))
@@ -221,22 +256,34 @@ impl Cluster {
 
     /// The cluster map: nodes, and each shard's replicas, leader and progress.
     pub(crate) fn map(&self) -> Value {
-        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let address = |id: u64| nodes.get(&id).map_or(Value::Nil, |a| Value::from(a.as_str()));
-        let shards = self
+        let meta = self.meta();
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        nodes.retain(|id, _| meta.nodes.contains_key(id));
+        let address = |id: u64| self.address_of(id).map_or(Value::Nil, Value::from);
+        let ids = |v: &[u64]| Value::Array(v.iter().map(|&n| Value::from(n)).collect());
+        let mut groups: Vec<Value> = self
             .groups
             .iter()
             .enumerate()
             .map(|(i, g)| {
                 let view = g.view.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let leader = g.leader.load(Ordering::Relaxed);
-                let ids = |v: &[u64]| Value::Array(v.iter().map(|&n| Value::from(n)).collect());
+                let placed = match i == self.meta_group {
+                    true => meta.meta_voters(i as u64),
+                    false => meta.shard_replicas(i as u64),
+                };
                 Value::Map(vec![
                     ("shard".into(), (i as u64).into()),
+                    ("placement".into(), ids(&placed)),
                     ("leader".into(), leader.into()),
+                    // Where a client should send the group's calls: its leader, or a node
+                    // that knows it.
                     (
                         "leader_address".into(),
-                        if leader == 0 { Value::Nil } else { address(leader) },
+                        match leader {
+                            0 => self.leader_guess(i).map_or(Value::Nil, Value::from),
+                            n => address(n),
+                        },
                     ),
                     ("voters".into(), ids(&view.voters)),
                     ("learners".into(), ids(&view.learners)),
@@ -247,10 +294,13 @@ impl Cluster {
                 ])
             })
             .collect();
+        let metadata = groups.pop().unwrap_or(Value::Nil);
         Value::Map(vec![
             ("node".into(), self.node_id.into()),
             ("address".into(), self.address.as_str().into()),
-            ("shards".into(), (self.groups.len() as u64).into()),
+            ("shards".into(), (groups.len() as u64).into()),
+            ("replication_factor".into(), (meta.rf as u64).into()),
+            ("metadata".into(), metadata),
             (
                 "nodes".into(),
                 Value::Map(
@@ -260,7 +310,7 @@ impl Cluster {
                         .collect(),
                 ),
             ),
-            ("groups".into(), Value::Array(shards)),
+            ("groups".into(), Value::Array(groups)),
         ])
     }
 }
@@ -294,38 +344,37 @@ pub(crate) fn prepare(
     let mut drivers = Vec::new();
     let mut nodes = BTreeMap::new();
     nodes.insert(config.node_id, address.clone());
-    for index in 0..shards {
+    let bootstrap = config.join.is_none().then_some(config.replication_factor.max(1));
+    // The shards' groups, then the metadata group.
+    for index in 0..=shards {
+        let meta = index == shards;
         let store = store::Store::open(&raft_dir, index as u32)?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let driver = group::Driver::new(
-            config.node_id,
-            index,
-            store,
-            rx,
-            config.join.is_none(),
-            &address,
-            &mut nodes,
-        )?;
+        let driver = group::Driver::new(config.node_id, index, meta, store, rx, bootstrap, &address, &mut nodes)?;
+        drivers.push(driver);
         groups.push(GroupHandle {
             events: tx.clone(),
             leader: AtomicU64::new(0),
             view: Mutex::new(GroupView::default()),
         });
-        replicas.push(Replica {
-            serving: false,
-            node_id: config.node_id,
-            epoch: 0,
-            proposed: 0,
-            held: VecDeque::new(),
-            events: tx,
-        });
-        drivers.push(driver);
+        if !meta {
+            replicas.push(Replica {
+                serving: false,
+                node_id: config.node_id,
+                epoch: 0,
+                proposed: 0,
+                held: VecDeque::new(),
+                events: tx,
+            });
+        }
     }
     let cluster = Cluster {
         node_id: config.node_id,
         address,
         nodes: Mutex::new(nodes),
         groups: groups.into_boxed_slice(),
+        meta_group: shards,
+        meta: Mutex::new(meta::Meta::default()),
         peers: peers::Peers::default(),
         join: config.join.clone(),
     };
@@ -372,67 +421,36 @@ impl Prepared {
     }
 }
 
-/// A new node asks each shard's leader to add it, until it is a voter of every shard.
+/// A new node asks the metadata group's leader to add it, until the metadata it follows
+/// lists it; its shards' groups then take it in as their placement says.
 async fn join(shared: Arc<Shared>) {
     let Some(cluster) = shared.cluster.as_ref() else { return };
     let Some(seed) = cluster.join.clone() else { return };
     let token = shared.config.functions.token.clone();
     let started = Instant::now();
+    let mut target = seed.clone();
     let mut announced = false;
-    loop {
-        let pending: Vec<usize> = (0..cluster.groups.len())
-            .filter(|&g| {
-                let view = cluster.groups[g].view.lock().unwrap_or_else(|e| e.into_inner());
-                !view.voters.contains(&cluster.node_id)
-            })
-            .collect();
-        if pending.is_empty() {
-            info!(
-                "joined the cluster: a voter of all {} shards after {:.1} s",
-                cluster.groups.len(),
-                started.elapsed().as_secs_f64()
-            );
-            return;
-        }
-        for g in pending {
-            let target = cluster.groups[g].leader.load(Ordering::Relaxed);
-            let address = match target {
-                0 => seed.clone(),
-                n if n == cluster.node_id => continue,
-                n => cluster.address_of(n).unwrap_or_else(|| seed.clone()),
-            };
-            let request = vec![
-                "join".into(),
-                cluster.node_id.into(),
-                cluster.address.as_str().into(),
-                (g as u64).into(),
-            ];
-            match peers::request(&address, &cluster.name(), token.as_deref(), request).await {
-                Ok(_) => {}
-                Err(e) if e.kind == ErrorKind::NotLeader => {
-                    if let Some(leader) = e.data.as_str() {
-                        // Learn who leads: the next round asks it.
-                        let _ = peers::request(
-                            leader,
-                            &cluster.name(),
-                            token.as_deref(),
-                            vec![
-                                "join".into(),
-                                cluster.node_id.into(),
-                                cluster.address.as_str().into(),
-                                (g as u64).into(),
-                            ],
-                        )
-                        .await;
-                    }
-                }
-                Err(e) if !announced => {
-                    warn!(shard = g, "joining through {address}: {e} (retrying)");
+    while !cluster.meta().nodes.contains_key(&cluster.node_id) {
+        let request = vec!["join".into(), cluster.node_id.into(), cluster.address.as_str().into()];
+        match peers::request(&target, &cluster.name(), token.as_deref(), request).await {
+            Ok(_) => {}
+            Err(e) if e.kind == ErrorKind::NotLeader => {
+                // Ask the leader it names next (or the seed again, mid-election).
+                target = e.data.as_str().map_or_else(|| seed.clone(), str::to_string);
+                continue;
+            }
+            Err(e) => {
+                if !announced {
+                    warn!("joining through {target}: {} (retrying)", e.message);
                     announced = true;
                 }
-                Err(_) => {}
+                target = seed.clone();
             }
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    info!(
+        "joined the cluster in {:.1} s; shards placed here are moving in",
+        started.elapsed().as_secs_f64()
+    );
 }

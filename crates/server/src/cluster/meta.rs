@@ -1,0 +1,161 @@
+//! The cluster's metadata: its nodes and replication factor, replicated by a Raft group of
+//! its own (so no single process is a single point of failure), and the placement of every
+//! shard derived from them.
+//!
+//! Placement is rendezvous hashing: a shard's replicas are the `rf` nodes with the highest
+//! hash of (shard, node), and the first of them is its preferred leader. Adding or removing
+//! a node moves only the replicas whose top-`rf` changes (about `rf`/n of them), and every
+//! node computes the same placement from the same metadata.
+
+use std::collections::BTreeMap;
+
+use spindle_core::Value;
+
+/// Voters of the metadata group (the other nodes follow it as learners).
+pub(crate) const META_VOTERS: usize = 3;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Meta {
+    /// Replicas per shard.
+    pub(crate) rf: usize,
+    /// The cluster's nodes and their addresses.
+    pub(crate) nodes: BTreeMap<u64, String>,
+}
+
+/// A change to the metadata (an entry of the metadata group).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Command {
+    AddNode { node: u64, address: String },
+    RemoveNode { node: u64 },
+    SetReplicationFactor { rf: usize },
+}
+
+impl Command {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let value = match self {
+            Command::AddNode { node, address } => {
+                Value::Array(vec!["add".into(), (*node).into(), address.as_str().into()])
+            }
+            Command::RemoveNode { node } => Value::Array(vec!["remove".into(), (*node).into()]),
+            Command::SetReplicationFactor { rf } => Value::Array(vec!["rf".into(), (*rf as u64).into()]),
+        };
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &value).expect("encoding to memory");
+        out
+    }
+
+    pub(crate) fn decode(data: &[u8]) -> Result<Command, String> {
+        let value = rmpv::decode::read_value(&mut &data[..]).map_err(|e| e.to_string())?;
+        let items = value.as_array().ok_or("a metadata entry is not an array")?;
+        let uint = |i: usize| {
+            items
+                .get(i)
+                .and_then(Value::as_u64)
+                .ok_or("a metadata entry lacks a number")
+        };
+        match items.first().and_then(Value::as_str) {
+            Some("add") => Ok(Command::AddNode {
+                node: uint(1)?,
+                address: items
+                    .get(2)
+                    .and_then(Value::as_str)
+                    .ok_or("an add lacks its address")?
+                    .to_string(),
+            }),
+            Some("remove") => Ok(Command::RemoveNode { node: uint(1)? }),
+            Some("rf") => Ok(Command::SetReplicationFactor { rf: uint(1)? as usize }),
+            _ => Err("an unknown metadata entry".into()),
+        }
+    }
+}
+
+impl Meta {
+    pub(crate) fn apply(&mut self, command: Command) {
+        match command {
+            Command::AddNode { node, address } => {
+                self.nodes.insert(node, address);
+            }
+            Command::RemoveNode { node } => {
+                self.nodes.remove(&node);
+            }
+            Command::SetReplicationFactor { rf } => self.rf = rf.max(1),
+        }
+    }
+
+    /// Group `group`'s replicas, most preferred (its leader) first: `count` nodes.
+    pub(crate) fn placement(&self, group: u64, count: usize) -> Vec<u64> {
+        let mut ranked: Vec<(u64, u64)> = self.nodes.keys().map(|&n| (score(group, n), n)).collect();
+        ranked.sort_unstable_by(|a, b| b.cmp(a));
+        ranked.into_iter().take(count).map(|(_, n)| n).collect()
+    }
+
+    /// The replicas of shard `shard`.
+    pub(crate) fn shard_replicas(&self, shard: u64) -> Vec<u64> {
+        self.placement(shard, self.rf.max(1))
+    }
+
+    /// The voters of the metadata group (`meta_group` is its index).
+    pub(crate) fn meta_voters(&self, meta_group: u64) -> Vec<u64> {
+        self.placement(meta_group, META_VOTERS)
+    }
+}
+
+/// Rendezvous score of a node for a group (a 64-bit mix of both: SplitMix64's finalizer).
+fn score(group: u64, node: u64) -> u64 {
+    let mut z = group.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ node.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(nodes: &[u64], rf: usize) -> Meta {
+        Meta {
+            rf,
+            nodes: nodes.iter().map(|&n| (n, format!("h:{n}"))).collect(),
+        }
+    }
+
+    #[test]
+    fn commands_round_trip() {
+        for c in [
+            Command::AddNode {
+                node: 3,
+                address: "127.0.0.1:7003".into(),
+            },
+            Command::RemoveNode { node: 2 },
+            Command::SetReplicationFactor { rf: 2 },
+        ] {
+            assert_eq!(Command::decode(&c.encode()), Ok(c));
+        }
+        assert!(Command::decode(b"\x91\xa3bad").is_err());
+    }
+
+    #[test]
+    fn placement_spreads_replicas_and_moves_few_on_a_join() {
+        let three = meta(&[1, 2, 3], 1);
+        let shards = 64;
+        let mut load = BTreeMap::new();
+        for s in 0..shards {
+            let r = three.shard_replicas(s);
+            assert_eq!(r.len(), 1);
+            *load.entry(r[0]).or_insert(0) += 1;
+        }
+        assert!(load.values().all(|&n| n >= 10), "every node holds shards: {load:?}");
+        // A fourth node takes shards only from the others: none moves between old nodes.
+        let four = meta(&[1, 2, 3, 4], 1);
+        let moved: Vec<u64> = (0..shards)
+            .filter(|&s| three.shard_replicas(s) != four.shard_replicas(s))
+            .collect();
+        assert!(moved.iter().all(|&s| four.shard_replicas(s) == vec![4]));
+        assert!(!moved.is_empty() && moved.len() < 32);
+        // With rf = 3 of 3 nodes every shard is everywhere.
+        let full = meta(&[1, 2, 3], 3);
+        let mut r = full.shard_replicas(7);
+        r.sort_unstable();
+        assert_eq!(r, vec![1, 2, 3]);
+    }
+}
