@@ -137,11 +137,12 @@ impl Driver {
                     Command::SetReplicationFactor { rf },
                 ];
                 for command in commands {
-                    let mut e = Entry::default();
-                    e.index = entries.len() as u64 + 1;
-                    e.term = 1;
-                    e.data = command.encode().into();
-                    entries.push(e);
+                    entries.push(Entry {
+                        index: entries.len() as u64 + 1,
+                        term: 1,
+                        data: command.encode().into(),
+                        ..Default::default()
+                    });
                 }
             }
             let commit = entries.len() as u64;
