@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -17,7 +20,7 @@ import pytest
 
 import spindle
 from spindle.client import Client, Connection, frame, shard_of
-from conftest import ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
+from conftest import REPO, ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
 
 SHARDS = 4
 
@@ -406,3 +409,100 @@ def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
     assert out.returncode != 0 and "belongs to node 1" in out.stderr
     out = start_refused("--join", "127.0.0.1:1")
     assert out.returncode != 0 and "--node-id" in out.stderr
+
+
+def linearizability_checker() -> str:
+    """The Porcupine-based checker of tests/linearizability, built with Go."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("the linearizability checker needs Go (it builds tests/linearizability with Porcupine)")
+    source = REPO / "tests" / "linearizability"
+    binary = REPO / "target" / "linearizability"
+    if not binary.exists() or binary.stat().st_mtime < max(p.stat().st_mtime for p in source.iterdir()):
+        out = subprocess.run([go, "build", "-o", str(binary), "."], cwd=source, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+    return str(binary)
+
+
+def check_history(history: List[dict]) -> subprocess.CompletedProcess:
+    lines = "".join(json.dumps(op) + "\n" for op in history)
+    return subprocess.run([linearizability_checker()], input=lines, capture_output=True, text=True, timeout=300)
+
+
+def test_the_checker_finds_a_history_that_is_not_linearizable():
+    ok = [
+        {"client": 0, "op": "add", "key": "a", "arg": 2, "out": 2, "known": True, "call": 1, "ret": 5},
+        {"client": 1, "op": "get", "key": "a", "arg": 0, "out": 0, "known": True, "call": 2, "ret": 3},
+        {"client": 1, "op": "get", "key": "a", "arg": 0, "out": 2, "known": True, "call": 6, "ret": 7},
+    ]
+    assert check_history(ok).returncode == 0
+    # A read after an acknowledged add that does not see it: a lost write.
+    lost = ok[:1] + [{"client": 1, "op": "get", "key": "a", "arg": 0, "out": 0, "known": True, "call": 6, "ret": 7}]
+    out = check_history(lost)
+    assert out.returncode == 1 and "NOT linearizable" in out.stdout
+    # An add whose outcome is unknown may or may not have happened, but not twice.
+    unknown = [
+        {"client": 0, "op": "add", "key": "a", "arg": 2, "out": 0, "known": False, "call": 1, "ret": 2},
+        {"client": 1, "op": "get", "key": "a", "arg": 0, "out": 2, "known": True, "call": 3, "ret": 4},
+        {"client": 1, "op": "get", "key": "a", "arg": 0, "out": 4, "known": True, "call": 5, "ret": 6},
+    ]
+    assert check_history(unknown[:2]).returncode == 0
+    assert check_history(unknown).returncode == 1
+
+
+def test_histories_with_leaders_killed_and_paused_are_linearizable(cluster, tmp_path):
+    keys = ["lin0", "lin1", "lin2", "lin3"]
+    setup = Client(cluster.addresses)
+    for key in keys:
+        setup.create("Counter", key, [], False, persistent=True)
+    setup.close()
+    history: List[dict] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client_loop(me: int) -> None:
+        client = Client(cluster.addresses)
+        rng = random.Random(me)
+        while not stop.is_set():
+            key = rng.choice(keys)
+            op, arg = ("add", rng.randint(1, 5)) if rng.random() < 0.6 else ("get", 0)
+            call = time.monotonic_ns()
+            try:
+                out = client.call("Counter", key, op, [arg] if op == "add" else [])
+                known = True
+            except (spindle.SpindleError, OSError):
+                out, known = 0, False
+            ret = time.monotonic_ns()
+            with lock:
+                history.append({"client": me, "op": op, "key": key, "arg": arg, "out": out,
+                                "known": known, "call": call, "ret": ret})
+        client.close()
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        victim = cluster.busiest_leader()
+        victim.kill()
+        assert wait_until(lambda: victim.node_id not in cluster.leaders().values(), 20)
+        time.sleep(0.5)
+        victim.start()
+        assert wait_until(cluster.settled, 30), cluster.describe()
+        paused = cluster.busiest_leader()
+        os.kill(paused.server.process.pid, signal.SIGSTOP)
+        try:
+            others = next(n for n in cluster.nodes if n is not paused)
+            assert wait_until(lambda: paused.node_id not in cluster.leaders(via=others).values(), 20)
+            time.sleep(0.5)
+        finally:
+            os.kill(paused.server.process.pid, signal.SIGCONT)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert sum(op["known"] for op in history) > 200, "the clients ran"
+    out = check_history(history)
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(op) + "\n" for op in history))
+    assert out.returncode == 0, out.stdout + out.stderr
