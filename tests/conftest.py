@@ -73,14 +73,16 @@ class ServerProcess:
     where its clients reconnect); ``stderr``: where its log goes (default: inherited)."""
 
     def __init__(
-        self, *args: str, env: Optional[dict] = None, port: int = 0, stderr: Any = None
+        self, *args: str, env: Optional[dict] = None, port: int = 0, stderr: Any = None,
+        prefix: List[str] = [],
     ) -> None:
         self.binary = server_binary()
         if env is None:
             env = dict(os.environ)
         env["PYTHONPATH"] = pythonpath_for_tests()
+        # `prefix` runs the server through another command (`ip netns exec NS`).
         self.process = subprocess.Popen(
-            [self.binary, "server", "--port", str(port), "--embedded", *args],
+            [*prefix, self.binary, "server", "--port", str(port), "--embedded", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,

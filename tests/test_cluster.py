@@ -23,6 +23,8 @@ from spindle.client import Client, Connection, frame, shard_of
 from conftest import REPO, ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
 
 SHARDS = 4
+# The token of nodes listening on a network namespace's address (not loopback).
+NETNS_TOKEN = "cluster-test-token"
 
 # A client process: increments persistent counters and merges into a persistent Dict on a
 # cluster until told to stop, recording every acknowledged result. Leaders die under it;
@@ -49,13 +51,16 @@ class Node:
     """One cluster node: a server process with its own port and data directory."""
 
     def __init__(
-        self, node_id: int, data_dir: Path, join: Optional[str] = None, *extra: str
+        self, node_id: int, data_dir: Path, join: Optional[str] = None, *extra: str,
+        netns: Optional["Netns"] = None,
     ) -> None:
         self.node_id = node_id
         self.extra = list(extra)
         self.data_dir = data_dir
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.netns = netns
+        self.host = netns.host(node_id) if netns else "127.0.0.1"
+        self.port = 7070 if netns else free_port()
+        self.address = f"{self.host}:{self.port}"
         self.join = join
         self.log = data_dir.parent / f"node{node_id}.log"
         self.server: Optional[ServerProcess] = None
@@ -67,12 +72,16 @@ class Node:
         if self.join:
             args += ["--join", self.join]
         args += self.extra
+        prefix: List[str] = []
+        if self.netns:
+            args += ["--host", self.host, "--token", NETNS_TOKEN]
+            prefix = self.netns.exec_prefix(self.node_id)
         with open(self.log, "a") as log:
-            self.server = ServerProcess(*args, port=self.port, stderr=log)
+            self.server = ServerProcess(*args, port=self.port, stderr=log, prefix=prefix)
 
     def map(self) -> Dict:
         """This node's view of the cluster (the `cluster` request)."""
-        conn = Connection("127.0.0.1", self.port, "cluster-test", 1)
+        conn = Connection(self.host, self.port, "cluster-test", 1)
         try:
             reply = conn.roundtrip(frame([2, "cluster"]), 2)
         finally:
@@ -92,12 +101,14 @@ class Node:
 class Cluster:
     """Three nodes: the first starts the cluster, the others join it through the first."""
 
-    def __init__(self, root: Path, size: int = 3, rf: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, rf: int = 3, netns: Optional["Netns"] = None) -> None:
         self.root = root
         self.nodes: List[Node] = []
         for node_id in range(1, size + 1):
             join = self.nodes[0].address if self.nodes else None
-            self.nodes.append(Node(node_id, root / f"n{node_id}", join, "--replication-factor", str(rf)))
+            self.nodes.append(
+                Node(node_id, root / f"n{node_id}", join, "--replication-factor", str(rf), netns=netns)
+            )
         assert wait_until(self.settled, 30), self.describe()
 
     def add(self) -> Node:
@@ -190,6 +201,8 @@ def run_load(cluster: Cluster, tmp_path: Path, during, clients: int = 3) -> List
     return what each saw acknowledged."""
     stop = tmp_path / "stop"
     env = dict(os.environ, PYTHONPATH=pythonpath_for_tests())
+    if cluster.nodes[0].netns:
+        env["SPINDLE_TOKEN"] = NETNS_TOKEN
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", LOAD, cluster.addresses, "load", str(i), str(stop), str(tmp_path / f"out{i}")],
@@ -506,3 +519,92 @@ def test_histories_with_leaders_killed_and_paused_are_linearizable(cluster, tmp_
     out = check_history(history)
     (tmp_path / "history.jsonl").write_text("".join(json.dumps(op) + "\n" for op in history))
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+class Netns:
+    """Network namespaces for the nodes, each joined to a bridge by a veth pair, so that a
+    test can cut one node off (its veth down) and heal it. Needs root (CAP_NET_ADMIN)."""
+
+    SUBNET = "10.213.77"
+
+    def __init__(self, size: int) -> None:
+        self.tag = f"sp{os.getpid() % 100000}"
+        self.size = size
+        self.bridge = f"{self.tag}br"
+        self.ip("link", "add", self.bridge, "type", "bridge")
+        self.ip("addr", "add", f"{self.SUBNET}.254/24", "dev", self.bridge)
+        self.ip("link", "set", self.bridge, "up")
+        for i in range(1, size + 1):
+            ns, outside, inside = f"{self.tag}n{i}", f"{self.tag}v{i}", f"{self.tag}p{i}"
+            self.ip("netns", "add", ns)
+            self.ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+            self.ip("link", "set", inside, "netns", ns)
+            self.ip("-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", inside)
+            self.ip("-n", ns, "link", "set", inside, "up")
+            self.ip("-n", ns, "link", "set", "lo", "up")
+            self.ip("link", "set", outside, "master", self.bridge)
+            self.ip("link", "set", outside, "up")
+
+    @staticmethod
+    def ip(*args: str) -> None:
+        out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise OSError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+    def host(self, node: int) -> str:
+        return f"{self.SUBNET}.{node}"
+
+    def exec_prefix(self, node: int) -> List[str]:
+        return ["ip", "netns", "exec", f"{self.tag}n{node}"]
+
+    def isolate(self, node: int) -> None:
+        self.ip("link", "set", f"{self.tag}v{node}", "down")
+
+    def heal(self, node: int) -> None:
+        self.ip("link", "set", f"{self.tag}v{node}", "up")
+
+    def remove(self) -> None:
+        for i in range(1, self.size + 1):
+            subprocess.run(["ip", "netns", "del", f"{self.tag}n{i}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+@pytest.fixture
+def netns_cluster(tmp_path):
+    if shutil.which("ip") is None:
+        pytest.skip("network partition tests need iproute2 (`ip`)")
+    try:
+        netns = Netns(3)
+    except OSError as exc:
+        pytest.skip(f"network namespaces are not available here ({exc}); partition tests skipped")
+    os.environ["SPINDLE_TOKEN"] = NETNS_TOKEN
+    cluster = None
+    try:
+        cluster = Cluster(tmp_path, netns=netns)
+        yield cluster, netns
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        os.environ.pop("SPINDLE_TOKEN", None)
+        netns.remove()
+
+
+def test_a_partitioned_leader_is_replaced_and_no_update_is_lost_or_doubled(netns_cluster, tmp_path):
+    cluster, netns = netns_cluster
+    victim = cluster.busiest_leader()
+    others = [n for n in cluster.nodes if n is not victim]
+
+    def partition() -> None:
+        netns.isolate(victim.node_id)
+        try:
+            # The majority elects new leaders while the old one is cut off; it cannot
+            # acknowledge anything alone (every reply waits for a majority).
+            assert wait_until(lambda: victim.node_id not in cluster.leaders(via=others[0]).values(), 20)
+            time.sleep(1.0)
+        finally:
+            netns.heal(victim.node_id)
+        assert wait_until(cluster.settled, 30), cluster.describe()
+
+    results = run_load(cluster, tmp_path, partition)
+    check_exactly_once(cluster, results)
+    assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
