@@ -608,3 +608,55 @@ def test_a_partitioned_leader_is_replaced_and_no_update_is_lost_or_doubled(netns
     results = run_load(cluster, tmp_path, partition)
     check_exactly_once(cluster, results)
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
+
+
+def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_its_data(tmp_path):
+    port = free_port()
+    while any(not _port_free(p) for p in (port + 1, port + 2)):
+        port = free_port()
+
+    def start() -> "tuple[subprocess.Popen, str]":
+        proc = subprocess.Popen(
+            [server_binary(), "cluster", "local", "--dir", str(tmp_path / "c"), "--port", str(port),
+             "--partitions", str(SHARDS)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        address = None
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("export SPINDLE_ADDRESS="):
+                address = line.split("=", 1)[1].strip()
+            if line.startswith("the cluster is up"):
+                break
+        assert address == ",".join(f"127.0.0.1:{port + i}" for i in range(3)), address
+        return proc, address
+
+    proc, address = start()
+    try:
+        client = Client(address)
+        client.create("Counter", "local", [], False, persistent=True)
+        assert client.call("Counter", "local", "add", [7]) == 7
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    # The nodes stop with the command (their stdin closes).
+    assert wait_until(lambda: all(_port_free(port + i) for i in range(3)), 15)
+    proc, address = start()
+    try:
+        client = Client(address)
+        assert client.call("Counter", "local", "get", []) == 7
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False

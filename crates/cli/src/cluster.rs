@@ -1,5 +1,9 @@
-//! `spindle cluster status|remove`: look at a cluster's shard map, and take a node out.
+//! `spindle cluster local|status|remove`: run a development cluster on this machine, look
+//! at a cluster's shard map, and take a node out.
 
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
@@ -15,6 +19,27 @@ pub(crate) struct ClusterArgs {
 
 #[derive(Subcommand)]
 enum ClusterCommand {
+    /// Run a cluster of NODES nodes on this machine (ports PORT, PORT+1, ..., a data
+    /// directory each under DIR) in the foreground, for development and tests; Ctrl-C stops
+    /// it. Started again with the same DIR, the nodes recover their state.
+    Local {
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=9))]
+        nodes: u8,
+        /// Port of the first node.
+        #[arg(long, default_value_t = 7001)]
+        port: u16,
+        /// Where the nodes' data directories and logs go.
+        #[arg(long, default_value = "spindle-cluster")]
+        dir: PathBuf,
+        /// Replicas of each shard.
+        #[arg(long, default_value_t = spindle_server::DEFAULT_REPLICATION_FACTOR as u8,
+              value_parser = clap::value_parser!(u8).range(1..=7))]
+        replication_factor: u8,
+        /// Shards the keys are split into [default: number of cores].
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+        partitions: Option<u16>,
+    },
     /// Show the cluster's nodes and each shard's voters, learners, leader and progress.
     Status {
         #[command(flatten)]
@@ -33,6 +58,13 @@ enum ClusterCommand {
 
 pub(crate) fn run(args: ClusterArgs) -> Result<(), String> {
     match args.command {
+        ClusterCommand::Local {
+            nodes,
+            port,
+            dir,
+            replication_factor,
+            partitions,
+        } => local(nodes, port, &dir, replication_factor, partitions),
         ClusterCommand::Status { address } => status(&address.address),
         ClusterCommand::Remove { node, address } => remove(&address.address, node),
     }
@@ -189,5 +221,98 @@ fn remove(address: &str, node: u64) -> Result<(), String> {
             }
         }
         std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Start one node of a local cluster and wait for its listening line. Its stdin stays a pipe
+/// held by this process (`--embedded`): the node stops when this process ends, however.
+fn start_node(dir: &Path, id: u64, port: u16, join: Option<&str>, extra: &[String]) -> Result<Child, String> {
+    let data_dir = dir.join(format!("node{id}"));
+    let log_path = dir.join(format!("node{id}.log"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the spindle binary: {e}"))?;
+    let mut command = Command::new(exe);
+    command
+        .args(["server", "--embedded", "--node-id", &id.to_string(), "--port", &port.to_string()])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    // A restarted member finds its cluster in its data directory; only a new node joins.
+    if let Some(join) = join.filter(|_| !data_dir.join("raft").exists()) {
+        command.args(["--join", join]);
+    }
+    let mut child = command.spawn().map_err(|e| format!("cannot start node {id}: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).map_err(|e| e.to_string())?;
+    if !line.starts_with("spindle listening on ") {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("node {id} did not start; see {}", log_path.display()));
+    }
+    Ok(child)
+}
+
+fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut extra = vec!["--replication-factor".to_string(), rf.to_string()];
+    if let Some(p) = partitions {
+        extra.extend(["--partitions".to_string(), p.to_string()]);
+    }
+    let addresses: Vec<String> = (0..u16::from(nodes)).map(|i| format!("127.0.0.1:{}", port + i)).collect();
+    let mut children: Vec<Child> = Vec::new();
+    for i in 0..addresses.len() {
+        let join = (i > 0).then(|| addresses[0].as_str());
+        // On an error the nodes started so far stop with this process.
+        children.push(start_node(dir, i as u64 + 1, port + i as u16, join, &extra)?);
+    }
+    // Ready once every group has a leader.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = cluster_map(&addresses[0]).ok().is_some_and(|map| {
+            let (groups, metadata) = leaders_views(&map);
+            let nodes_listed = field(&map, "nodes").and_then(Value::as_map).map_or(0, Vec::len);
+            nodes_listed == addresses.len()
+                && groups
+                    .iter()
+                    .chain(std::iter::once(&metadata))
+                    .all(|g| field(g, "leader").and_then(Value::as_u64).unwrap_or(0) != 0)
+        });
+        if ready {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the cluster did not come up within 60 s; see the logs in {}", dir.display()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (i, address) in addresses.iter().enumerate() {
+        let id = i + 1;
+        println!(
+            "node {id}  {address}  data {}  log {}",
+            dir.join(format!("node{id}")).display(),
+            dir.join(format!("node{id}.log")).display()
+        );
+    }
+    println!("export SPINDLE_ADDRESS={}", addresses.join(","));
+    println!("the cluster is up; Ctrl-C stops it");
+    loop {
+        for (i, child) in children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "node {} exited ({status}); stopping the others (see {})",
+                    i + 1,
+                    dir.join(format!("node{}.log", i + 1)).display()
+                ));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
