@@ -660,3 +660,16 @@ def _port_free(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+def test_shell_object_commands_follow_redirects_to_each_shards_leader(cluster):
+    names = [f"shell{i}" for i in range(12)]
+    assert {shard_of(n, SHARDS) for n in names} == set(range(SHARDS))
+    env = dict(os.environ, SPINDLE_ADDRESS=cluster.nodes[0].address)
+    for name in names:
+        for step, expected in ((5, "5"), (2, "7")):
+            out = subprocess.run(
+                [server_binary(), "counter", "-n", name, "increment", "-i", str(step)],
+                capture_output=True, text=True, env=env, timeout=30,
+            )
+            assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr

@@ -17,6 +17,8 @@ const MAX_REPLY: usize = 1 << 30;
 pub(crate) struct Remote {
     pub kind: String,
     pub message: String,
+    /// The error's data (a `NotLeader`'s leader address).
+    pub data: Value,
 }
 
 /// Why a request got no result.
@@ -95,8 +97,34 @@ impl Client {
     }
 
     /// Send one request and wait for its reply, at most `wait` (`None`: as long as it takes,
-    /// for calls that park in the server).
+    /// for calls that park in the server). In a cluster, a call reaching a node that does
+    /// not lead its object's shard is sent again (same seq) to the leader the node names.
     fn exchange(&mut self, op: &str, operands: Vec<Value>, wait: Option<Duration>) -> Result<Value, Failure> {
+        let mut redirects = 0;
+        loop {
+            match self.exchange_once(op, operands.clone(), wait) {
+                Err(Failure::Remote(r)) if r.kind == "NotLeader" && redirects < 50 => {
+                    redirects += 1;
+                    match r.data.as_str() {
+                        Some(leader) => self.reconnect(leader).map_err(Failure::Connection)?,
+                        None => std::thread::sleep(Duration::from_millis(100)), // an election
+                    }
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// Continue the session on the node at `address`.
+    fn reconnect(&mut self, address: &str) -> Result<(), String> {
+        let stream = open_stream(address)?;
+        let _ = stream.set_nodelay(true);
+        self.stream = stream;
+        self.address = address.to_string();
+        self.hello()
+    }
+
+    fn exchange_once(&mut self, op: &str, operands: Vec<Value>, wait: Option<Duration>) -> Result<Value, Failure> {
         let id = self.next_id;
         self.next_id += 1;
         let mut items = vec![Value::from(id), Value::from(op)];
@@ -313,6 +341,7 @@ pub(crate) fn remote(error: &Value) -> Remote {
     Remote {
         kind: part(0).unwrap_or("?").to_string(),
         message: part(1).map_or_else(|| error.to_string(), str::to_string),
+        data: error.as_array().and_then(|p| p.get(2)).cloned().unwrap_or(Value::Nil),
     }
 }
 
