@@ -223,10 +223,11 @@ class Client:
             request.append(True)
         return self.request(request, seq, ship, key)
 
-    def define(self, type_name: str, version: str, code: bytes) -> bool:
-        """Register the code of a user-defined type (``py:...``) under ``version``."""
+    def define(self, type_name: str, version: str, code: bytes, key: Optional[str] = None) -> bool:
+        """Register the code of a user-defined type (``py:...``) under ``version``; in a
+        cluster, on the node that leads ``key``'s shard (each node keeps its own classes)."""
         rid = next(self._seq)
-        return self.request([rid, "define", type_name, version, code], rid)
+        return self.request([rid, "define", type_name, version, code], rid, key=key)
 
     def delete(self, key: str) -> bool:
         seq = next(self._seq)

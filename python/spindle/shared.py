@@ -101,14 +101,15 @@ class SharedProxy(Proxy):
         payload = [version, list(args), kwargs]
         defined = client.defined
         if (cls._type, version) not in defined:
-            client.define(cls._type, version, code)
+            client.define(cls._type, version, code, key)
             defined.add((cls._type, version))
         try:
             persistent = cls._persistent
             try:
                 return bool(client.create(cls._type, key, payload, owned, True, persistent))
-            except UnknownType:  # the server forgot the class (it restarted, say): define again
-                client.define(cls._type, version, code)
+            except UnknownType:  # the server forgot the class (it restarted, say), or (in a
+                # cluster) the object's shard is led by a node that has not seen it: define again
+                client.define(cls._type, version, code, key)
                 return bool(client.create(cls._type, key, payload, owned, True, persistent))
         except TypeError as exc:  # the constructor's arguments
             own = name is not None and not isinstance(exc, SpindleError)

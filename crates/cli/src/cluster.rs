@@ -21,7 +21,8 @@ pub(crate) struct ClusterArgs {
 enum ClusterCommand {
     /// Run a cluster of NODES nodes on this machine (ports PORT, PORT+1, ..., a data
     /// directory each under DIR) in the foreground, for development and tests; Ctrl-C stops
-    /// it. Started again with the same DIR, the nodes recover their state.
+    /// it. A node that dies is reported and the others keep serving. Started again with
+    /// the same DIR, the nodes recover their state.
     Local {
         /// Number of nodes.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=9))]
@@ -303,16 +304,18 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
     }
     println!("export SPINDLE_ADDRESS={}", addresses.join(","));
     println!("the cluster is up; Ctrl-C stops it");
-    loop {
-        for (i, child) in children.iter_mut().enumerate() {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "node {} exited ({status}); stopping the others (see {})",
-                    i + 1,
-                    dir.join(format!("node{}.log", i + 1)).display()
-                ));
+    // A node that dies (killed to try a failover, say) is reported; the others go on.
+    let mut running: Vec<(usize, Child)> = children.into_iter().enumerate().collect();
+    while !running.is_empty() {
+        running.retain_mut(|(i, child)| match child.try_wait() {
+            Ok(Some(status)) => {
+                let log = dir.join(format!("node{}.log", *i + 1));
+                eprintln!("spindle: node {} exited ({status}); see {}", *i + 1, log.display());
+                false
             }
-        }
+            _ => true,
+        });
         std::thread::sleep(Duration::from_millis(200));
     }
+    Err("every node exited".into())
 }
