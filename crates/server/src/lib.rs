@@ -6,7 +6,8 @@
 //! `sessions` (session lifetimes), `status` (counters and the `status` reply), `gateway`
 //! (functions: the worker pool and invocations), `hosts` (user-defined objects: their classes
 //! and the host processes that run them), `process` (starting and supervising both kinds of
-//! Python child processes).
+//! Python child processes), `cluster` (cluster mode: every shard a Raft group, see
+//! docs/cluster.md).
 
 mod cluster;
 pub mod config;
