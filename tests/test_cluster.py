@@ -640,7 +640,7 @@ def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_i
         proc.terminate()
         proc.wait(10)
     # The nodes stop with the command (their stdin closes).
-    assert wait_until(lambda: all(_port_free(port + i) for i in range(3)), 15)
+    assert wait_until(lambda: not any(_listening(port + i) for i in range(3)), 15)
     proc, address = start()
     try:
         client = Client(address)
@@ -655,11 +655,22 @@ def _port_free(port: int) -> bool:
     import socket
 
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
         except OSError:
             return False
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_shell_object_commands_follow_redirects_to_each_shards_leader(cluster):
@@ -673,3 +684,19 @@ def test_shell_object_commands_follow_redirects_to_each_shards_leader(cluster):
                 capture_output=True, text=True, env=env, timeout=30,
             )
             assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr
+
+
+def test_an_ephemeral_object_lost_with_its_leader_raises_a_clear_error(cluster):
+    client = Client(cluster.addresses)
+    try:
+        leaders = cluster.leaders()
+        victim = cluster.busiest_leader()
+        shard = next(s for s, n in leaders.items() if n == victim.node_id)
+        key = next(f"e{i}" for i in range(1000) if shard_of(f"e{i}", SHARDS) == shard)
+        client.create("Counter", key, [], False)
+        assert client.call("Counter", key, "add", [1]) == 1
+        victim.kill()
+        with pytest.raises(spindle.ObjectLost, match="ephemeral object lives on its shard's leader only"):
+            client.call("Counter", key, "add", [1])
+    finally:
+        client.close()

@@ -19,7 +19,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from .codec import packb, unpackb
-from .errors import ServerUnavailable, error_from_reply
+from .errors import ObjectLost, ServerUnavailable, error_from_reply
 from .embedded import EmbeddedServer
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
@@ -324,6 +324,13 @@ class Client:
                     continue
             if isinstance(error, list) and error and error[0] == "FrameTooLarge":
                 self._drop(conn)  # the server closes it
+            if deadline is not None and isinstance(error, list) and error[:1] == ["NotFound"]:
+                raise ObjectLost(
+                    f"{error[1]}: the leader of its shard changed during the call, and an "
+                    "ephemeral object lives on its shard's leader only (persistent=True keeps "
+                    "an object through failovers)",
+                    "its shard's leader changed",
+                )
             raise error_from_reply(error)
 
     def _failed(self, address: str) -> Optional[str]:
