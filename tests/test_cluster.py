@@ -131,8 +131,15 @@ class Cluster:
         return views
 
     def settled(self) -> bool:
-        """Every group has a leader and exactly its placed replicas as voters (the nodes
-        that do not vote on the metadata follow it as learners)."""
+        """Every started node is a member, and every group has a leader and exactly its
+        placed replicas as voters (the nodes that do not vote on the metadata follow it as
+        learners)."""
+        try:
+            members = set(map(int, self.nodes[0].map()["nodes"]))
+        except OSError:
+            return False
+        if members != {n.node_id for n in self.nodes}:
+            return False
         views = self.views()
         return len(views) == SHARDS + 1 and all(
             sorted(g["voters"]) == sorted(g["placement"]) and (shard == "meta" or not g["learners"])

@@ -95,6 +95,10 @@ struct Args {
     /// Bytes of each value of `put` and `get`.
     #[arg(long, default_value_t = 1024)]
     value_size: usize,
+    /// Redis: after each command, `WAIT N` for N replicas to acknowledge it (a replicated
+    /// write, as a Spindle cluster's replication factor N+1).
+    #[arg(long, default_value_t = 0)]
+    wait: u64,
 }
 
 /// The value `put` writes and `get` reads: `--value-size` bytes.
@@ -463,6 +467,77 @@ async fn spindle_run(
     }
 }
 
+/// A cluster's nodes and, for each key, the index of the node leading its shard; `None`
+/// for a single server (it answers `cluster` with an error).
+async fn cluster_route(address: &str, keys: &[String]) -> Result<Option<(Vec<String>, Vec<usize>)>, String> {
+    let mut conn = SpindleConn::connect(address, &session_id(usize::MAX - 1)).await?;
+    let id = conn.push("cluster", vec![]);
+    let Ok(map) = conn.request(id).await else {
+        return Ok(None);
+    };
+    let field = |v: &Value, name: &str| {
+        v.as_map()
+            .and_then(|m| m.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone()))
+    };
+    let shards = field(&map, "shards")
+        .and_then(|v| v.as_u64())
+        .ok_or("a cluster map without shards")?;
+    let groups = field(&map, "groups")
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default();
+    let mut leaders = Vec::new();
+    for g in &groups {
+        let leader = field(g, "leader_address")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .ok_or("a shard without a leader: wait until the cluster is up")?;
+        leaders.push(leader);
+    }
+    let mut nodes: Vec<String> = leaders.clone();
+    nodes.sort();
+    nodes.dedup();
+    let route = keys
+        .iter()
+        .map(|k| {
+            let shard = (fnv1a(k) % shards) as usize;
+            nodes.iter().position(|n| *n == leaders[shard]).unwrap_or(0)
+        })
+        .collect();
+    Ok(Some((nodes, route)))
+}
+
+/// The shard hash of keys (the server's FNV-1a).
+fn fnv1a(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// One client of a cluster: a connection to every node, each call sent to the node leading
+/// its key's shard (one call in flight).
+async fn spindle_run_routed(
+    mut conns: Vec<SpindleConn>,
+    args: Arc<Args>,
+    keys: Arc<Vec<String>>,
+    route: Arc<Vec<usize>>,
+    window: Window,
+    stream: u64,
+) -> Result<Stats, String> {
+    let call = spindle_call(&args);
+    let mut rng = Rng::new(args.seed, stream);
+    let mut stats = Stats::new();
+    loop {
+        let sent = Instant::now();
+        if sent >= window.to {
+            return Ok(stats);
+        }
+        let k = rng.below(keys.len());
+        let conn = &mut conns[route[k]];
+        let id = conn.push_call(&call, &keys[k]);
+        let reply = conn.request(id).await;
+        window.record(&mut stats, sent, Instant::now(), reply.map(|_| ()));
+    }
+}
+
 // --- Redis ------------------------------------------------------------------------------
 
 fn redis_fatal(e: &redis::RedisError) -> bool {
@@ -564,9 +639,22 @@ async fn redis_run(
             return Ok(stats);
         }
         let key = &keys[rng.below(keys.len())];
-        let result = redis_cmd(&args, &sha, key, &value)
+        let mut result = redis_cmd(&args, &sha, key, &value)
             .query_async::<redis::Value>(&mut conn)
             .await;
+        if args.wait > 0 && result.is_ok() {
+            result = redis::cmd("WAIT")
+                .arg(args.wait)
+                .arg(1000)
+                .query_async::<redis::Value>(&mut conn)
+                .await;
+            if let Ok(redis::Value::Int(acked)) = &result {
+                if (*acked as u64) < args.wait {
+                    window.record(&mut stats, sent, Instant::now(), Err(format!("WAIT: {acked} replicas")));
+                    continue;
+                }
+            }
+        }
         let done = Instant::now();
         let ok = match result {
             Ok(_) => Ok(()),
@@ -613,6 +701,43 @@ async fn run(args: Args) -> Result<(Stats, f64), String> {
     // Connect everything first; the clock starts once all connections are up.
     match args.target {
         Target::Spindle => {
+            if let Some((nodes, route)) = cluster_route(&address, &keys).await? {
+                if args.pipeline != 1 {
+                    return Err("a cluster is driven with --pipeline 1".into());
+                }
+                for (n, node) in nodes.iter().enumerate() {
+                    let mine: Vec<String> = keys
+                        .iter()
+                        .zip(route.iter())
+                        .filter(|(_, r)| **r == n)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    if !mine.is_empty() {
+                        spindle_setup(&args, node, &mine, &session_id(usize::MAX - 2 - n)).await?;
+                    }
+                }
+                let route = Arc::new(route);
+                let mut clients = Vec::with_capacity(args.connections);
+                for i in 0..args.connections {
+                    let mut conns = Vec::with_capacity(nodes.len());
+                    for (n, node) in nodes.iter().enumerate() {
+                        conns.push(SpindleConn::connect(node, &session_id(i * nodes.len() + n)).await?);
+                    }
+                    clients.push(conns);
+                }
+                let window = start_window(&args);
+                for (i, conns) in clients.into_iter().enumerate() {
+                    tasks.spawn(spindle_run_routed(
+                        conns,
+                        args.clone(),
+                        keys.clone(),
+                        route.clone(),
+                        window,
+                        i as u64,
+                    ));
+                }
+                return collect(tasks, args.seconds).await;
+            }
             spindle_setup(&args, &address, &keys, &session_id(usize::MAX)).await?;
             let mut conns = Vec::with_capacity(args.connections);
             for i in 0..args.connections {
@@ -647,12 +772,16 @@ async fn run(args: Args) -> Result<(Stats, f64), String> {
             }
         }
     }
+    collect(tasks, args.seconds).await
+}
+
+async fn collect(mut tasks: tokio::task::JoinSet<Result<Stats, String>>, seconds: f64) -> Result<(Stats, f64), String> {
     let mut total = Stats::new();
     while let Some(joined) = tasks.join_next().await {
         let stats = joined.map_err(|e| format!("a connection task panicked: {e}"))??;
         total.merge(stats);
     }
-    Ok((total, args.seconds))
+    Ok((total, seconds))
 }
 
 fn start_window(args: &Args) -> Window {

@@ -238,7 +238,14 @@ fn start_node(dir: &Path, id: u64, port: u16, join: Option<&str>, extra: &[Strin
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the spindle binary: {e}"))?;
     let mut command = Command::new(exe);
     command
-        .args(["server", "--embedded", "--node-id", &id.to_string(), "--port", &port.to_string()])
+        .args([
+            "server",
+            "--embedded",
+            "--node-id",
+            &id.to_string(),
+            "--port",
+            &port.to_string(),
+        ])
         .arg("--data-dir")
         .arg(&data_dir)
         .args(extra)
@@ -267,7 +274,9 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
     if let Some(p) = partitions {
         extra.extend(["--partitions".to_string(), p.to_string()]);
     }
-    let addresses: Vec<String> = (0..u16::from(nodes)).map(|i| format!("127.0.0.1:{}", port + i)).collect();
+    let addresses: Vec<String> = (0..u16::from(nodes))
+        .map(|i| format!("127.0.0.1:{}", port + i))
+        .collect();
     let mut children: Vec<Child> = Vec::new();
     for i in 0..addresses.len() {
         let join = (i > 0).then(|| addresses[0].as_str());
@@ -290,7 +299,10 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
             break;
         }
         if Instant::now() > deadline {
-            return Err(format!("the cluster did not come up within 60 s; see the logs in {}", dir.display()));
+            return Err(format!(
+                "the cluster did not come up within 60 s; see the logs in {}",
+                dir.display()
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

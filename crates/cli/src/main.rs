@@ -217,7 +217,10 @@ fn main() -> ExitCode {
         return status;
     }
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Status(_) | Command::Objects { .. } | Command::Cluster(_)) {
+    if matches!(
+        cli.command,
+        Command::Status(_) | Command::Objects { .. } | Command::Cluster(_)
+    ) {
         // Listings end quietly when their reader goes away (`spindle cluster status | head`).
         // SAFETY: restoring the default action of a signal has no preconditions.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };

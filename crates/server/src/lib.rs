@@ -97,7 +97,7 @@ impl Server {
         let prepared = match (&config.cluster, &config.data_dir) {
             (Some(settings), Some(dir)) => {
                 let advertised = settings.advertise.clone().unwrap_or_else(|| reachable.to_string());
-                Some(cluster::prepare(settings, dir, advertised, config.partitions)?.into_parts())
+                Some(cluster::prepare(settings, dir, advertised, config.partitions, config.fsync)?.into_parts())
             }
             _ => None,
         };

@@ -18,6 +18,7 @@ use tracing::{error, info, warn};
 
 use super::meta::{Command, Meta};
 use super::store::Store;
+use crate::config::Fsync;
 use crate::{hosts, Shared};
 
 /// Raft's clock: elections after 10-20 ticks without a leader, heartbeats every 2.
@@ -99,6 +100,9 @@ pub(crate) struct Driver {
     diverged: bool,
     /// Ticks until the next leadership transfer may start.
     cooldown: u32,
+    /// `--fsync`: when the Raft log is made durable.
+    fsync: Fsync,
+    last_sync: Instant,
 }
 
 impl Driver {
@@ -116,6 +120,7 @@ impl Driver {
         bootstrap: Option<usize>,
         address: &str,
         nodes: &mut BTreeMap<u64, String>,
+        fsync: Fsync,
     ) -> std::io::Result<Driver> {
         if let Some(rf) = bootstrap.filter(|_| store.is_empty()) {
             let mut cc = ConfChange::default();
@@ -196,6 +201,8 @@ impl Driver {
             serving: false,
             diverged: false,
             cooldown: 0,
+            fsync,
+            last_sync: Instant::now(),
         })
     }
 
@@ -402,8 +409,16 @@ impl Driver {
         if let Some(hs) = rd.hs() {
             self.store.set_hard_state(hs)?;
         }
-        if rd.must_sync() {
+        // Raft assumes what a node persisted survives it; with `--fsync` other than `always`
+        // a power loss on a majority may lose acknowledged entries (a process crash does not).
+        let sync = match self.fsync {
+            Fsync::Always => rd.must_sync(),
+            Fsync::Interval(every) => self.last_sync.elapsed() >= every,
+            Fsync::Never => false,
+        };
+        if sync {
             self.store.sync()?;
+            self.last_sync = Instant::now();
         }
         self.send(shared, rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);

@@ -333,6 +333,7 @@ pub(crate) fn prepare(
     dir: &std::path::Path,
     address: String,
     shards: usize,
+    fsync: crate::config::Fsync,
 ) -> std::io::Result<Prepared> {
     if config.node_id == 0 {
         return Err(std::io::Error::other("--node-id must not be 0"));
@@ -350,7 +351,17 @@ pub(crate) fn prepare(
         let meta = index == shards;
         let store = store::Store::open(&raft_dir, index as u32)?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let driver = group::Driver::new(config.node_id, index, meta, store, rx, bootstrap, &address, &mut nodes)?;
+        let driver = group::Driver::new(
+            config.node_id,
+            index,
+            meta,
+            store,
+            rx,
+            bootstrap,
+            &address,
+            &mut nodes,
+            fsync,
+        )?;
         drivers.push(driver);
         groups.push(GroupHandle {
             events: tx.clone(),
