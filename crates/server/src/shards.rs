@@ -111,21 +111,25 @@ impl Shards {
     /// `keep`: give an object a life of its own, optionally under a new key. The object
     /// moves between shards one lock at a time (never two locks held at once).
     pub(crate) fn keep(&self, type_name: &str, key: &str, name: Option<&str>) -> Result<Value, Error> {
-        for index in [Some(key), name].into_iter().flatten().map(|k| self.index_of(k)) {
-            if !self.with(index, |s| s.serving())? {
-                return Err(Error::new(
-                    ErrorKind::NotLeader,
-                    "keep needs a node that leads the shards of both the object and its new name",
-                ));
-            }
+        let (source, target) = (self.index_of(key), self.index_of(name.unwrap_or(key)));
+        if source != target && self.with(source, |s| s.replica.is_some())? {
+            // Moving between two Raft groups is not atomic: not in cluster mode yet.
+            return Err(Error::value(format!(
+                "in a cluster, keep can only give '{key}' a name in its own shard"
+            )));
         }
         let Some(name) = name.filter(|n| *n != key) else {
-            self.with(self.index_of(key), |s| s.partition.disown(type_name, key))??;
+            self.with(source, |s| match s.serving() {
+                true => s.partition.disown(type_name, key),
+                false => Err(not_serving()),
+            })??;
             return Ok(Value::from(key));
         };
-        let (source, target) = (self.index_of(key), self.index_of(name));
         if source == target {
             return self.with(source, |s| {
+                if !s.serving() {
+                    return Err(not_serving());
+                }
                 s.calls += 1;
                 let detached = match detach(&mut s.partition, type_name, key, name)? {
                     Detach::Taken(d) => d,
@@ -214,6 +218,11 @@ fn detach(partition: &mut Partition, type_name: &str, key: &str, name: &str) -> 
         }
         Err(e) => Err(e),
     }
+}
+
+/// `keep` on a shard this node does not lead (cluster mode; clients resend to the leader).
+fn not_serving() -> Error {
+    Error::new(ErrorKind::NotLeader, "this node does not lead the object's shard")
 }
 
 fn poisoned(index: usize) -> Error {

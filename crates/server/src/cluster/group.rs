@@ -96,8 +96,6 @@ pub(crate) struct Driver {
     /// Leading, but entries of earlier terms up to this index are not applied yet.
     serve_at: Option<u64>,
     serving: bool,
-    /// A proposal was dropped while serving: the partition is ahead of the log.
-    diverged: bool,
     /// Ticks until the next leadership transfer may start.
     cooldown: u32,
     /// `--fsync`: when the Raft log is made durable.
@@ -199,7 +197,6 @@ impl Driver {
             leading: false,
             serve_at: None,
             serving: false,
-            diverged: false,
             cooldown: 0,
             fsync,
             last_sync: Instant::now(),
@@ -269,8 +266,15 @@ impl Driver {
                 }
             }
             Event::Propose(data) => {
-                if self.raw.propose(Vec::new(), data).is_err() {
-                    self.diverged = true;
+                if self.raw.propose(Vec::new(), data).is_err() && self.serving {
+                    // The partition ran a call that is not in the log. Stop serving before
+                    // any later entry of this epoch commits (which would release its reply),
+                    // and rebuild from the log.
+                    warn!(
+                        shard = self.index,
+                        "a proposal was dropped; rebuilding the shard from its log"
+                    );
+                    self.demote(shared);
                 }
             }
             Event::Change(change, reply) => {
@@ -379,7 +383,7 @@ impl Driver {
             let preferred = voters_wanted[0];
             if preferred != self.node_id && self.cooldown == 0 && voters.contains(&preferred) && caught_up(preferred) {
                 self.cooldown = TRANSFER_COOLDOWN;
-                self.raw.transfer_leader(preferred);
+                self.transfer(shared, preferred);
             }
             None
         };
@@ -389,6 +393,15 @@ impl Driver {
                 info!(shard = self.index, node, change = ?kind, "moving the group towards its placement");
             }
         }
+    }
+
+    /// Hand leadership to `to`. Raft drops proposals while a transfer is under way, so the
+    /// shard stops serving first (calls go to the new leader once it is elected).
+    fn transfer(&mut self, shared: &Arc<Shared>, to: u64) {
+        if self.serving {
+            self.demote(shared);
+        }
+        self.raw.transfer_leader(to);
     }
 
     fn on_ready(&mut self, shared: &Arc<Shared>) -> std::io::Result<()> {
@@ -534,15 +547,15 @@ impl Driver {
                 self.demote(shared);
             }
         }
-        if std::mem::take(&mut self.diverged) && self.serving {
-            warn!(
-                shard = self.index,
-                "a proposal was dropped; rebuilding the shard from its log"
-            );
-            self.demote(shared);
-            if self.leading {
-                self.serve_at = Some(self.raw.raft.raft_log.last_index());
-            }
+        // Still leading after a rebuild (a dropped proposal, a transfer that did not happen):
+        // serve again once the log is applied.
+        if self.leading
+            && !self.meta
+            && !self.serving
+            && self.serve_at.is_none()
+            && self.raw.raft.lead_transferee.is_none()
+        {
+            self.serve_at = Some(self.raw.raft.raft_log.last_index());
         }
         if self.serve_at.is_some_and(|at| self.applied >= at) {
             self.serve_at = None;
