@@ -707,3 +707,28 @@ def test_an_ephemeral_object_lost_with_its_leader_raises_a_clear_error(cluster):
             client.call("Counter", key, "add", [1])
     finally:
         client.close()
+
+
+def test_a_member_restarted_without_join_serves_only_the_shards_it_holds(tmp_path):
+    cluster = Cluster(tmp_path, rf=1)
+    try:
+        client = Client(cluster.addresses)
+        keys = [f"held{i}" for i in range(16)]
+        for k in keys:
+            client.create("Counter", k, [], False, persistent=True)
+            client.call("Counter", k, "add", [4])
+        client.close()
+        node = cluster.nodes[1]
+        node.stop()
+        node.join = None  # as `spindle cluster local` and the docs restart a member
+        node.start()
+        assert wait_until(cluster.settled, 30), cluster.describe()
+        # No group of a shard placed elsewhere made itself a one-node cluster on this node.
+        for g in node.map()["groups"]:
+            if node.node_id not in g["placement"]:
+                assert g["leader"] != node.node_id and node.node_id not in g["voters"], g
+        client = Client(cluster.addresses)
+        assert [client.call("Counter", k, "get", []) for k in keys] == [4] * 16
+        client.close()
+    finally:
+        cluster.stop()

@@ -264,12 +264,12 @@ class Client:
         local = self._local
         delay = FIRST_BACKOFF
         attempt = 0
-        address = None
-        if self.shards and key is not None:
-            address = self._leaders.get(shard_of(key, self.shards))
-            if address == self.nodes[0]:
-                address = None
+        # In a cluster a keyed call names its node (the shard's leader, else the first node);
+        # other requests use the thread's connection to the first node.
+        routed = bool(self.shards) and key is not None
+        address = self._leaders.get(shard_of(key, self.shards), self.nodes[0]) if routed else None
         deadline = None
+        failover = False  # the call saw a node fail or an election
         while True:
             conn = None
             try:
@@ -281,16 +281,20 @@ class Client:
                     conn = self._open(address)
                 reply = conn.roundtrip(data, req_id)
             except OSError as exc:  # connection lost (or refused): reconnect and resend
+                failed = conn.address if conn is not None else (address or self.nodes[0])
                 if conn is not None:
                     self._drop(conn)
-                if self.shards:  # another node may lead now, or forward us to the one that does
+                if len(self.nodes) > 1:  # another node may lead now, or say which one does
                     deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
-                    address = self._failed(address or self.nodes[0])
+                    failover = True
+                    self._failed(failed)
+                    address = self.nodes[0] if routed else None
                     if time.monotonic() < deadline:
                         time.sleep(min(delay, 0.5))
                         delay *= 2
                         continue
-                if attempt >= RETRIES or self.shards:
+                    raise ServerUnavailable(f"no node of {self.address} answered: {exc}") from exc
+                if attempt >= RETRIES:
                     raise ServerUnavailable(
                         f"spindle server at {self.address} is unavailable: {exc}"
                     ) from exc
@@ -309,22 +313,23 @@ class Client:
                 # Not this node's shard: go to its leader (or wait out an election).
                 deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
                 leader = error[2] if len(error) > 2 and isinstance(error[2], str) else None
-                if key is not None and self.shards:
+                if routed:
                     shard = shard_of(key, self.shards)
                     if leader:
                         self._leaders[shard] = leader
                     else:
                         self._leaders.pop(shard, None)
+                        failover = True
                 if time.monotonic() < deadline:
                     if leader and leader != conn.address:
-                        address = None if leader == self.nodes[0] else leader
+                        address = leader
                     else:
                         time.sleep(min(delay, 0.2))
                         delay *= 2
                     continue
             if isinstance(error, list) and error and error[0] == "FrameTooLarge":
                 self._drop(conn)  # the server closes it
-            if deadline is not None and isinstance(error, list) and error[:1] == ["NotFound"]:
+            if failover and isinstance(error, list) and error[:1] == ["NotFound"]:
                 raise ObjectLost(
                     f"{error[1]}: the leader of its shard changed during the call, and an "
                     "ephemeral object lives on its shard's leader only (persistent=True keeps "
@@ -333,16 +338,15 @@ class Client:
                 )
             raise error_from_reply(error)
 
-    def _failed(self, address: str) -> Optional[str]:
-        """``address`` did not answer: forget it as a leader and try the next node (``None``:
-        the first of ``nodes``, which becomes the next one after a failure of the first)."""
+    def _failed(self, address: str) -> None:
+        """``address`` did not answer: forget it as a leader, and if it is the first node,
+        make the next one first."""
         for shard, leader in list(self._leaders.items()):
             if leader == address:
                 del self._leaders[shard]
         if address == self.nodes[0] and len(self.nodes) > 1:
             self.nodes.append(self.nodes.pop(0))
             self.host, self.port = parse_address(self.nodes[0])
-        return None
 
     def _withdraw(self, conn: Connection, request: List[Any]) -> bool:
         """Take back an interrupted call so its connection stays usable.

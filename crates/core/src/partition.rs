@@ -895,6 +895,17 @@ impl Partition {
         }
     }
 
+    /// The id the next object created here will follow.
+    pub fn next_object_id(&self) -> u64 {
+        self.next_object_id
+    }
+
+    /// Number objects created from now on above `next`: a partition rebuilt in place of
+    /// another must not reuse ids that object hosts may still answer about.
+    pub fn skip_object_ids(&mut self, next: u64) {
+        self.next_object_id = self.next_object_id.max(next);
+    }
+
     /// This replica stops serving its shard (in a cluster, the shard's leadership moved):
     /// answer every parked call, and every call waiting for an object host, with `error`,
     /// and let the hosts drop their objects (see [`take_forwards`](Self::take_forwards)).

@@ -266,7 +266,13 @@ impl Connection {
             } => {
                 // A retried keep is answered the same way by `Shards::keep`, so its seq
                 // needs no reply log.
-                let reply = self.shared.shards.keep(&type_name, &key, name.as_deref());
+                let reply = match self.shared.shards.keep(&type_name, &key, name.as_deref()) {
+                    // Name the leader, so the client can go there.
+                    Err(e) if e.kind == ErrorKind::NotLeader => {
+                        Err(redirect(&self.shared, self.shared.shards.index_of(&key)))
+                    }
+                    reply => reply,
+                };
                 self.reply(id, reply)
             }
             Request::Objects { id, prefix, persistent } => {

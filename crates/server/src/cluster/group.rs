@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use protobuf::Message as _;
-use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, HardState, Message};
+use raft::prelude::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message, MessageType};
 use raft::{RawNode, StateRole};
 use spindle_core::{Error, ErrorKind, Partition, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -33,8 +33,8 @@ const TRANSFER_COOLDOWN: u32 = 40;
 pub(crate) enum Event {
     /// Protobuf-encoded Raft messages from a peer.
     Messages(Vec<Vec<u8>>),
-    /// An entry to propose (see [`encode_entry`]).
-    Propose(Vec<u8>),
+    /// An entry to propose (see [`encode_entry`]), made while serving in an epoch.
+    Propose(u64, Vec<u8>),
     /// A change of the cluster's nodes (metadata group only), answered once proposed.
     Change(Command, oneshot::Sender<Result<Value, Error>>),
 }
@@ -98,6 +98,8 @@ pub(crate) struct Driver {
     serving: bool,
     /// Ticks until the next leadership transfer may start.
     cooldown: u32,
+    /// The replica's serving epoch (see `Replica::epoch`).
+    epoch: u64,
     /// `--fsync`: when the Raft log is made durable.
     fsync: Fsync,
     last_sync: Instant,
@@ -155,7 +157,7 @@ impl Driver {
                 commit,
                 ..Default::default()
             })?;
-            store.set_conf_state(&raft::prelude::ConfState {
+            store.set_conf_state(&ConfState {
                 voters: vec![node_id],
                 ..Default::default()
             })?;
@@ -165,12 +167,30 @@ impl Driver {
         // membership change onto the configuration stored after it would undo later ones.
         let commit = store.mem.rl().hard_state().commit;
         let recovered = store.entries(1, commit);
+        // The configuration is that of the committed membership changes, replayed from the
+        // log (which is never compacted): a stored configuration could lag the commit index.
+        let (mut voters, mut learners) = (Vec::new(), Vec::new());
         for e in &recovered {
             if e.get_entry_type() == EntryType::EntryConfChange {
                 if let Ok(cc) = ConfChange::parse_from_bytes(&e.data) {
                     learn(nodes, &cc);
+                    let n = cc.node_id;
+                    voters.retain(|&v| v != n);
+                    learners.retain(|&l| l != n);
+                    match cc.get_change_type() {
+                        ConfChangeType::AddNode => voters.push(n),
+                        ConfChangeType::AddLearnerNode => learners.push(n),
+                        ConfChangeType::RemoveNode => {}
+                    }
                 }
             }
+        }
+        if !recovered.is_empty() {
+            store.mem.wl().set_conf_state(ConfState {
+                voters,
+                learners,
+                ..Default::default()
+            });
         }
         let config = raft::Config {
             id: node_id,
@@ -198,12 +218,19 @@ impl Driver {
             serve_at: None,
             serving: false,
             cooldown: 0,
+            epoch: 0,
             fsync,
             last_sync: Instant::now(),
         })
     }
 
     pub(crate) async fn run(mut self, shared: Arc<Shared>) {
+        // However the driver ends (a storage error, a panic), its shard stops being served.
+        let _stopped = Stopped {
+            shared: shared.clone(),
+            index: self.index,
+            meta: self.meta,
+        };
         let recovered = std::mem::take(&mut self.recovered);
         if self.meta {
             for e in &recovered {
@@ -258,6 +285,9 @@ impl Driver {
             Event::Messages(messages) => {
                 for bytes in messages {
                     match Message::parse_from_bytes(&bytes) {
+                        // Peers never forward proposals (each leader proposes its own calls),
+                        // and an empty one would make raft-rs panic.
+                        Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
                         Ok(m) => {
                             let _ = self.raw.step(m);
                         }
@@ -265,8 +295,15 @@ impl Driver {
                     }
                 }
             }
-            Event::Propose(data) => {
-                if self.raw.propose(Vec::new(), data).is_err() && self.serving {
+            Event::Propose(epoch, data) => {
+                // Only a serving leader proposes, and only what its current epoch applied:
+                // raft-rs would forward a follower's proposal to the new leader, which would
+                // apply it out of its partition's order.
+                if !self.serving || epoch != self.epoch {
+                    return; // its reply was failed when serving stopped
+                }
+                let leading = self.raw.raft.state == StateRole::Leader;
+                if !leading || self.raw.propose(Vec::new(), data).is_err() {
                     // The partition ran a call that is not in the log. Stop serving before
                     // any later entry of this epoch commits (which would release its reply),
                     // and rebuild from the log.
@@ -430,17 +467,19 @@ impl Driver {
             Fsync::Never => false,
         };
         if sync {
-            self.store.sync()?;
+            // An fsync may take milliseconds: let this worker's other tasks move elsewhere.
+            tokio::task::block_in_place(|| self.store.sync())?;
             self.last_sync = Instant::now();
+        } else {
+            self.store.flush()?;
         }
         self.send(shared, rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
-        if let Some(commit) = light.commit_index() {
-            self.store.set_commit(commit)?;
-        }
         self.send(shared, light.take_messages());
+        // (The commit index is stored by `apply`, before the entries it covers take effect.)
         let committed = light.take_committed_entries();
         self.apply(shared, committed)?;
+        self.store.flush()?;
         self.raw.advance_apply();
         Ok(())
     }
@@ -563,7 +602,7 @@ impl Driver {
             let now = Instant::now();
             let started = shared.shards.with(self.index, |s| {
                 if let Some(replica) = s.replica.as_mut() {
-                    replica.start();
+                    self.epoch = replica.start();
                 }
                 // Calls parked by connections of earlier leaders are dropped (logged).
                 let replies = s.partition.restart(now);
@@ -600,6 +639,7 @@ impl Driver {
             let actions = hosts::forward(shared, &mut s.partition, None);
             let mut partition = Partition::new();
             partition.enable_storage();
+            partition.skip_object_ids(s.partition.next_object_id());
             for e in &entries {
                 replay(&mut partition, self.index, e, now);
             }
@@ -609,6 +649,39 @@ impl Driver {
         if let Ok((replies, actions)) = rebuilt {
             shared.registry.deliver(replies);
             hosts::run(shared, actions);
+        }
+    }
+}
+
+/// Takes a group out of service when its driver ends: no leader here, and a shard's waiting
+/// calls are answered (its partition no longer reaches any log).
+struct Stopped {
+    shared: Arc<Shared>,
+    index: usize,
+    meta: bool,
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let cluster = cluster(&self.shared);
+        cluster.groups[self.index].leader.store(0, Ordering::Relaxed);
+        if let Ok(mut view) = cluster.groups[self.index].view.lock() {
+            view.serving = false;
+        }
+        if self.meta {
+            return;
+        }
+        let error = Error::new(
+            ErrorKind::Internal,
+            format!(
+                "shard {} stopped on this node (see its log); retry on another node",
+                self.index
+            ),
+        );
+        if let Ok(replies) = self.shared.shards.with(self.index, |s| {
+            s.replica.as_mut().map(|r| r.stop(&error)).unwrap_or_default()
+        }) {
+            self.shared.registry.deliver(replies);
         }
     }
 }

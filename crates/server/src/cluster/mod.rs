@@ -115,7 +115,7 @@ impl Replica {
         }
         self.proposed += 1;
         let data = group::encode_entry(self.node_id, self.epoch, self.proposed, records);
-        if self.events.send(Event::Propose(data)).is_err() {
+        if self.events.send(Event::Propose(self.epoch, data)).is_err() {
             return fail(deliveries, &not_leader(None));
         }
         if !deliveries.is_empty() {
@@ -144,10 +144,12 @@ impl Replica {
         fail(held, error)
     }
 
-    fn start(&mut self) {
+    /// Start serving; returns the new epoch.
+    fn start(&mut self) -> u64 {
         self.serving = true;
         self.epoch += 1;
         self.proposed = 0;
+        self.epoch
     }
 }
 
@@ -345,7 +347,10 @@ pub(crate) fn prepare(
     let mut drivers = Vec::new();
     let mut nodes = BTreeMap::new();
     nodes.insert(config.node_id, address.clone());
-    let bootstrap = config.join.is_none().then_some(config.replication_factor.max(1));
+    // A new cluster starts here only on a fresh data directory: a member restarted without
+    // --join must never make itself the only voter of a group it does not hold.
+    let fresh = !raft_dir.exists();
+    let bootstrap = (config.join.is_none() && fresh).then_some(config.replication_factor.max(1));
     // The shards' groups, then the metadata group.
     for index in 0..=shards {
         let meta = index == shards;

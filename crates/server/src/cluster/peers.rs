@@ -10,7 +10,7 @@ use spindle_core::{Error, ErrorKind, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::Shared;
 
@@ -20,6 +20,10 @@ pub(crate) type Batch = (u64, Vec<Vec<u8>>);
 /// Messages queued for a peer beyond this are dropped (Raft resends): a dead peer never
 /// grows memory without bound.
 const QUEUE_LIMIT: usize = 4096;
+/// Bytes of messages per `raft` frame, well under the receiver's frame limit.
+const FRAME_BYTES: usize = 8 << 20;
+/// How long a peer may take to answer a hello or a request.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const RECONNECT_AFTER: Duration = Duration::from_millis(200);
 
@@ -38,7 +42,19 @@ impl Peers {
             tx
         });
         // Full: the peer is not keeping up (or is down); Raft will retry.
-        let _ = link.try_send((group, messages));
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for m in messages {
+            if bytes + m.len() > FRAME_BYTES && !batch.is_empty() {
+                let _ = link.try_send((group, std::mem::take(&mut batch)));
+                bytes = 0;
+            }
+            bytes += m.len();
+            batch.push(m);
+        }
+        if !batch.is_empty() {
+            let _ = link.try_send((group, batch));
+        }
     }
 }
 
@@ -67,13 +83,21 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
             }
         };
         let (mut reader, mut writer) = stream.split();
-        // Raft requests are never answered; anything the peer sends (an error) is logged.
+        // Raft requests are never answered: an answer is an error (a token that differs).
         let outcome = tokio::select! {
             _ = async {
                 let mut buf = vec![0u8; 4096];
+                let mut warned = false;
                 while let Ok(n) = reader.read(&mut buf).await {
                     if n == 0 { break; }
-                    debug!(node = to, "peer answered a raft frame: {n} bytes");
+                    if !warned {
+                        warn!(
+                            node = to,
+                            "the peer refused Raft messages: {} (do all nodes have the same --token?)",
+                            String::from_utf8_lossy(&buf[..n]).escape_debug()
+                        );
+                        warned = true;
+                    }
                 }
             } => "the peer closed the link".to_string(),
             e = async {
@@ -194,5 +218,7 @@ pub(crate) async fn request(
     let mut stream = open(address, client, token).await?;
     let mut items = vec![Value::from(1)];
     items.extend(request);
-    roundtrip(&mut stream, Value::Array(items)).await
+    tokio::time::timeout(REPLY_TIMEOUT, roundtrip(&mut stream, Value::Array(items)))
+        .await
+        .map_err(|_| Error::new(ErrorKind::Busy, format!("{address} did not answer within 5 s")))?
 }

@@ -18,10 +18,13 @@ const ENTRY: u8 = 1;
 const HARD_STATE: u8 = 2;
 const CONF_STATE: u8 = 3;
 
-/// The on-disk log of one shard's replica, with the in-memory copy raft-rs reads.
+/// The on-disk log of one shard's replica, with the in-memory copy raft-rs reads. Records
+/// are buffered and written in one go by [`flush`](Store::flush) (one `write` per `Ready`),
+/// in the order they were made.
 pub(crate) struct Store {
     pub(crate) mem: MemStorage,
     file: LogWriter,
+    pending: Vec<Vec<u8>>,
 }
 
 impl Store {
@@ -32,7 +35,11 @@ impl Store {
         let segments = storage::list_segments(dir, group)?;
         let Some(segment) = segments.last() else {
             let file = LogWriter::create(dir, group, storage::FIRST_SEGMENT_SEQ)?;
-            return Ok(Store { mem, file });
+            return Ok(Store {
+                mem,
+                file,
+                pending: Vec::new(),
+            });
         };
         let mut scan = SegmentScanner::open(&segment.path)?;
         while let Some((offset, record)) = scan.next_record()? {
@@ -52,7 +59,11 @@ impl Store {
             );
         }
         let file = LogWriter::open(&segment.path)?;
-        Ok(Store { mem, file })
+        Ok(Store {
+            mem,
+            file,
+            pending: Vec::new(),
+        })
     }
 
     /// Whether nothing was ever stored (a new replica).
@@ -64,13 +75,12 @@ impl Store {
         if entries.is_empty() {
             return Ok(());
         }
-        let records: Vec<Vec<u8>> = entries.iter().map(|e| encode(ENTRY, e)).collect();
-        self.file.append_batch(&records)?;
+        self.pending.extend(entries.iter().map(|e| encode(ENTRY, e)));
         self.mem.wl().append(entries).map_err(io::Error::other)
     }
 
     pub(crate) fn set_hard_state(&mut self, hs: &HardState) -> io::Result<()> {
-        self.file.append(&encode(HARD_STATE, hs))?;
+        self.pending.push(encode(HARD_STATE, hs));
         self.mem.wl().set_hardstate(hs.clone());
         Ok(())
     }
@@ -83,13 +93,23 @@ impl Store {
     }
 
     pub(crate) fn set_conf_state(&mut self, cs: &ConfState) -> io::Result<()> {
-        self.file.append(&encode(CONF_STATE, cs))?;
+        self.pending.push(encode(CONF_STATE, cs));
         self.mem.wl().set_conf_state(cs.clone());
         Ok(())
     }
 
-    /// Make everything appended so far durable.
+    /// Write the buffered records (to the OS: a crash of the process loses none of them).
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        if !self.pending.is_empty() {
+            self.file.append_batch(&self.pending)?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    /// Write the buffered records and make everything written durable.
     pub(crate) fn sync(&mut self) -> io::Result<()> {
+        self.flush()?;
         self.file.sync()
     }
 
