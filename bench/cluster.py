@@ -257,14 +257,14 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
     dip_s = (max(low) - k + 1) * BUCKET if low else 0.0
     worst = min(rate[k:j]) / before if j > k else 1.0
     after_crash = statistics.median(rate[k + int(3 / BUCKET):j]) if j - k > int(3 / BUCKET) else float("nan")
-    # Recovery after the join: the first point from which throughput stays at 90% of before.
-    recovered_s = float("nan")
-    for i in range(j, buckets):
-        if all(r >= 0.9 * before for r in rate[i:i + int(1.0 / BUCKET)]):
-            recovered_s = (i - j) * BUCKET
-            break
+    # Recovery after the join: until the last point below 70% of before (replicas and
+    # leadership may move for a while after the join; every dip until the end counts).
+    late = [i for i in range(j, buckets) if rate[i] < (1 - GOAL_DIP) * before]
+    recovered_s = (max(late) - j + 1) * BUCKET if late else 0.0
+    join_dips = sum(1 for i in late if i - 1 not in late)
     return {"rate": rate, "events": events, "before": before, "dip_s": dip_s, "worst": worst,
-            "after_crash": after_crash, "recovered_s": recovered_s, "reads": len(times)}
+            "after_crash": after_crash, "recovered_s": recovered_s, "join_dips": join_dips,
+            "reads": len(times)}
 
 
 # --- report --------------------------------------------------------------------------------
@@ -377,8 +377,9 @@ def main() -> None:
         ["time below 70% of before after the crash", f"{avail['dip_s']:.1f} s", f"< {GOAL_DIP_SECONDS:g} s",
          "yes" if dip_ok else "**no**"],
         ["reads/s on 2 nodes (median, 3 s after the crash)", f"{avail['after_crash']:,.0f}", "", ""],
-        ["from the join to 90% of before, held 1 s", f"{avail['recovered_s']:.1f} s",
+        ["from the join to the last point below 70% of before", f"{avail['recovered_s']:.1f} s",
          f"≤ {GOAL_RECOVERY_SECONDS:g} s", "yes" if rec_ok else "**no**"],
+        ["dips below 70% after the join", f"{avail['join_dips']}", "", ""],
         ["reads in the run", f"{avail['reads']:,}", "", ""],
     ]
     print_table(avail_headers, avail_rows)

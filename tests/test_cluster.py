@@ -47,6 +47,18 @@ with open(out, "w") as f:
 """
 
 
+def stable_port(count: int = 1) -> int:
+    """The first of ``count`` free consecutive ports below the kernel's ephemeral range, so
+    that no outgoing connection takes one while a node is down (a restart reuses its port)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low - count)
+        if all(_port_free(port + i) for i in range(count)):
+            return port
+    return free_port()
+
+
 class Node:
     """One cluster node: a server process with its own port and data directory."""
 
@@ -59,7 +71,7 @@ class Node:
         self.data_dir = data_dir
         self.netns = netns
         self.host = netns.host(node_id) if netns else "127.0.0.1"
-        self.port = 7070 if netns else free_port()
+        self.port = 7070 if netns else stable_port()
         self.address = f"{self.host}:{self.port}"
         self.join = join
         self.log = data_dir.parent / f"node{node_id}.log"
@@ -618,9 +630,7 @@ def test_a_partitioned_leader_is_replaced_and_no_update_is_lost_or_doubled(netns
 
 
 def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_its_data(tmp_path):
-    port = free_port()
-    while any(not _port_free(p) for p in (port + 1, port + 2)):
-        port = free_port()
+    port = stable_port(3)
 
     def start() -> "tuple[subprocess.Popen, str]":
         proc = subprocess.Popen(

@@ -166,6 +166,8 @@ class Client:
         # Cluster mode: the shard count (0 for a single server) and each shard's leader.
         self.shards = 0
         self._leaders: Dict[int, str] = {}
+        # Nodes that failed to answer, until when they are avoided.
+        self._down: Dict[str, float] = {}
         self.server = server
         self.token = os.environ.get("SPINDLE_TOKEN") or None
         # (type, version) of the user-defined classes this client has sent with `define`.
@@ -270,6 +272,7 @@ class Client:
         address = self._leaders.get(shard_of(key, self.shards), self.nodes[0]) if routed else None
         deadline = None
         failover = False  # the call saw a node fail or an election
+        previous = None  # the node that redirected us last
         while True:
             conn = None
             try:
@@ -288,7 +291,8 @@ class Client:
                     deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
                     failover = True
                     self._failed(failed)
-                    address = self.nodes[0] if routed else None
+                    # Ask the next listed node: any member says where the shard's leader is.
+                    address = self._next_node(failed) if routed else None
                     if time.monotonic() < deadline:
                         time.sleep(min(delay, 0.5))
                         delay *= 2
@@ -313,6 +317,12 @@ class Client:
                 # Not this node's shard: go to its leader (or wait out an election).
                 deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
                 leader = error[2] if len(error) > 2 and isinstance(error[2], str) else None
+                if leader and self._down.get(leader, 0.0) > time.monotonic() and time.monotonic() < deadline:
+                    # It just failed us (the node redirecting here may not know yet): ask
+                    # another node instead.
+                    address = self._next_node(conn.address) if routed else None
+                    time.sleep(0.02)
+                    continue
                 if routed:
                     shard = shard_of(key, self.shards)
                     if leader:
@@ -322,10 +332,12 @@ class Client:
                         failover = True
                 if time.monotonic() < deadline:
                     if leader and leader != conn.address:
-                        address = leader
+                        # Two nodes sending us to each other are mid-election: a short pause.
+                        if leader == previous:
+                            time.sleep(0.005)
+                        previous, address = conn.address, leader
                     else:
-                        time.sleep(min(delay, 0.2))
-                        delay *= 2
+                        time.sleep(0.02)  # an election: elections take tens of milliseconds
                     continue
             if isinstance(error, list) and error and error[0] == "FrameTooLarge":
                 self._drop(conn)  # the server closes it
@@ -338,9 +350,21 @@ class Client:
                 )
             raise error_from_reply(error)
 
+    def _next_node(self, after: str) -> str:
+        """The listed node after ``after`` (round the list), skipping nodes that just failed."""
+        nodes = self.nodes
+        start = nodes.index(after) + 1 if after in nodes else 0
+        now = time.monotonic()
+        for i in range(len(nodes)):
+            candidate = nodes[(start + i) % len(nodes)]
+            if self._down.get(candidate, 0.0) <= now:
+                return candidate
+        return nodes[start % len(nodes)]
+
     def _failed(self, address: str) -> None:
-        """``address`` did not answer: forget it as a leader, and if it is the first node,
-        make the next one first."""
+        """``address`` did not answer: forget it as a leader, avoid it for a second, and if
+        it is the first node, make the next one first."""
+        self._down[address] = time.monotonic() + 1.0
         for shard, leader in list(self._leaders.items()):
             if leader == address:
                 del self._leaders[shard]

@@ -316,9 +316,21 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
     }
     println!("export SPINDLE_ADDRESS={}", addresses.join(","));
     println!("the cluster is up; Ctrl-C stops it");
+    let stop = stop_requested();
     // A node that dies (killed to try a failover, say) is reported; the others go on.
     let mut running: Vec<(usize, Child)> = children.into_iter().enumerate().collect();
     while !running.is_empty() {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // Each node stops when its stdin closes; wait, so that their data directories
+            // are free when this command returns.
+            for (_, child) in &mut running {
+                drop(child.stdin.take());
+            }
+            for (_, child) in &mut running {
+                let _ = child.wait();
+            }
+            return Ok(());
+        }
         running.retain_mut(|(i, child)| match child.try_wait() {
             Ok(Some(status)) => {
                 let log = dir.join(format!("node{}.log", *i + 1));
@@ -327,7 +339,30 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
             }
             _ => true,
         });
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
     }
     Err("every node exited".into())
+}
+
+/// A flag set on SIGINT or SIGTERM.
+fn stop_requested() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let set = flag.clone();
+    std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            return;
+        };
+        runtime.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            set.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    });
+    flag
 }

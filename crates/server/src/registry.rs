@@ -374,7 +374,8 @@ pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
         | ErrorKind::Cancelled
         | ErrorKind::FutureException
         | ErrorKind::Raised
-        | ErrorKind::Moved => tracing::debug!(conn, id, kind, "{}", e.message),
+        | ErrorKind::Moved
+        | ErrorKind::NotLeader => tracing::debug!(conn, id, kind, "{}", e.message),
         _ => tracing::info!(conn, id, kind, "{}", e.message),
     }
 }

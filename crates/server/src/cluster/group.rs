@@ -380,6 +380,18 @@ impl Driver {
         let learners: Vec<u64> = conf.learners().iter().copied().collect();
         let committed = self.raw.raft.raft_log.committed;
         let caught_up = |n: u64| self.raw.raft.prs().get(n).is_some_and(|p| p.matched >= committed);
+        // Leadership goes only to a placed voter that is up to date and answering (placement
+        // may still name a node that is down).
+        let successor = voters_wanted.iter().copied().find(|&n| {
+            n != self.node_id
+                && voters.contains(&n)
+                && self
+                    .raw
+                    .raft
+                    .prs()
+                    .get(n)
+                    .is_some_and(|p| p.matched >= committed && p.recent_active)
+        });
         let change = |kind: ConfChangeType, node: u64| {
             let mut cc = ConfChange::default();
             cc.set_change_type(kind);
@@ -399,14 +411,10 @@ impl Driver {
             if !voters_wanted.iter().all(|w| voters.contains(w)) {
                 None
             } else if n == self.node_id {
-                if self.cooldown == 0 {
+                if let Some(to) = successor.filter(|_| self.cooldown == 0) {
                     self.cooldown = TRANSFER_COOLDOWN;
-                    info!(
-                        shard = self.index,
-                        to = voters_wanted[0],
-                        "handing leadership to a placed replica"
-                    );
-                    self.raw.transfer_leader(voters_wanted[0]);
+                    info!(shard = self.index, to, "handing leadership to a placed replica");
+                    self.transfer(shared, to);
                 }
                 None
             } else if members_wanted.contains(&n) {
@@ -417,8 +425,9 @@ impl Driver {
         } else if let Some(&n) = learners.iter().find(|n| !members_wanted.contains(n)) {
             Some(change(ConfChangeType::RemoveNode, n))
         } else {
+            // The preferred replica leads, when it is up (spreading leaders over the nodes).
             let preferred = voters_wanted[0];
-            if preferred != self.node_id && self.cooldown == 0 && voters.contains(&preferred) && caught_up(preferred) {
+            if preferred != self.node_id && self.cooldown == 0 && successor == Some(preferred) {
                 self.cooldown = TRANSFER_COOLDOWN;
                 self.transfer(shared, preferred);
             }
@@ -435,6 +444,8 @@ impl Driver {
     /// Hand leadership to `to`. Raft drops proposals while a transfer is under way, so the
     /// shard stops serving first (calls go to the new leader once it is elected).
     fn transfer(&mut self, shared: &Arc<Shared>, to: u64) {
+        // Calls answered meanwhile go straight to the new leader.
+        cluster(shared).groups[self.index].leader.store(to, Ordering::Relaxed);
         if self.serving {
             self.demote(shared);
         }
@@ -570,8 +581,13 @@ impl Driver {
     fn check_role(&mut self, shared: &Arc<Shared>) {
         let cluster = cluster(shared);
         let handle = &cluster.groups[self.index];
-        handle.leader.store(self.raw.raft.leader_id, Ordering::Relaxed);
         let is_leader = self.raw.raft.state == StateRole::Leader;
+        // While handing leadership over, point callers at the node taking it.
+        let hint = match self.raw.raft.lead_transferee {
+            Some(to) if is_leader => to,
+            _ => self.raw.raft.leader_id,
+        };
+        handle.leader.store(hint, Ordering::Relaxed);
         if self.meta {
             // The metadata group has no partition to serve.
             self.leading = is_leader;

@@ -225,14 +225,18 @@ impl Cluster {
         if leader == self.node_id {
             return None; // Leading, not serving yet: retry here shortly.
         }
+        let up = |n: u64| n != self.node_id && !self.peers.is_down(n);
         // A node the group moved away from may never hear of it again: its own view of the
-        // leader is trusted only while it is placed to hold the group.
-        if leader != 0 && (placed.contains(&self.node_id) || group == self.meta_group) {
+        // leader is trusted only while it is placed to hold the group, or names a placed node.
+        let trusted = placed.contains(&self.node_id) || group == self.meta_group || placed.contains(&leader);
+        if leader != 0 && trusted && up(leader) {
             return self.address_of(leader);
         }
         placed
-            .into_iter()
-            .filter(|&n| n != self.node_id)
+            .iter()
+            .copied()
+            .filter(|&n| up(n))
+            .chain(placed.iter().copied().filter(|&n| n != self.node_id))
             .find_map(|n| self.address_of(n))
     }
 

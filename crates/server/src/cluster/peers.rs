@@ -30,9 +30,24 @@ const RECONNECT_AFTER: Duration = Duration::from_millis(200);
 #[derive(Default)]
 pub(crate) struct Peers {
     links: Mutex<HashMap<u64, mpsc::Sender<Batch>>>,
+    /// Nodes whose link failed to connect last time (redirects avoid them).
+    down: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Peers {
+    /// Whether this node's last attempt to reach `node` failed.
+    pub(crate) fn is_down(&self, node: u64) -> bool {
+        self.down.lock().unwrap_or_else(|e| e.into_inner()).contains(&node)
+    }
+
+    fn set_down(&self, node: u64, down: bool) {
+        let mut set = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        match down {
+            true => set.insert(node),
+            false => set.remove(&node),
+        };
+    }
+
     /// Queue `messages` of shard `group` for node `to`, starting its link on first use.
     pub(crate) fn send(&self, shared: &Arc<Shared>, to: u64, group: u64, messages: Vec<Vec<u8>>) {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
@@ -72,10 +87,12 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
         let mut stream = match open(&address, &cluster.name(), shared.config.functions.token.as_deref()).await {
             Ok(stream) => {
                 info!(node = to, %address, "connected to peer");
+                cluster.peers.set_down(to, false);
                 stream
             }
             Err(e) => {
                 debug!(node = to, %address, "cannot reach peer: {e}");
+                cluster.peers.set_down(to, true);
                 if drop_until(&mut rx, RECONNECT_AFTER).await {
                     return;
                 }
@@ -119,6 +136,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
             } => e,
         };
         debug!(node = to, "peer link ended: {outcome}");
+        cluster.peers.set_down(to, true);
         if rx.is_closed() {
             return;
         }
