@@ -155,6 +155,7 @@ class Cluster:
         views = self.views()
         return len(views) == SHARDS + 1 and all(
             sorted(g["voters"]) == sorted(g["placement"]) and (shard == "meta" or not g["learners"])
+            and g["leader"] == g["placement"][0]  # leadership too has moved where it goes
             for shard, g in views.items()
         )
 

@@ -425,11 +425,19 @@ impl Driver {
         } else if let Some(&n) = learners.iter().find(|n| !members_wanted.contains(n)) {
             Some(change(ConfChangeType::RemoveNode, n))
         } else {
-            // The preferred replica leads, when it is up (spreading leaders over the nodes).
+            // The preferred replica leads, when it is up (spreading leaders over the nodes),
+            // unless this leader holds ephemeral objects, which would be lost with it.
             let preferred = voters_wanted[0];
             if preferred != self.node_id && self.cooldown == 0 && successor == Some(preferred) {
                 self.cooldown = TRANSFER_COOLDOWN;
-                self.transfer(shared, preferred);
+                let ephemeral = !self.meta
+                    && shared
+                        .shards
+                        .with(self.index, |s| s.partition.len() > s.partition.persistent_len())
+                        .unwrap_or(true);
+                if !ephemeral {
+                    self.transfer(shared, preferred);
+                }
             }
             None
         };
