@@ -526,25 +526,17 @@ impl Driver {
             self.store.set_commit(last)?;
         }
         let now = Instant::now();
+        // A shard's consecutive entries are applied under one hold of its lock.
+        let mut run: Vec<Entry> = Vec::new();
         for e in entries {
             self.applied = e.index;
+            if e.get_entry_type() != EntryType::EntryNormal || self.meta {
+                self.apply_run(shared, std::mem::take(&mut run), now);
+            }
             match e.get_entry_type() {
                 EntryType::EntryNormal if e.data.is_empty() => {}
                 EntryType::EntryNormal if self.meta => apply_meta(cluster(shared), &e),
-                EntryType::EntryNormal => {
-                    let outcome = shared.shards.with(self.index, |s| {
-                        if let (Some(replica), Ok(p)) = (s.replica.as_mut(), decode_entry(&e.data)) {
-                            if let Some(replies) = replica.committed(p.node, p.epoch, p.proposal) {
-                                return replies;
-                            }
-                        }
-                        replay(&mut s.partition, self.index, &e, now);
-                        Vec::new()
-                    });
-                    if let Ok(replies) = outcome {
-                        shared.registry.deliver(replies);
-                    }
-                }
+                EntryType::EntryNormal => run.push(e),
                 EntryType::EntryConfChange => {
                     let cc = match ConfChange::parse_from_bytes(&e.data) {
                         Ok(cc) => cc,
@@ -581,7 +573,32 @@ impl Driver {
                 EntryType::EntryConfChangeV2 => {}
             }
         }
+        self.apply_run(shared, run, now);
         Ok(())
+    }
+
+    /// Apply committed entries of the shard: release the replies of this epoch's own
+    /// proposals (already applied here), replay the others.
+    fn apply_run(&self, shared: &Arc<Shared>, run: Vec<Entry>, now: Instant) {
+        if run.is_empty() {
+            return;
+        }
+        let outcome = shared.shards.with(self.index, |s| {
+            let mut replies = Vec::new();
+            for e in &run {
+                if let (Some(replica), Ok(p)) = (s.replica.as_mut(), decode_entry(&e.data)) {
+                    if let Some(released) = replica.committed(p.node, p.epoch, p.proposal) {
+                        replies.extend(released);
+                        continue;
+                    }
+                }
+                replay(&mut s.partition, self.index, e, now);
+            }
+            replies
+        });
+        if let Ok(replies) = outcome {
+            shared.registry.deliver(replies);
+        }
     }
 
     /// Follow leadership: start serving once the log of earlier terms is applied, and stop
