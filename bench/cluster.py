@@ -256,14 +256,26 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
     low = [i for i in range(k, j) if rate[i] < (1 - GOAL_DIP) * before]
     dip_s = (max(low) - k + 1) * BUCKET if low else 0.0
     worst = min(rate[k:j]) / before if j > k else 1.0
+    # The seed reports its dip over seconds: the lowest one-second window after the crash.
+    second = int(1.0 / BUCKET)
+    windows = [sum(rate[i:i + second]) / second for i in range(k, max(k + 1, j - second + 1))]
+    worst_second = min(windows) / before
     after_crash = statistics.median(rate[k + int(3 / BUCKET):j]) if j - k > int(3 / BUCKET) else float("nan")
-    # Recovery after the join: until the last point below 70% of before (replicas and
-    # leadership may move for a while after the join; every dip until the end counts).
+    # Recovery after the join: the first point from which throughput holds 90% of before for
+    # a second. Replicas and leadership keep moving for a while after it: every later dip
+    # below 70% is counted too.
+    hold = int(1.0 / BUCKET)
+    recovered_s = float("nan")
+    for i in range(j, buckets - hold):
+        if all(r >= 0.9 * before for r in rate[i:i + hold]):
+            recovered_s = (i - j) * BUCKET
+            break
     late = [i for i in range(j, buckets) if rate[i] < (1 - GOAL_DIP) * before]
-    recovered_s = (max(late) - j + 1) * BUCKET if late else 0.0
     join_dips = sum(1 for i in late if i - 1 not in late)
+    join_dip_s = len(late) * BUCKET
     return {"rate": rate, "events": events, "before": before, "dip_s": dip_s, "worst": worst,
-            "after_crash": after_crash, "recovered_s": recovered_s, "join_dips": join_dips,
+            "worst_second": worst_second,
+            "after_crash": after_crash, "recovered_s": recovered_s, "join_dips": join_dips, "join_dip_s": join_dip_s,
             "reads": len(times)}
 
 
@@ -368,24 +380,27 @@ def main() -> None:
         claims.append(Claim(f"replicated increments, rf = {rf}, Raft log fsynced", f"{disk:,.0f} ops/s",
                             f"Redis WAIT {rf - 1}: {red:,.0f} ops/s", disk / red, "-", None))
     print_table(headers, rows)
-    dip_ok = avail["dip_s"] < GOAL_DIP_SECONDS
+    dip_ok = avail["worst_second"] >= 1 - GOAL_DIP and avail["dip_s"] < GOAL_DIP_SECONDS
     rec_ok = avail["recovered_s"] <= GOAL_RECOVERY_SECONDS
     avail_headers = ["measure", "value", "goal", "met"]
     avail_rows = [
         ["reads/s before the crash (median per 100 ms)", f"{avail['before']:,.0f}", "", ""],
-        ["lowest point after the crash", f"{avail['worst'] * 100:.0f}% of before", "", ""],
+        ["lowest 100 ms after the crash", f"{avail['worst'] * 100:.0f}% of before", "", ""],
+        ["lowest 1 s window after the crash", f"{avail['worst_second'] * 100:.0f}% of before",
+         f"≥ {(1 - GOAL_DIP) * 100:.0f}%", "yes" if avail["worst_second"] >= 1 - GOAL_DIP else "**no**"],
         ["time below 70% of before after the crash", f"{avail['dip_s']:.1f} s", f"< {GOAL_DIP_SECONDS:g} s",
-         "yes" if dip_ok else "**no**"],
+         "yes" if avail["dip_s"] < GOAL_DIP_SECONDS else "**no**"],
         ["reads/s on 2 nodes (median, 3 s after the crash)", f"{avail['after_crash']:,.0f}", "", ""],
-        ["from the join to the last point below 70% of before", f"{avail['recovered_s']:.1f} s",
+        ["from the join to 90% of before, held 1 s", f"{avail['recovered_s']:.1f} s",
          f"≤ {GOAL_RECOVERY_SECONDS:g} s", "yes" if rec_ok else "**no**"],
-        ["dips below 70% after the join", f"{avail['join_dips']}", "", ""],
+        ["dips below 70% after the join (count, total time)",
+         f"{avail['join_dips']}, {avail['join_dip_s']:.1f} s", "", ""],
         ["reads in the run", f"{avail['reads']:,}", "", ""],
     ]
     print_table(avail_headers, avail_rows)
-    claims.append(Claim("availability: time below 70% after a node crash", f"{avail['dip_s']:.1f} s",
-                        "seed: 30% drop", GOAL_DIP_SECONDS / max(avail["dip_s"], 0.1),
-                        f"< {GOAL_DIP_SECONDS:g} s", dip_ok))
+    claims.append(Claim("availability: a node crash (lowest 1 s; time below 70%)",
+                        f"{avail['worst_second'] * 100:.0f}%; {avail['dip_s']:.1f} s", "seed: -30%",
+                        avail["worst_second"] / (1 - GOAL_DIP), f"≥ 70%, < {GOAL_DIP_SECONDS:g} s", dip_ok))
     claims.append(Claim("availability: recovery after a node join", f"{avail['recovered_s']:.1f} s",
                         "seed: 20 s", 20.0 / max(avail["recovered_s"], 0.1), f"≤ {GOAL_RECOVERY_SECONDS:g} s",
                         rec_ok))
@@ -414,6 +429,21 @@ def main() -> None:
         "",
         "![cluster throughput](img/cluster-throughput.png)",
         "",
+        "**Reading the throughput.** Every Spindle call here is one Raft entry of its shard: the "
+        "connection's task applies the call, hands the entry to the shard's Raft task (one "
+        "thread hop), which appends it to the log file (one `write` per batch, and an fsync "
+        "when the log is fsynced), sends it to the followers over the peer links and, once a "
+        "majority has it, releases the reply through the connection's writer (another hop). "
+        "Redis applies the command at once and streams it to its replicas; `WAIT` only waits "
+        "for their acknowledgement. On this 2-core machine the three nodes, their Raft tasks "
+        "and the load generator share the cores, so each hop and system call counts; in memory "
+        "Spindle reaches 0.5-0.7x Redis `WAIT`, short of the 1x goal. Closing it needs the "
+        "replication path shortened (proposing and sending from the connection task, batching "
+        "entries per shard across connections, one write per batch to peers) rather than a "
+        "different algorithm. With the Raft log fsynced (what makes a Spindle write survive a "
+        "power loss of a majority, which Redis `WAIT` does not), the fsync of each replica's "
+        "log dominates.",
+        "",
         f"**Availability.** {duration:g} s of reads by 100 client threads (4 processes, the Python SDK) "
         "of 32 persistent 4 KB blobs on a 3-node cluster (rf = 3, Raft log fsynced; a read commits an "
         f"empty entry, so it is linearizable). At {kill_at:g} s the node leading the most shards is "
@@ -424,6 +454,13 @@ def main() -> None:
         *table(avail_headers, avail_rows),
         "",
         "![cluster availability](img/cluster-availability.png)",
+        "",
+        "**Reading the timeline.** When a node dies, the shards it led have no leader until "
+        "their followers' election timeout (0.5-1 s) passes; every client reads every shard, "
+        "so all of them wait on those shards and throughput drops to zero for that time, then "
+        "returns (higher than before here: two nodes share the 2 cores instead of three). A "
+        "join costs no stall: the new node catches up as a learner, and leadership moves to it "
+        "only once it is up to date, the old leader handing over before it stops serving.",
         "",
     ]
     update_section("cluster", "\n".join(lines))
