@@ -185,3 +185,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections on ``port``."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+# A client process for crash tests: increments persistent counters and merges into a
+# persistent Dict until told to stop, recording every acknowledged result. The server (or a
+# cluster's leaders) dies under it again and again; the SDK resends each call, with the same
+# seq, until a server answers. Arguments: address (a list for a cluster), the objects' name
+# prefix, this client's number, the stop file, the output file.
+EXACTLY_ONCE_LOAD = r"""
+import json, os, sys
+import spindle, spindle.client
+spindle.client.RETRIES = 9  # reconnect for up to ~25 s: a restart takes milliseconds
+address, prefix, me, stop, out = sys.argv[1:]
+spindle.connect(address, embedded=False)
+shared = spindle.Counter(name=prefix + ".shared", persistent=True)
+mine = spindle.Counter(name=prefix + ".c" + me, persistent=True)
+merges = spindle.Dict(name=prefix + ".dict", persistent=True)
+seen, adds, merged = [], 0, 0
+while not os.path.exists(stop):
+    seen.append(shared.add(1))
+    adds = mine.add(1)
+    merged = merges.merge("k" + me, 1, "sum")
+with open(out, "w") as f:
+    json.dump({"seen": seen, "adds": adds, "merged": merged}, f)
+"""

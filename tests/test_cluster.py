@@ -20,31 +20,12 @@ import pytest
 
 import spindle
 from spindle.client import Client, Connection, frame, shard_of
-from conftest import REPO, ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
+from conftest import EXACTLY_ONCE_LOAD as LOAD
+from conftest import REPO, ServerProcess, free_port, listening, pythonpath_for_tests, server_binary, wait_until
 
 SHARDS = 4
 # The token of nodes listening on a network namespace's address (not loopback).
 NETNS_TOKEN = "cluster-test-token"
-
-# A client process: increments persistent counters and merges into a persistent Dict on a
-# cluster until told to stop, recording every acknowledged result. Leaders die under it;
-# the SDK resends each call, with the same seq, to whichever node leads the shard next.
-LOAD = r"""
-import json, os, sys
-import spindle
-addresses, prefix, me, stop, out = sys.argv[1:]
-spindle.connect(addresses, embedded=False)
-shared = spindle.Counter(name=prefix + ".shared", persistent=True)
-mine = spindle.Counter(name=prefix + ".c" + me, persistent=True)
-merges = spindle.Dict(name=prefix + ".dict", persistent=True)
-seen, adds, merged = [], 0, 0
-while not os.path.exists(stop):
-    seen.append(shared.add(1))
-    adds = mine.add(1)
-    merged = merges.merge("k" + me, 1, "sum")
-with open(out, "w") as f:
-    json.dump({"seen": seen, "adds": adds, "merged": merged}, f)
-"""
 
 
 def stable_port(count: int = 1) -> int:
@@ -658,7 +639,7 @@ def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_i
         proc.terminate()
         proc.wait(10)
     # The nodes stop with the command (their stdin closes).
-    assert wait_until(lambda: not any(_listening(port + i) for i in range(3)), 15)
+    assert wait_until(lambda: not any(listening(port + i) for i in range(3)), 15)
     proc, address = start()
     try:
         client = Client(address)
@@ -680,15 +661,6 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
 
-
-def _listening(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_shell_object_commands_follow_redirects_to_each_shards_leader(cluster):

@@ -17,29 +17,8 @@ from typing import Iterator, List
 import pytest
 
 import spindle
+from conftest import EXACTLY_ONCE_LOAD as LOAD
 from conftest import ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
-
-# A client process: increments persistent counters and merges into a persistent Dict until
-# told to stop, recording every acknowledged result. The server dies under it again and
-# again; the SDK resends each call, with the same seq, until the restarted server answers.
-LOAD = r"""
-import json, os, sys
-import spindle, spindle.client
-spindle.client.RETRIES = 9  # reconnect for up to ~25 s: a restart takes milliseconds
-address, prefix, me, stop, out = sys.argv[1:]
-spindle.connect(address, embedded=False)
-shared = spindle.Counter(name=prefix + ".shared", persistent=True)
-mine = spindle.Counter(name=prefix + ".c" + me, persistent=True)
-merges = spindle.Dict(name=prefix + ".dict", persistent=True)
-seen, adds, merged = [], 0, 0
-while not os.path.exists(stop):
-    seen.append(shared.add(1))
-    adds = mine.add(1)
-    merged = merges.merge("k" + me, 1, "sum")
-with open(out, "w") as f:
-    json.dump({"seen": seen, "adds": adds, "merged": merged}, f)
-"""
-
 
 @contextlib.contextmanager
 def connected(address: str) -> Iterator[None]:

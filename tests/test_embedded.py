@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 
 import spindle
-from conftest import free_port
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+from conftest import free_port, listening
 
 
 def test_connect_reuses_the_listening_server(server):
