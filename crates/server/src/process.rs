@@ -280,11 +280,27 @@ mod tests {
         assert_eq!(resident_bytes(u32::MAX), None);
         let mut child = std::process::Command::new("sleep").arg("5").spawn().expect("sleep");
         assert!(children(std::process::id()).contains(&child.id()));
-        let tree = tree_resident_bytes(std::process::id()).expect("our own tree");
-        let own = proportional_bytes(std::process::id()).expect("our own smaps_rollup");
-        assert!(tree > own, "the child's memory counts: {tree} vs {own}");
         let _ = child.kill();
         let _ = child.wait();
+        // A quiet tree (this test process allocates while other tests run): a shell and
+        // the sleep it waits for.
+        let mut shell = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & wait"])
+            .spawn()
+            .expect("sh");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while children(shell.id()).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let tree = tree_resident_bytes(shell.id()).expect("the shell's tree");
+        let own = proportional_bytes(shell.id()).expect("the shell's smaps_rollup");
+        assert!(tree > own, "the child's memory counts: {tree} vs {own}");
+        for pid in children(shell.id()) {
+            // SAFETY: kill has no memory-safety preconditions; the pid is the shell's child.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        let _ = shell.kill();
+        let _ = shell.wait();
     }
 
     #[test]
