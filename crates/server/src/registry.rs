@@ -450,7 +450,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn direct_and_queued_writes_keep_order() {
         let (outbox, writer, mut peer) = pair().await;
-        let reader = tokio::spawn(async move { read_all(&mut peer, 1).await });
+        // The peer starts reading late, so that the socket's buffer fills and writes come up
+        // short whatever the machine's speed.
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            read_all(&mut peer, 1).await
+        });
         let mut frames = Vec::new();
         let mut left_over = 0;
         for seq in 0..4_000u32 {
