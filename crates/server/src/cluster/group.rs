@@ -273,7 +273,9 @@ impl Driver {
                     shard = self.index,
                     "the shard's Raft log cannot be written: {e}; this node leaves the shard's service"
                 );
-                self.demote(&shared);
+                if self.serving {
+                    self.demote(&shared);
+                }
                 return;
             }
             self.check_role(&shared);
