@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use spindle_core::Value;
 
-use crate::client::Client;
+use crate::client::{field, Client};
 
 #[derive(Args)]
 pub(crate) struct ClusterArgs {
@@ -69,13 +69,6 @@ pub(crate) fn run(args: ClusterArgs) -> Result<(), String> {
         ClusterCommand::Status { address } => status(&address.address),
         ClusterCommand::Remove { node, address } => remove(&address.address, node),
     }
-}
-
-fn field<'a>(map: &'a Value, name: &str) -> Option<&'a Value> {
-    map.as_map()?
-        .iter()
-        .find(|(k, _)| k.as_str() == Some(name))
-        .map(|(_, v)| v)
 }
 
 fn ids(value: Option<&Value>) -> Vec<u64> {

@@ -94,16 +94,13 @@ impl Server {
             };
             reachable.set_ip(loopback);
         }
-        let prepared = match (&config.cluster, &config.data_dir) {
+        let (cluster, replicas, drivers) = match (&config.cluster, &config.data_dir) {
             (Some(settings), Some(dir)) => {
                 let advertised = settings.advertise.clone().unwrap_or_else(|| reachable.to_string());
-                Some(cluster::prepare(settings, dir, advertised, config.partitions, config.fsync)?.into_parts())
+                let p = cluster::prepare(settings, dir, advertised, config.partitions, config.fsync)?;
+                (Some(p.cluster), p.replicas, p.drivers)
             }
-            _ => None,
-        };
-        let (cluster, replicas, drivers) = match prepared {
-            Some((c, r, d)) => (Some(c), r, d),
-            None => (None, Vec::new(), Vec::new()),
+            _ => (None, Vec::new(), Vec::new()),
         };
         let shared = Arc::new(Shared {
             cluster,

@@ -173,7 +173,9 @@ impl Driver {
         for e in &recovered {
             if e.get_entry_type() == EntryType::EntryConfChange {
                 if let Ok(cc) = ConfChange::parse_from_bytes(&e.data) {
-                    learn(nodes, &cc);
+                    if let Some((node, address)) = added_node(&cc) {
+                        nodes.insert(node, address);
+                    }
                     let n = cc.node_id;
                     voters.retain(|&v| v != n);
                     learners.retain(|&l| l != n);
@@ -256,6 +258,7 @@ impl Driver {
                     self.raw.tick();
                     self.cooldown = self.cooldown.saturating_sub(1);
                     self.reconcile(&shared);
+                    self.publish_view(&shared);
                 }
                 event = self.events.recv() => match event {
                     Some(event) => self.handle(&shared, event),
@@ -551,13 +554,8 @@ impl Driver {
                             continue;
                         }
                     };
-                    if let Some(cluster) = shared.cluster.as_ref() {
-                        if matches!(
-                            cc.get_change_type(),
-                            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode
-                        ) {
-                            cluster.learn_address(cc.node_id, &String::from_utf8_lossy(&cc.context));
-                        }
+                    if let Some((node, address)) = added_node(&cc) {
+                        cluster(shared).learn_address(node, &address);
                     }
                     match self.raw.apply_conf_change(&cc) {
                         Ok(cs) => {
@@ -656,8 +654,15 @@ impl Driver {
             }
             info!(shard = self.index, term = self.raw.raft.term, "leading the shard");
         }
+    }
+
+    /// Publish the group's state for `cluster` (on each tick: off the path of every batch).
+    fn publish_view(&self, shared: &Shared) {
         let conf = self.raw.raft.prs().conf();
-        let mut view = handle.view.lock().unwrap_or_else(|e| e.into_inner());
+        let mut view = cluster(shared).groups[self.index]
+            .view
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         view.term = self.raw.raft.term;
         view.commit = self.raw.raft.raft_log.committed;
         view.applied = self.applied;
@@ -750,14 +755,13 @@ fn apply_meta(cluster: &super::Cluster, e: &Entry) {
     }
 }
 
-fn learn(nodes: &mut BTreeMap<u64, String>, cc: &ConfChange) {
-    if matches!(
+/// The node a membership change adds, with the address its context carries.
+fn added_node(cc: &ConfChange) -> Option<(u64, String)> {
+    let adds = matches!(
         cc.get_change_type(),
         ConfChangeType::AddNode | ConfChangeType::AddLearnerNode
-    ) && !cc.context.is_empty()
-    {
-        nodes.insert(cc.node_id, String::from_utf8_lossy(&cc.context).into_owned());
-    }
+    );
+    (adds && !cc.context.is_empty()).then(|| (cc.node_id, String::from_utf8_lossy(&cc.context).into_owned()))
 }
 
 /// Apply a committed entry proposed elsewhere (or before a restart) to `partition`.

@@ -330,7 +330,7 @@ pub(crate) async fn peers_request(address: &str, token: Option<&str>, request: V
 pub(crate) struct Prepared {
     pub(crate) cluster: Cluster,
     pub(crate) replicas: Vec<Replica>,
-    drivers: Vec<group::Driver>,
+    pub(crate) drivers: Vec<group::Driver>,
 }
 
 /// Open every shard's Raft log in `dir/raft` and prepare its group (started by [`start`]).
@@ -432,12 +432,6 @@ pub(crate) fn start(shared: &Arc<Shared>, drivers: Vec<group::Driver>) {
     }
     if shared.cluster.as_ref().is_some_and(|c| c.join.is_some()) {
         tokio::spawn(join(shared.clone()));
-    }
-}
-
-impl Prepared {
-    pub(crate) fn into_parts(self) -> (Cluster, Vec<Replica>, Vec<group::Driver>) {
-        (self.cluster, self.replicas, self.drivers)
     }
 }
 
