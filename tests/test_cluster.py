@@ -715,3 +715,50 @@ def test_a_member_restarted_without_join_serves_only_the_shards_it_holds(tmp_pat
         client.close()
     finally:
         cluster.stop()
+
+
+def raw(host: str, port: int, request: list) -> list:
+    """One request on a connection of its own; its reply ``[id, status, result]``."""
+    conn = Connection(host, port, "cluster-bad-input", 1)
+    try:
+        return conn.roundtrip(frame(request), request[0])
+    finally:
+        conn.close()
+
+
+def test_cluster_requests_to_a_single_server_and_malformed_ones_get_clear_errors(server):
+    host, port = server.address.rsplit(":", 1)
+    for request in ([2, "cluster"], [2, "join", 5, "127.0.0.1:1"], [2, "leave", 5],
+                    [2, "raft", 1, "127.0.0.1:1", 0, [b"\x08\x02"]]):
+        reply = raw(host, int(port), request)
+        assert reply[1] == 1 and reply[2][0] == "ValueError" and "--node-id" in reply[2][1], reply
+    for request in ([2, "join", 5], [2, "leave"], [2, "raft", 1, "a", 0, ["not bytes"]],
+                    [2, "raft", "one", "a", 0, []], [2, "cluster", 1]):
+        reply = raw(host, int(port), request)
+        assert reply[1] == 1 and reply[2][0] == "ProtocolError", reply
+
+
+def test_hostile_raft_frames_do_not_disturb_a_cluster(cluster):
+    node = cluster.nodes[1]
+    before = cluster.leaders()
+    # An empty proposal (raft-rs would panic on it), garbage, and a shard that does not
+    # exist: all dropped, nothing answered.
+    hostile = [b"\x08\x02", b"\xff\xff\xff", b""]
+    for shard in (0, SHARDS, 10**9):
+        conn = Connection(node.host, node.port, "cluster-bad-input", 1)
+        conn.sock.sendall(frame([2, "raft", 99, "127.0.0.1:1", shard, hostile]))
+        conn.close()
+    # A node id that is taken, at another address, is refused.
+    meta_leader = next(n for n in cluster.nodes if n.node_id == cluster.views()["meta"]["leader"])
+    reply = raw(meta_leader.host, meta_leader.port, [2, "join", 1, "127.0.0.1:1"])
+    assert reply[1] == 1 and reply[2][0] == "ValueError" and "another address" in reply[2][1], reply
+    # Every group still serves, with the same leaders, through the node that got the frames.
+    assert wait_until(cluster.settled, 10), cluster.describe()
+    assert cluster.leaders() == before
+    client = Client(node.address)
+    try:
+        for i in range(16):
+            client.create("Counter", f"after{i}", [], False, persistent=True)
+            assert client.call("Counter", f"after{i}", "add", [1]) == 1
+    finally:
+        client.close()
