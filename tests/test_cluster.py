@@ -94,19 +94,22 @@ class Node:
 class Cluster:
     """Three nodes: the first starts the cluster, the others join it through the first."""
 
-    def __init__(self, root: Path, size: int = 3, rf: int = 3, netns: Optional["Netns"] = None) -> None:
+    def __init__(
+        self, root: Path, size: int = 3, rf: int = 3, netns: Optional["Netns"] = None, extra: tuple = (),
+    ) -> None:
         self.root = root
+        self.extra = extra
         self.nodes: List[Node] = []
         for node_id in range(1, size + 1):
             join = self.nodes[0].address if self.nodes else None
             self.nodes.append(
-                Node(node_id, root / f"n{node_id}", join, "--replication-factor", str(rf), netns=netns)
+                Node(node_id, root / f"n{node_id}", join, "--replication-factor", str(rf), *extra, netns=netns)
             )
         assert wait_until(self.settled, 30), self.describe()
 
     def add(self) -> Node:
         """Start one more node, joining through the last one."""
-        node = Node(len(self.nodes) + 1, self.root / f"n{len(self.nodes) + 1}", self.nodes[-1].address)
+        node = Node(len(self.nodes) + 1, self.root / f"n{len(self.nodes) + 1}", self.nodes[-1].address, *self.extra)
         self.nodes.append(node)
         return node
 
@@ -384,6 +387,96 @@ def test_a_joining_node_takes_its_replicas_under_load_with_no_update_lost(cluste
     check_exactly_once(cluster, results)
 
 
+# Raft snapshots after this many bytes of log, so that a test's few thousand calls take many.
+SMALL_SNAPSHOTS = ("--snapshot-after", "16384")
+
+
+def raft_files(node: Node, pattern: str) -> Dict[int, List[str]]:
+    """``node``'s Raft files (``snap`` or ``log``) by group (not the temporary ones)."""
+    out: Dict[int, List[str]] = {}
+    suffix = ".sps" if pattern == "snap" else ".spl"
+    for path in sorted((node.data_dir / "raft").glob(f"{pattern}-*{suffix}")):
+        out.setdefault(int(path.name.split("-")[1]), []).append(path.name)
+    return out
+
+
+def test_snapshots_compact_the_log_and_new_and_restarted_nodes_recover_from_them(tmp_path):
+    cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
+    client = Client(cluster.addresses)
+    try:
+        keys = [f"snap.k{i}" for i in range(24)]  # spread over every shard
+        for key in keys:
+            client.create("Counter", key, [], False, persistent=True)
+        for round_ in range(60):
+            for key in keys:
+                client.call("Counter", key, "add", [1])
+        client.create("Dict", "snap.d", [], False, persistent=True)
+        client.call("Dict", "snap.d", "setitem", ["big", "x" * 50_000])  # a record larger than a snapshot's due
+        expected = {key: 60 for key in keys}
+
+        def compacted(node: Node) -> bool:
+            # Every shard took snapshots on this node, and its first segments are gone.
+            snaps, logs = raft_files(node, "snap"), raft_files(node, "log")
+            return all(
+                snaps.get(g) and not any(name.endswith("-00000000000000000001.spl") for name in logs.get(g, []))
+                for g in range(SHARDS)
+            )
+
+        assert wait_until(lambda: all(compacted(n) for n in cluster.nodes), 20), [
+            (raft_files(n, "snap"), raft_files(n, "log")) for n in cluster.nodes
+        ]
+        for node in cluster.nodes:
+            assert all(len(names) <= 2 for names in raft_files(node, "snap").values()), "two snapshots are kept"
+
+        # A new node's replicas start after the leaders' compacted logs: they catch up from
+        # snapshots, and serve the same state.
+        newcomer = cluster.add()
+        assert wait_until(cluster.settled, 60), cluster.describe()
+        assert wait_until(lambda: cluster.caught_up(newcomer), 20), cluster.describe()
+        assert "installed the leader's snapshot" in newcomer.log.read_text()
+        led = [s for s, leader in cluster.leaders().items() if leader == newcomer.node_id]
+        for key, value in expected.items():
+            assert client.call("Counter", key, "get", []) == value
+        assert client.call("Dict", "snap.d", "getitem", ["big"]) == "x" * 50_000
+        print(f"the new node leads shards {led}")
+
+        # A full restart recovers every replica from its snapshot and the log after it.
+        client.close()
+        for node in cluster.nodes:
+            node.stop()
+        for node in cluster.nodes:
+            node.start()
+        assert wait_until(lambda: len(cluster.leaders()) == SHARDS and all(cluster.leaders().values()), 30), (
+            cluster.describe()
+        )
+        client = Client(cluster.addresses)
+        for key, value in expected.items():
+            assert client.call("Counter", key, "add", [1]) == value + 1
+        assert client.call("Dict", "snap.d", "getitem", ["big"]) == "x" * 50_000
+    finally:
+        client.close()
+        cluster.stop()
+
+
+def test_leaders_killed_under_load_while_snapshots_are_taken_lose_and_repeat_nothing(tmp_path):
+    cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
+    try:
+        def crash_twice() -> None:
+            for _ in range(2):
+                victim = cluster.busiest_leader()
+                victim.kill()
+                assert wait_until(lambda: victim.node_id not in cluster.leaders().values(), 20)
+                time.sleep(1.0)
+                victim.start()
+                assert wait_until(lambda: cluster.caught_up(victim), 30), cluster.describe()
+
+        results = run_load(cluster, tmp_path, crash_twice)
+        check_exactly_once(cluster, results)
+        assert any(raft_files(n, "snap") for n in cluster.nodes), "snapshots were taken"
+    finally:
+        cluster.stop()
+
+
 def test_a_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster):
     client = Client(cluster.addresses)
     try:
@@ -464,7 +557,20 @@ def test_the_checker_finds_a_history_that_is_not_linearizable():
     assert check_history(unknown).returncode == 1
 
 
-def test_histories_with_leaders_killed_and_paused_are_linearizable(cluster, tmp_path):
+@pytest.mark.parametrize("snapshots", [False, True], ids=["log", "snapshots"])
+def test_histories_with_leaders_killed_and_paused_are_linearizable(tmp_path, snapshots):
+    """Also with snapshots taken every few hundred entries: replicas restarted after a kill
+    catch up from them, and the leaders' own snapshots are of moments ahead of the log."""
+    cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS if snapshots else ())
+    try:
+        _check_linearizable_under_faults(cluster, tmp_path)
+        if snapshots:
+            assert any(raft_files(n, "snap") for n in cluster.nodes), "snapshots were taken"
+    finally:
+        cluster.stop()
+
+
+def _check_linearizable_under_faults(cluster: Cluster, tmp_path: Path) -> None:
     keys = ["lin0", "lin1", "lin2", "lin3"]
     setup = Client(cluster.addresses)
     for key in keys:

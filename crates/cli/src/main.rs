@@ -100,7 +100,8 @@ struct ServerArgs {
     fsync: Fsync,
     /// Log bytes a partition writes before it snapshots its persistent objects (in the
     /// background) and deletes the log behind the snapshot; recovery loads the snapshot and
-    /// replays at most about this much log. 0: never snapshot.
+    /// replays at most about this much log. In a cluster, the same for each replica's Raft
+    /// log. 0: never snapshot.
     #[arg(long, default_value_t = spindle_server::config::DEFAULT_SNAPSHOT_AFTER, value_name = "BYTES")]
     snapshot_after: u64,
     /// Run as node ID of a cluster: every partition becomes a shard replicated by Raft on

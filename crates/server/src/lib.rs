@@ -97,7 +97,14 @@ impl Server {
         let (cluster, replicas, drivers) = match (&config.cluster, &config.data_dir) {
             (Some(settings), Some(dir)) => {
                 let advertised = settings.advertise.clone().unwrap_or_else(|| reachable.to_string());
-                let p = cluster::prepare(settings, dir, advertised, config.partitions, config.fsync)?;
+                let p = cluster::prepare(
+                    settings,
+                    dir,
+                    advertised,
+                    config.partitions,
+                    config.fsync,
+                    config.snapshot_after,
+                )?;
                 (Some(p.cluster), p.replicas, p.drivers)
             }
             _ => (None, Vec::new(), Vec::new()),

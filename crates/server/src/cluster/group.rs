@@ -4,20 +4,23 @@
 //! the shard's partition, or to the metadata). Its leader also moves the group's replicas
 //! towards their placement, one membership change at a time.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use protobuf::Message as _;
-use raft::prelude::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message, MessageType};
-use raft::{RawNode, StateRole};
+use raft::prelude::{
+    ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot,
+    SnapshotMetadata,
+};
+use raft::{ProgressState, RawNode, SnapshotStatus, StateRole};
 use spindle_core::{Error, ErrorKind, Partition, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
 use super::meta::{Command, Meta};
-use super::store::Store;
+use super::store::{RaftStorage, Store};
 use crate::config::Fsync;
 use crate::{hosts, Shared};
 
@@ -29,12 +32,18 @@ const HEARTBEAT_TICKS: usize = 2;
 const BATCH: usize = 1024;
 /// Ticks between two leadership transfers to a group's preferred leader (no ping-pong).
 const TRANSFER_COOLDOWN: u32 = 40;
+/// Ticks a peer may stay waiting for a snapshot before it is sent again (it was lost).
+const SNAPSHOT_RETRY_TICKS: u32 = 100;
+/// Bytes of a partition captured per hold of the shard lock while taking a snapshot.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
 
 pub(crate) enum Event {
     /// Protobuf-encoded Raft messages from a peer.
     Messages(Vec<Vec<u8>>),
-    /// An entry to propose (see [`encode_entry`]), made while serving in an epoch.
-    Propose(u64, Vec<u8>),
+    /// An entry to propose (see [`encode_entry`]): the epoch and proposal that made it.
+    Propose(u64, u64, Vec<u8>),
+    /// The body of snapshot capture `id`, or why it failed.
+    Captured(u64, Result<Vec<u8>, String>),
     /// A change of the cluster's nodes (metadata group only), answered once proposed.
     Change(Command, oneshot::Sender<Result<Value, Error>>),
 }
@@ -86,11 +95,9 @@ pub(crate) struct Driver {
     index: usize,
     /// This is the metadata group (otherwise a shard's).
     meta: bool,
-    raw: RawNode<raft::storage::MemStorage>,
+    raw: RawNode<RaftStorage>,
     store: Store,
     events: mpsc::UnboundedReceiver<Event>,
-    /// Committed entries to replay into the partition before anything else runs.
-    recovered: Vec<Entry>,
     applied: u64,
     leading: bool,
     /// Leading, but entries of earlier terms up to this index are not applied yet.
@@ -103,6 +110,33 @@ pub(crate) struct Driver {
     /// `--fsync`: when the Raft log is made durable.
     fsync: Fsync,
     last_sync: Instant,
+    /// `--snapshot-after`: bytes of log after which a snapshot is taken (0: never).
+    snapshot_after: u64,
+    /// The snapshot being taken, if any.
+    capture: Option<Capture>,
+    captures: u64,
+    /// A capture thread is running: no other may start (it would take the other's chunks).
+    capturing: Arc<AtomicBool>,
+    /// The last proposal of this serving epoch handed to raft-rs, and its entry's index.
+    proposed: (u64, u64),
+    /// The configuration as of the snapshot, then after each membership change applied since.
+    confs: Vec<(u64, ConfState)>,
+    /// Ticks each peer has been waiting for a snapshot.
+    snapshot_waits: HashMap<u64, u32>,
+    /// A partition that could not be rebuilt: the driver stops.
+    broken: bool,
+}
+
+/// A snapshot being taken. The partition's state is captured as of one moment, which is
+/// that of entry `index`: on a follower the last applied entry; on a serving leader (whose
+/// partition runs ahead of the log) the entry carrying the last proposal made before the
+/// moment, known once it is handed to raft-rs. It is installed once that entry is applied.
+struct Capture {
+    id: u64,
+    index: Option<u64>,
+    /// The proposal whose entry is the moment's (a serving leader's).
+    proposal: u64,
+    body: Option<Vec<u8>>,
 }
 
 impl Driver {
@@ -121,6 +155,7 @@ impl Driver {
         address: &str,
         nodes: &mut BTreeMap<u64, String>,
         fsync: Fsync,
+        snapshot_after: u64,
     ) -> std::io::Result<Driver> {
         if let Some(rf) = bootstrap.filter(|_| store.is_empty()) {
             let mut cc = ConfChange::default();
@@ -163,13 +198,26 @@ impl Driver {
             })?;
             store.sync()?;
         }
-        // Committed entries are replayed here, not handed back by raft-rs: replaying a
+        // Committed entries are replayed by `run`, not handed back by raft-rs: replaying a
         // membership change onto the configuration stored after it would undo later ones.
         let commit = store.mem.rl().hard_state().commit;
         let recovered = store.entries(1, commit);
-        // The configuration is that of the committed membership changes, replayed from the
-        // log (which is never compacted): a stored configuration could lag the commit index.
-        let (mut voters, mut learners) = (Vec::new(), Vec::new());
+        // The configuration is the snapshot's, then that of the committed membership changes
+        // after it, replayed from the log: a stored configuration could lag the commit index.
+        let snapshot = store.snapshot();
+        let base = snapshot.get_metadata();
+        if meta {
+            for command in meta_commands(snapshot.get_data()) {
+                if let Command::AddNode { node, address } = command {
+                    nodes.insert(node, address);
+                }
+            }
+        }
+        let mut confs = vec![(base.index, base.get_conf_state().clone())];
+        let (mut voters, mut learners) = (
+            base.get_conf_state().voters.clone(),
+            base.get_conf_state().learners.clone(),
+        );
         for e in &recovered {
             if e.get_entry_type() == EntryType::EntryConfChange {
                 if let Ok(cc) = ConfChange::parse_from_bytes(&e.data) {
@@ -184,6 +232,14 @@ impl Driver {
                         ConfChangeType::AddLearnerNode => learners.push(n),
                         ConfChangeType::RemoveNode => {}
                     }
+                    confs.push((
+                        e.index,
+                        ConfState {
+                            voters: voters.clone(),
+                            learners: learners.clone(),
+                            ..Default::default()
+                        },
+                    ));
                 }
             }
         }
@@ -206,7 +262,7 @@ impl Driver {
             ..Default::default()
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let raw = RawNode::new(&config, store.mem.clone(), &logger).map_err(std::io::Error::other)?;
+        let raw = RawNode::new(&config, store.storage(), &logger).map_err(std::io::Error::other)?;
         Ok(Driver {
             node_id,
             index,
@@ -214,7 +270,6 @@ impl Driver {
             raw,
             store,
             events,
-            recovered,
             applied: commit,
             leading: false,
             serve_at: None,
@@ -223,6 +278,14 @@ impl Driver {
             epoch: 0,
             fsync,
             last_sync: Instant::now(),
+            snapshot_after,
+            capture: None,
+            captures: 0,
+            capturing: Arc::new(AtomicBool::new(false)),
+            proposed: (0, 0),
+            confs,
+            snapshot_waits: HashMap::new(),
+            broken: false,
         })
     }
 
@@ -233,18 +296,17 @@ impl Driver {
             index: self.index,
             meta: self.meta,
         };
-        let recovered = std::mem::take(&mut self.recovered);
         if self.meta {
-            for e in &recovered {
+            let snapshot = self.store.snapshot();
+            if snapshot.get_metadata().index > 0 {
+                cluster(&shared).restore_meta(meta_commands(snapshot.get_data()));
+            }
+            for e in &self.store.entries(1, self.applied) {
                 apply_meta(cluster(&shared), e);
             }
-        } else {
-            let now = Instant::now();
-            let _ = shared.shards.with(self.index, |s| {
-                for e in &recovered {
-                    replay(&mut s.partition, self.index, e, now);
-                }
-            });
+        } else if let Err(why) = self.rebuild(&shared, None) {
+            error!(shard = self.index, "the shard's state cannot be rebuilt: {why}");
+            return;
         }
         let voters: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
         if voters == [self.node_id] {
@@ -258,6 +320,7 @@ impl Driver {
                     self.raw.tick();
                     self.cooldown = self.cooldown.saturating_sub(1);
                     self.reconcile(&shared);
+                    self.retry_snapshots();
                     self.publish_view(&shared);
                 }
                 event = self.events.recv() => match event {
@@ -271,7 +334,7 @@ impl Driver {
                     Err(_) => break,
                 }
             }
-            if let Err(e) = self.on_ready(&shared) {
+            if let Err(e) = self.on_ready(&shared).and_then(|()| self.maybe_snapshot(&shared)) {
                 error!(
                     shard = self.index,
                     "the shard's Raft log cannot be written: {e}; this node leaves the shard's service"
@@ -282,6 +345,9 @@ impl Driver {
                 return;
             }
             self.check_role(&shared);
+            if self.broken {
+                return;
+            }
         }
     }
 
@@ -300,7 +366,7 @@ impl Driver {
                     }
                 }
             }
-            Event::Propose(epoch, data) => {
+            Event::Propose(epoch, proposal, data) => {
                 // Only a serving leader proposes, and only what its current epoch applied:
                 // raft-rs would forward a follower's proposal to the new leader, which would
                 // apply it out of its partition's order.
@@ -308,7 +374,17 @@ impl Driver {
                     return; // its reply was failed when serving stopped
                 }
                 let leading = self.raw.raft.state == StateRole::Leader;
-                if !leading || self.raw.propose(Vec::new(), data).is_err() {
+                if leading && self.raw.propose(Vec::new(), data).is_ok() {
+                    let index = self.raw.raft.raft_log.last_index();
+                    self.proposed = (proposal, index);
+                    if let Some(capture) = self
+                        .capture
+                        .as_mut()
+                        .filter(|c| c.index.is_none() && c.proposal == proposal)
+                    {
+                        capture.index = Some(index);
+                    }
+                } else {
                     // The partition ran a call that is not in the log. Stop serving before
                     // any later entry of this epoch commits (which would release its reply),
                     // and rebuild from the log.
@@ -322,6 +398,14 @@ impl Driver {
             Event::Change(change, reply) => {
                 let _ = reply.send(self.change(shared, change));
             }
+            Event::Captured(id, body) => match (self.capture.as_mut(), body) {
+                (Some(capture), Ok(body)) if capture.id == id => capture.body = Some(body),
+                (Some(capture), Err(why)) if capture.id == id => {
+                    warn!(shard = self.index, "a snapshot was not taken (the log is kept): {why}");
+                    self.capture = None;
+                }
+                _ => {} // a capture given up meanwhile
+            },
         }
     }
 
@@ -472,10 +556,7 @@ impl Driver {
         let mut rd = self.raw.ready();
         self.send(shared, rd.take_messages());
         if !rd.snapshot().is_empty() {
-            warn!(
-                shard = self.index,
-                "ignored a Raft snapshot: this version replicates logs only"
-            );
+            self.install_received(shared, rd.snapshot().clone())?;
         }
         let committed = rd.take_committed_entries();
         self.apply(shared, committed)?;
@@ -513,6 +594,15 @@ impl Driver {
         let mut by_peer: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
         for m in messages {
             match m.write_to_bytes() {
+                // Peers refuse frames over their --max-frame (the same as ours, usually).
+                Ok(bytes) if bytes.len() + 1024 > shared.config.max_frame => warn!(
+                    shard = self.index,
+                    to = m.to,
+                    "a Raft message of {} bytes (a snapshot) is over the frame limit of {} bytes and cannot be sent: \
+                     start the nodes with a larger --max-frame",
+                    bytes.len(),
+                    shared.config.max_frame
+                ),
                 Ok(bytes) => by_peer.entry(m.to).or_default().push(bytes),
                 Err(e) => warn!(shard = self.index, "a Raft message did not encode: {e}"),
             }
@@ -560,6 +650,7 @@ impl Driver {
                     match self.raw.apply_conf_change(&cc) {
                         Ok(cs) => {
                             self.store.set_conf_state(&cs)?;
+                            self.confs.push((e.index, cs.clone()));
                             info!(
                                 shard = self.index,
                                 voters = ?cs.voters,
@@ -641,6 +732,8 @@ impl Driver {
             self.serve_at = None;
             self.serving = true;
             let now = Instant::now();
+            // The partition is that of the entries applied: proposals follow from here.
+            self.proposed = (0, self.applied);
             let started = shared.shards.with(self.index, |s| {
                 if let Some(replica) = s.replica.as_mut() {
                     self.epoch = replica.start();
@@ -674,29 +767,213 @@ impl Driver {
     }
 
     /// Stop serving: answer the calls waiting here with `NotLeader`, and rebuild the
-    /// partition from the committed log (dropping what was applied but never committed,
-    /// and the ephemeral objects, which lived with this leader).
+    /// partition from the snapshot and the committed log (dropping what was applied but
+    /// never committed, and the ephemeral objects, which lived with this leader).
     fn demote(&mut self, shared: &Arc<Shared>) {
         self.serving = false;
-        let entries = self.store.entries(1, self.applied);
+        // A leader's capture is of a moment that may never commit.
+        self.capture = None;
         let error = cluster(shared).redirect(self.index);
-        let now = Instant::now();
-        let rebuilt = shared.shards.with(self.index, |s| {
-            let mut replies = s.replica.as_mut().map(|r| r.stop(&error)).unwrap_or_default();
-            replies.extend(s.partition.abandon(&error, now));
+        if let Err(why) = self.rebuild(shared, Some(&error)) {
+            error!(shard = self.index, "the shard's state cannot be rebuilt: {why}");
+            self.broken = true;
+        }
+    }
+
+    /// Replace the shard's partition with one rebuilt from the snapshot and the entries
+    /// applied after it. With `error`, this replica stops serving: the calls waiting on it
+    /// are answered with it.
+    fn rebuild(&mut self, shared: &Arc<Shared>, error: Option<&Error>) -> Result<(), String> {
+        let snapshot = self.store.snapshot();
+        let entries = self.store.entries(1, self.applied);
+        let (index, now) = (self.index, Instant::now());
+        let rebuilt = shared.shards.with(index, |s| {
+            let mut replies = Vec::new();
+            if let Some(error) = error {
+                replies = s.replica.as_mut().map(|r| r.stop(error)).unwrap_or_default();
+                replies.extend(s.partition.abandon(error, now));
+            }
             let actions = hosts::forward(shared, &mut s.partition, None);
             let mut partition = Partition::new();
             partition.enable_storage();
-            partition.skip_object_ids(s.partition.next_object_id());
-            for e in &entries {
-                replay(&mut partition, self.index, e, now);
+            let restored = match snapshot.get_metadata().index {
+                0 => Ok(()),
+                _ => partition.restore_snapshot(snapshot.get_data(), now),
+            };
+            if restored.is_ok() {
+                partition.skip_object_ids(s.partition.next_object_id());
+                for e in &entries {
+                    replay(&mut partition, index, e, now);
+                }
+                s.partition = partition;
             }
-            s.partition = partition;
-            (replies, actions)
+            (replies, actions, restored)
         });
-        if let Ok((replies, actions)) = rebuilt {
-            shared.registry.deliver(replies);
-            hosts::run(shared, actions);
+        let (replies, actions, restored) = rebuilt.map_err(|e| e.message)?;
+        shared.registry.deliver(replies);
+        hosts::run(shared, actions);
+        restored.map_err(|why| format!("its snapshot does not restore: {why}"))
+    }
+
+    /// A snapshot a leader sent (this replica lagged behind the leader's compacted log): it
+    /// replaces the log and the state.
+    fn install_received(&mut self, shared: &Arc<Shared>, snapshot: Snapshot) -> std::io::Result<()> {
+        let index = snapshot.get_metadata().index;
+        let conf = snapshot.get_metadata().get_conf_state().clone();
+        self.capture = None;
+        self.store.install(snapshot, true)?;
+        self.applied = index;
+        self.confs = vec![(index, conf)];
+        if self.meta {
+            cluster(shared).restore_meta(meta_commands(self.store.snapshot().get_data()));
+        } else {
+            self.rebuild(shared, None).map_err(std::io::Error::other)?;
+        }
+        info!(shard = self.index, index, "installed the leader's snapshot");
+        Ok(())
+    }
+
+    /// Take a snapshot once `--snapshot-after` bytes of log were written since the last (or
+    /// a peer needs a newer one), and install it (compacting the log behind it) once its
+    /// entry is applied.
+    fn maybe_snapshot(&mut self, shared: &Arc<Shared>) -> std::io::Result<()> {
+        let due = self.snapshot_after > 0 && self.store.since_snapshot() >= self.snapshot_after;
+        if self.capture.is_none() && !self.capturing.load(Ordering::Acquire) && (due || self.store.take_wanted()) {
+            self.begin_snapshot(shared);
+        }
+        let ready = self.capture.as_ref().and_then(|c| match (c.index, &c.body) {
+            (Some(index), Some(_)) if index <= self.applied => Some(index),
+            _ => None,
+        });
+        let Some(index) = ready else { return Ok(()) };
+        let body = self.capture.take().and_then(|c| c.body).unwrap_or_default();
+        if index <= self.store.snapshot().get_metadata().index {
+            return Ok(()); // a leader's snapshot overtook it
+        }
+        let term = self.raw.raft.raft_log.term(index).map_err(std::io::Error::other)?;
+        let conf = self
+            .confs
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= index)
+            .map(|(_, conf)| conf.clone())
+            .unwrap_or_default();
+        let mut metadata = SnapshotMetadata::default();
+        (metadata.index, metadata.term) = (index, term);
+        metadata.set_conf_state(conf);
+        let mut snapshot = Snapshot::default();
+        snapshot.set_metadata(metadata);
+        let bytes = body.len();
+        snapshot.set_data(body.into());
+        let started = Instant::now();
+        self.store.install(snapshot, false)?;
+        // The configurations before the snapshot's are no longer needed.
+        let base = self.confs.iter().rposition(|(at, _)| *at <= index).unwrap_or(0);
+        self.confs.drain(..base);
+        info!(
+            shard = self.index,
+            index,
+            bytes,
+            "took a snapshot and compacted the log behind it in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
+    }
+
+    /// Mark the moment of a snapshot and start capturing the state as of it.
+    fn begin_snapshot(&mut self, shared: &Arc<Shared>) {
+        self.captures += 1;
+        let id = self.captures;
+        if self.meta {
+            // The metadata is small: captured at once, as of the last applied entry.
+            self.capture = Some(Capture {
+                id,
+                index: Some(self.applied),
+                proposal: 0,
+                body: Some(meta_snapshot(&cluster(shared).meta())),
+            });
+            return;
+        }
+        let serving = self.serving;
+        let began = shared.shards.with(self.index, |s| {
+            let proposal = s.replica.as_ref().map_or(0, |r| r.proposed);
+            (s.partition.begin_snapshot(), proposal)
+        });
+        let Ok((header, proposal)) = began else { return };
+        let index = match serving {
+            // A follower's partition is exactly its applied entries.
+            false => Some(self.applied),
+            // A leader's holds every proposal made so far: the moment is the last one's entry,
+            // or the last applied if that is later (entries with no records came after it).
+            true if proposal == self.proposed.0 => Some(self.proposed.1.max(self.applied)),
+            true => None,
+        };
+        self.capture = Some(Capture {
+            id,
+            index,
+            proposal,
+            body: None,
+        });
+        let (background, group, events) = (
+            shared.clone(),
+            self.index,
+            cluster(shared).groups[self.index].events.clone(),
+        );
+        let capturing = self.capturing.clone();
+        capturing.store(true, Ordering::Release);
+        let spawned = std::thread::Builder::new()
+            .name(format!("raft-snapshot-{group}"))
+            .spawn(move || {
+                let mut body = header;
+                let outcome = loop {
+                    match background
+                        .shards
+                        .with(group, |s| s.partition.snapshot_chunk(SNAPSHOT_CHUNK))
+                    {
+                        Ok(Some((chunk, done))) => {
+                            body.extend_from_slice(&chunk);
+                            if done {
+                                break Ok(body);
+                            }
+                        }
+                        Ok(None) => break Err("the partition was rebuilt meanwhile".to_string()),
+                        Err(e) => break Err(e.message),
+                    }
+                };
+                capturing.store(false, Ordering::Release);
+                let _ = events.send(Event::Captured(id, outcome));
+            });
+        if let Err(e) = spawned {
+            self.capturing.store(false, Ordering::Release);
+            warn!(shard = self.index, "cannot start a snapshot thread: {e}");
+            self.capture = None;
+            let _ = shared.shards.with(self.index, |s| s.partition.abort_snapshot());
+        }
+    }
+
+    /// A peer sent a snapshot that never arrived (a lost message, a restarted peer) waits
+    /// forever in raft-rs: after a while, report it failed so that it is sent again.
+    fn retry_snapshots(&mut self) {
+        if self.raw.raft.state != StateRole::Leader {
+            self.snapshot_waits.clear();
+            return;
+        }
+        let waiting: Vec<u64> = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(_, pr)| pr.state == ProgressState::Snapshot)
+            .map(|(id, _)| *id)
+            .collect();
+        self.snapshot_waits.retain(|id, _| waiting.contains(id));
+        for id in waiting {
+            let ticks = self.snapshot_waits.entry(id).or_insert(0);
+            *ticks += 1;
+            if *ticks >= SNAPSHOT_RETRY_TICKS {
+                *ticks = 0;
+                self.raw.report_snapshot(id, SnapshotStatus::Failure);
+            }
         }
     }
 }
@@ -753,6 +1030,44 @@ fn apply_meta(cluster: &super::Cluster, e: &Entry) {
         }
         Err(why) => error!(entry = e.index, "a metadata entry does not decode: {why}"),
     }
+}
+
+/// The metadata group's snapshot: the commands that rebuild its state.
+fn meta_snapshot(meta: &Meta) -> Vec<u8> {
+    let mut commands = vec![Value::Binary(Command::SetReplicationFactor { rf: meta.rf }.encode())];
+    for (node, address) in &meta.nodes {
+        let add = Command::AddNode {
+            node: *node,
+            address: address.clone(),
+        };
+        commands.push(Value::Binary(add.encode()));
+    }
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &Value::Array(commands)).expect("encoding to memory");
+    out
+}
+
+/// The commands of a metadata snapshot (none in an empty or unreadable one, logged).
+fn meta_commands(data: &[u8]) -> Vec<Command> {
+    if data.is_empty() {
+        return Vec::new();
+    }
+    let decoded = rmpv::decode::read_value(&mut &data[..])
+        .map_err(|e| e.to_string())
+        .and_then(|value| match value {
+            Value::Array(items) => items
+                .iter()
+                .map(|item| match item {
+                    Value::Binary(b) => Command::decode(b),
+                    _ => Err("an item that is not a command".into()),
+                })
+                .collect(),
+            _ => Err("not an array of commands".into()),
+        });
+    decoded.unwrap_or_else(|why| {
+        error!("the metadata snapshot does not decode: {why}");
+        Vec::new()
+    })
 }
 
 /// The node a membership change adds, with the address its context carries.

@@ -115,7 +115,11 @@ impl Replica {
         }
         self.proposed += 1;
         let data = group::encode_entry(self.node_id, self.epoch, self.proposed, records);
-        if self.events.send(Event::Propose(self.epoch, data)).is_err() {
+        if self
+            .events
+            .send(Event::Propose(self.epoch, self.proposed, data))
+            .is_err()
+        {
             return fail(deliveries, &not_leader(None));
         }
         if !deliveries.is_empty() {
@@ -190,6 +194,18 @@ impl Cluster {
 
     fn apply_meta(&self, command: meta::Command) {
         self.meta.lock().unwrap_or_else(|e| e.into_inner()).apply(command);
+    }
+
+    /// Replace the metadata with that rebuilt by `commands` (a metadata snapshot's).
+    fn restore_meta(&self, commands: Vec<meta::Command>) {
+        let mut meta = meta::Meta::default();
+        for command in commands {
+            if let meta::Command::AddNode { node, address } = &command {
+                self.learn_address(*node, address);
+            }
+            meta.apply(command);
+        }
+        *self.meta.lock().unwrap_or_else(|e| e.into_inner()) = meta;
     }
 
     pub(crate) fn address_of(&self, node: u64) -> Option<String> {
@@ -340,6 +356,7 @@ pub(crate) fn prepare(
     address: String,
     shards: usize,
     fsync: crate::config::Fsync,
+    snapshot_after: u64,
 ) -> std::io::Result<Prepared> {
     if config.node_id == 0 {
         return Err(std::io::Error::other("--node-id must not be 0"));
@@ -370,6 +387,7 @@ pub(crate) fn prepare(
             &address,
             &mut nodes,
             fsync,
+            snapshot_after,
         )?;
         drivers.push(driver);
         groups.push(GroupHandle {

@@ -1,30 +1,109 @@
-//! A shard replica's Raft storage: raft-rs' in-memory log, backed by an append-only file of
-//! checksummed records (the op log's segment format) that is replayed at start.
+//! A shard replica's Raft storage: raft-rs' in-memory log, backed by append-only files of
+//! checksummed records (the op log's segment format) that are replayed at start, and by the
+//! group's latest Raft snapshot.
 //!
 //! Each record is one tag byte and a protobuf message: an entry, the hard state (term, vote,
 //! commit) or the configuration. Appending an entry whose index is already held truncates
 //! the log there, on disk as in memory, because the replay appends the same way.
+//!
+//! # Snapshots and compaction
+//!
+//! A snapshot (the state machine as of entry `S`: its index, term, configuration and data)
+//! is installed in three durable steps: the log moves to a new segment that starts with the
+//! hard state, the configuration and a copy of the entries after `S`; the snapshot is written
+//! as `snap-<group>-<new segment>-0.sps` (the op log's snapshot file format, whose body is the
+//! protobuf `Snapshot`); then the snapshots but the newest two are deleted, and the segments
+//! before the older one kept. At start, the newest snapshot that passes its checks is loaded
+//! and the segments from its own on are replayed, so a crash between any two steps recovers
+//! the same log (before the snapshot exists, the older segments still hold every entry).
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use protobuf::Message as _;
-use raft::prelude::{ConfState, Entry, HardState};
+use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::storage::MemStorage;
-use spindle_storage::{self as storage, LogWriter, ScanEnd, SegmentScanner};
+use raft::{GetEntriesContext, RaftState, StorageError};
+use spindle_storage::{self as storage, LogPosition, LogWriter, ScanEnd, SegmentScanner};
 use tracing::warn;
 
 const ENTRY: u8 = 1;
 const HARD_STATE: u8 = 2;
 const CONF_STATE: u8 = 3;
+/// Snapshots kept on disk: if the newest is damaged, the older one and the log after it
+/// still rebuild the state.
+const SNAPSHOTS_KEPT: usize = 2;
+
+/// What raft-rs reads: the in-memory log, and the latest snapshot for peers that need the
+/// entries compacted away.
+#[derive(Clone)]
+pub(crate) struct RaftStorage {
+    pub(crate) mem: MemStorage,
+    snapshot: Arc<RwLock<Snapshot>>,
+    /// A peer needs a newer snapshot than the latest (see `snapshot`).
+    wanted: Arc<AtomicBool>,
+}
+
+impl raft::Storage for RaftStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        self.mem.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.mem.term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+
+    /// The latest snapshot, if it can serve peer `to`. A replica added after it is not in
+    /// its configuration and would refuse it: a newer one is asked for, and raft-rs asks
+    /// again later.
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let snapshot = self.snapshot.read().unwrap_or_else(|e| e.into_inner());
+        let meta = snapshot.get_metadata();
+        let conf = meta.get_conf_state();
+        let member = [&conf.voters, &conf.learners, &conf.voters_outgoing, &conf.learners_next]
+            .iter()
+            .any(|ids| ids.contains(&to));
+        if meta.index == 0 || meta.index < request_index || !member {
+            self.wanted.store(true, Ordering::Release);
+            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        Ok(snapshot.clone())
+    }
+}
 
 /// The on-disk log of one shard's replica, with the in-memory copy raft-rs reads. Records
 /// are buffered and written in one go by [`flush`](Store::flush) (one `write` per `Ready`),
 /// in the order they were made.
 pub(crate) struct Store {
     pub(crate) mem: MemStorage,
+    snapshot: Arc<RwLock<Snapshot>>,
+    wanted: Arc<AtomicBool>,
+    dir: PathBuf,
+    group: u32,
     file: LogWriter,
     pending: Vec<Vec<u8>>,
+    /// Bytes of entries written since the last snapshot (when to take the next).
+    since_snapshot: u64,
 }
 
 impl Store {
@@ -32,38 +111,80 @@ impl Store {
     pub(crate) fn open(dir: &Path, group: u32) -> io::Result<Store> {
         std::fs::create_dir_all(dir)?;
         let mem = MemStorage::new();
-        let segments = storage::list_segments(dir, group)?;
-        let Some(segment) = segments.last() else {
-            let file = LogWriter::create(dir, group, storage::FIRST_SEGMENT_SEQ)?;
-            return Ok(Store {
-                mem,
-                file,
-                pending: Vec::new(),
-            });
-        };
-        let mut scan = SegmentScanner::open(&segment.path)?;
-        while let Some((offset, record)) = scan.next_record()? {
-            load(&mem, record).map_err(|why| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{} at byte offset {offset}: {why}", segment.path.display()),
-                )
-            })?;
-        }
-        if let Some(ScanEnd::Torn(tail)) = scan.end() {
-            let cut = storage::truncate_torn_tail(&segment.path, tail.offset)?;
+        let (found, rejected) = storage::load_latest_snapshot(dir, group)?;
+        for r in rejected {
             warn!(
                 shard = group,
-                "cut a torn record of {cut} bytes at the end of {} (a write the crash interrupted)",
-                segment.path.display()
+                "ignoring snapshot {}: {} (using an older one and more of the log)",
+                r.path.display(),
+                r.reason
             );
         }
-        let file = LogWriter::open(&segment.path)?;
+        let mut snapshot = Snapshot::default();
+        let mut from_seq = storage::FIRST_SEGMENT_SEQ;
+        if let Some((info, body)) = found {
+            snapshot = Snapshot::parse_from_bytes(&body).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("snapshot {} does not decode: {e}", info.path.display()),
+                )
+            })?;
+            mem.wl().apply_snapshot(snapshot.clone()).map_err(io::Error::other)?;
+            from_seq = info.position.seq;
+        }
+        let segments: Vec<_> = storage::list_segments(dir, group)?
+            .into_iter()
+            .filter(|s| s.seq >= from_seq)
+            .collect();
+        let mut since_snapshot = 0;
+        for segment in &segments {
+            let mut scan = SegmentScanner::open(&segment.path)?;
+            while let Some((offset, record)) = scan.next_record()? {
+                since_snapshot += record.len() as u64;
+                load(&mem, record).map_err(|why| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{} at byte offset {offset}: {why}", segment.path.display()),
+                    )
+                })?;
+            }
+            if let Some(ScanEnd::Torn(tail)) = scan.end() {
+                let cut = storage::truncate_torn_tail(&segment.path, tail.offset)?;
+                warn!(
+                    shard = group,
+                    "cut a torn record of {cut} bytes at the end of {} (a write the crash interrupted)",
+                    segment.path.display()
+                );
+            }
+        }
+        let file = match segments.last() {
+            Some(segment) => LogWriter::open(&segment.path)?,
+            None => LogWriter::create(dir, group, from_seq)?,
+        };
         Ok(Store {
             mem,
+            snapshot: Arc::new(RwLock::new(snapshot)),
+            wanted: Arc::new(AtomicBool::new(false)),
+            dir: dir.to_path_buf(),
+            group,
             file,
             pending: Vec::new(),
+            since_snapshot,
         })
+    }
+
+    /// What raft-rs reads.
+    pub(crate) fn storage(&self) -> RaftStorage {
+        RaftStorage {
+            mem: self.mem.clone(),
+            snapshot: self.snapshot.clone(),
+            wanted: self.wanted.clone(),
+        }
+    }
+
+    /// Whether a peer asked for a newer snapshot than the latest (the request is taken).
+    pub(crate) fn take_wanted(&self) -> bool {
+        self.wanted.swap(false, Ordering::AcqRel)
     }
 
     /// Whether nothing was ever stored (a new replica).
@@ -71,11 +192,23 @@ impl Store {
         self.mem.rl().hard_state().term == 0 && last_index(&self.mem) == 0
     }
 
+    /// The latest snapshot (empty metadata and data: none yet).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Bytes of entries written since the last snapshot.
+    pub(crate) fn since_snapshot(&self) -> u64 {
+        self.since_snapshot
+    }
+
     pub(crate) fn append(&mut self, entries: &[Entry]) -> io::Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
-        self.pending.extend(entries.iter().map(|e| encode(ENTRY, e)));
+        let records: Vec<Vec<u8>> = entries.iter().map(|e| encode(ENTRY, e)).collect();
+        self.since_snapshot += records.iter().map(|r| r.len() as u64).sum::<u64>();
+        self.pending.extend(records);
         self.mem.wl().append(entries).map_err(io::Error::other)
     }
 
@@ -113,7 +246,54 @@ impl Store {
         self.file.sync()
     }
 
-    /// The committed entries from `from` on, up to `to` (inclusive).
+    /// Install `snapshot` (its metadata names the entry it covers), on disk and then in
+    /// memory. A snapshot this replica took keeps the entries after it; one a leader sent
+    /// (`from_leader`) replaces the whole log, as raft-rs expects.
+    pub(crate) fn install(&mut self, snapshot: Snapshot, from_leader: bool) -> io::Result<()> {
+        let meta = snapshot.get_metadata();
+        let index = meta.index;
+        // The current segment complete before the log moves on.
+        self.sync()?;
+        let mut hs = self.mem.rl().hard_state().clone();
+        let (conf, kept) = if from_leader {
+            hs.term = hs.term.max(meta.term);
+            hs.commit = index;
+            (meta.get_conf_state().clone(), Vec::new())
+        } else {
+            let conf = raft::Storage::initial_state(&self.mem)
+                .map_err(io::Error::other)?
+                .conf_state;
+            (conf, self.entries(index + 1, u64::MAX))
+        };
+        let seq = self.file.header().seq + 1;
+        let mut file = LogWriter::create(&self.dir, self.group, seq)?;
+        let mut records = vec![encode(HARD_STATE, &hs), encode(CONF_STATE, &conf)];
+        records.extend(kept.iter().map(|e| encode(ENTRY, e)));
+        file.append_batch(&records)?;
+        file.sync()?;
+        let body = snapshot.write_to_bytes().map_err(io::Error::other)?;
+        let written = storage::write_snapshot(&self.dir, self.group, LogPosition::segment_start(seq), &body)?;
+        drop(body);
+        {
+            let mut core = self.mem.wl();
+            core.apply_snapshot(snapshot.clone()).map_err(io::Error::other)?;
+            core.append(&kept).map_err(io::Error::other)?;
+            core.set_hardstate(hs);
+            core.set_conf_state(conf);
+        }
+        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = snapshot;
+        self.file = file;
+        self.since_snapshot = records[2..].iter().map(|r| r.len() as u64).sum();
+        // Behind the older of the two kept only: if the newest is ever damaged, the older one
+        // and the log after it still rebuild the state.
+        let oldest_kept = storage::prune_snapshots(&self.dir, self.group, SNAPSHOTS_KEPT)?;
+        if let Some(floor) = oldest_kept.filter(|floor| *floor < written.position) {
+            storage::delete_segments_before(&self.dir, self.group, floor.seq)?;
+        }
+        Ok(())
+    }
+
+    /// The entries from `from` on, up to `to` (inclusive), of those held (after the snapshot).
     pub(crate) fn entries(&self, from: u64, to: u64) -> Vec<Entry> {
         let first = raft::Storage::first_index(&self.mem).unwrap_or(1).max(from);
         let last = last_index(&self.mem).min(to);
@@ -142,6 +322,9 @@ fn load(mem: &MemStorage, record: &[u8]) -> Result<(), String> {
     match *tag {
         ENTRY => {
             let entry = Entry::parse_from_bytes(body).map_err(bad)?;
+            if entry.index < raft::Storage::first_index(mem).unwrap_or(1) {
+                return Ok(()); // covered by the snapshot
+            }
             let last = last_index(mem);
             if entry.index > last + 1 || entry.index == 0 {
                 return Err(format!("entry {} does not follow entry {last}", entry.index));
