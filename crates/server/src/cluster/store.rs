@@ -254,10 +254,10 @@ impl Store {
         let index = meta.index;
         // The current segment complete before the log moves on.
         self.sync()?;
-        let mut hs = self.mem.rl().hard_state().clone();
+        // The new segment keeps the current hard state (its vote above all): the snapshot
+        // does not exist yet when it is written. Loading a snapshot raises the commit index.
+        let hs = self.mem.rl().hard_state().clone();
         let (conf, kept) = if from_leader {
-            hs.term = hs.term.max(meta.term);
-            hs.commit = index;
             (meta.get_conf_state().clone(), Vec::new())
         } else {
             let conf = raft::Storage::initial_state(&self.mem)
@@ -277,9 +277,11 @@ impl Store {
         {
             let mut core = self.mem.wl();
             core.apply_snapshot(snapshot.clone()).map_err(io::Error::other)?;
-            core.append(&kept).map_err(io::Error::other)?;
-            core.set_hardstate(hs);
-            core.set_conf_state(conf);
+            if !from_leader {
+                core.append(&kept).map_err(io::Error::other)?;
+                core.set_hardstate(hs);
+                core.set_conf_state(conf);
+            }
         }
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = snapshot;
         self.file = file;
@@ -332,7 +334,14 @@ fn load(mem: &MemStorage, record: &[u8]) -> Result<(), String> {
             mem.wl().append(&[entry]).map_err(|e| e.to_string())
         }
         HARD_STATE => {
-            mem.wl().set_hardstate(HardState::parse_from_bytes(body).map_err(bad)?);
+            let mut hs = HardState::parse_from_bytes(body).map_err(bad)?;
+            // Everything a snapshot covers is committed (its segment's hard state may predate it).
+            let snapshot_index = raft::Storage::first_index(mem).unwrap_or(1) - 1;
+            if snapshot_index > 0 {
+                hs.commit = hs.commit.max(snapshot_index);
+                hs.term = hs.term.max(raft::Storage::term(mem, snapshot_index).unwrap_or(0));
+            }
+            mem.wl().set_hardstate(hs);
             Ok(())
         }
         CONF_STATE => {
@@ -354,6 +363,140 @@ mod tests {
             data: data.to_vec().into(),
             ..Default::default()
         }
+    }
+
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("spindle-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn snapshot_at(index: u64, term: u64, voters: Vec<u64>, data: &[u8]) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        snapshot.mut_metadata().index = index;
+        snapshot.mut_metadata().term = term;
+        snapshot.mut_metadata().mut_conf_state().voters = voters;
+        snapshot.set_data(data.to_vec().into());
+        snapshot
+    }
+
+    /// Entries 1..=10 of term 1, committed to 8, voted for node 2, voters [1, 2].
+    fn ten_entries(dir: &Path) -> Store {
+        let mut store = Store::open(dir, 0).unwrap();
+        let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1, format!("e{i}").as_bytes())).collect();
+        store.append(&entries).unwrap();
+        store
+            .set_hard_state(&HardState {
+                term: 1,
+                vote: 2,
+                commit: 8,
+                ..Default::default()
+            })
+            .unwrap();
+        store
+            .set_conf_state(&ConfState {
+                voters: vec![1, 2],
+                ..Default::default()
+            })
+            .unwrap();
+        store.sync().unwrap();
+        store
+    }
+
+    fn data_of(entries: &[Entry]) -> Vec<String> {
+        entries
+            .iter()
+            .map(|e| String::from_utf8_lossy(&e.data).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_compacts_the_log_and_a_reopen_loads_it_with_the_entries_after_it() {
+        let dir = temp_dir("compact");
+        let mut store = ten_entries(&dir);
+        for (at, name) in [(4, "first"), (6, "second"), (8, "third")] {
+            store
+                .install(snapshot_at(at, 1, vec![1, 2], name.as_bytes()), false)
+                .unwrap();
+        }
+        assert_eq!(data_of(&store.entries(1, 100)), ["e9", "e10"]);
+        assert!(store.since_snapshot() > 0, "the entries kept count towards the next");
+        // Two snapshots kept, and the segments before the older of them deleted.
+        let snaps = storage::list_snapshots(&dir, 0).unwrap();
+        assert_eq!(snaps.len(), 2);
+        let first_segment = storage::list_segments(&dir, 0).unwrap()[0].seq;
+        assert_eq!(first_segment, snaps[0].0.seq);
+        drop(store);
+        let store = Store::open(&dir, 0).unwrap();
+        assert_eq!(store.snapshot().get_data(), b"third");
+        assert_eq!(data_of(&store.entries(1, 100)), ["e9", "e10"]);
+        let state = raft::Storage::initial_state(&store.storage()).unwrap();
+        assert_eq!(
+            (state.hard_state.term, state.hard_state.vote, state.hard_state.commit),
+            (1, 2, 8)
+        );
+        assert_eq!(state.conf_state.voters, vec![1, 2]);
+        assert_eq!(raft::Storage::term(&store.storage(), 8).unwrap(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_crash_before_the_snapshot_file_is_written_recovers_the_whole_log() {
+        let dir = temp_dir("crash");
+        let mut store = ten_entries(&dir);
+        store.install(snapshot_at(6, 1, vec![1, 2], b"s"), false).unwrap();
+        drop(store);
+        // As if the process died after the new segment and before the snapshot file.
+        for (_, path) in storage::list_snapshots(&dir, 0).unwrap() {
+            std::fs::remove_file(path).unwrap();
+        }
+        let store = Store::open(&dir, 0).unwrap();
+        assert_eq!(store.snapshot().get_metadata().index, 0);
+        assert_eq!(data_of(&store.entries(1, 100)).len(), 10);
+        assert_eq!(store.mem.rl().hard_state().commit, 8);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_leaders_snapshot_replaces_the_log_and_keeps_the_vote() {
+        let dir = temp_dir("received");
+        let mut store = ten_entries(&dir);
+        store
+            .install(snapshot_at(20, 3, vec![1, 2, 3], b"leader's"), true)
+            .unwrap();
+        assert!(store.entries(1, 100).is_empty());
+        store.append(&[entry(21, 3, b"e21")]).unwrap();
+        store.sync().unwrap();
+        drop(store);
+        let store = Store::open(&dir, 0).unwrap();
+        assert_eq!(store.snapshot().get_data(), b"leader's");
+        assert_eq!(data_of(&store.entries(1, 100)), ["e21"]);
+        let state = raft::Storage::initial_state(&store.storage()).unwrap();
+        // The commit index and term are at least the snapshot's; the vote is kept.
+        assert_eq!(
+            (state.hard_state.term, state.hard_state.vote, state.hard_state.commit),
+            (3, 2, 20)
+        );
+        assert_eq!(state.conf_state.voters, vec![1, 2, 3]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_peer_outside_the_snapshots_configuration_asks_for_a_newer_one() {
+        let dir = temp_dir("wanted");
+        let mut store = ten_entries(&dir);
+        let storage = store.storage();
+        assert!(raft::Storage::snapshot(&storage, 0, 2).is_err(), "no snapshot yet");
+        assert!(store.take_wanted());
+        store.install(snapshot_at(8, 1, vec![1, 2], b"s"), false).unwrap();
+        assert_eq!(raft::Storage::snapshot(&storage, 0, 2).unwrap().get_data(), b"s");
+        assert!(!store.take_wanted());
+        assert!(
+            raft::Storage::snapshot(&storage, 0, 3).is_err(),
+            "node 3 was added after it"
+        );
+        assert!(store.take_wanted());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
