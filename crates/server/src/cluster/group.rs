@@ -136,6 +136,9 @@ struct Capture {
     index: Option<u64>,
     /// The proposal whose entry is the moment's (a serving leader's).
     proposal: u64,
+    /// A serving leader's term: the moment's entry must be of it when applied (else another
+    /// leader's entry replaced it, and the capture holds state that never committed).
+    term: Option<u64>,
     body: Option<Vec<u8>>,
 }
 
@@ -207,7 +210,7 @@ impl Driver {
         let snapshot = store.snapshot();
         let base = snapshot.get_metadata();
         if meta {
-            for command in meta_commands(snapshot.get_data()) {
+            for command in meta_commands(snapshot.get_data()).map_err(std::io::Error::other)? {
                 if let Command::AddNode { node, address } = command {
                     nodes.insert(node, address);
                 }
@@ -243,7 +246,7 @@ impl Driver {
                 }
             }
         }
-        if !recovered.is_empty() {
+        if !recovered.is_empty() || base.index > 0 {
             store.mem.wl().set_conf_state(ConfState {
                 voters,
                 learners,
@@ -299,7 +302,13 @@ impl Driver {
         if self.meta {
             let snapshot = self.store.snapshot();
             if snapshot.get_metadata().index > 0 {
-                cluster(&shared).restore_meta(meta_commands(snapshot.get_data()));
+                match meta_commands(snapshot.get_data()) {
+                    Ok(commands) => cluster(&shared).restore_meta(commands),
+                    Err(why) => {
+                        error!("{why}");
+                        return;
+                    }
+                }
             }
             for e in &self.store.entries(1, self.applied) {
                 apply_meta(cluster(&shared), e);
@@ -785,49 +794,66 @@ impl Driver {
     /// are answered with it.
     fn rebuild(&mut self, shared: &Arc<Shared>, error: Option<&Error>) -> Result<(), String> {
         let snapshot = self.store.snapshot();
-        let entries = self.store.entries(1, self.applied);
-        let (index, now) = (self.index, Instant::now());
-        let rebuilt = shared.shards.with(index, |s| {
+        let now = Instant::now();
+        let rebuilt = restored(&snapshot, now).map(|mut partition| {
+            for e in &self.store.entries(1, self.applied) {
+                replay(&mut partition, self.index, e, now);
+            }
+            partition
+        });
+        self.replace_partition(shared, error, rebuilt)
+    }
+
+    /// Put `rebuilt` in place of the shard's partition (an error leaves the old one, and is
+    /// returned). With `error`, this replica stops serving first.
+    fn replace_partition(
+        &mut self,
+        shared: &Arc<Shared>,
+        error: Option<&Error>,
+        rebuilt: Result<Partition, String>,
+    ) -> Result<(), String> {
+        let now = Instant::now();
+        let outcome = shared.shards.with(self.index, |s| {
             let mut replies = Vec::new();
             if let Some(error) = error {
                 replies = s.replica.as_mut().map(|r| r.stop(error)).unwrap_or_default();
                 replies.extend(s.partition.abandon(error, now));
             }
             let actions = hosts::forward(shared, &mut s.partition, None);
-            let mut partition = Partition::new();
-            partition.enable_storage();
-            let restored = match snapshot.get_metadata().index {
-                0 => Ok(()),
-                _ => partition.restore_snapshot(snapshot.get_data(), now),
-            };
-            if restored.is_ok() {
+            let replaced = rebuilt.map(|mut partition| {
                 partition.skip_object_ids(s.partition.next_object_id());
-                for e in &entries {
-                    replay(&mut partition, index, e, now);
-                }
                 s.partition = partition;
-            }
-            (replies, actions, restored)
+            });
+            (replies, actions, replaced)
         });
-        let (replies, actions, restored) = rebuilt.map_err(|e| e.message)?;
+        let (replies, actions, replaced) = outcome.map_err(|e| e.message)?;
         shared.registry.deliver(replies);
         hosts::run(shared, actions);
-        restored.map_err(|why| format!("its snapshot does not restore: {why}"))
+        replaced
     }
 
     /// A snapshot a leader sent (this replica lagged behind the leader's compacted log): it
-    /// replaces the log and the state.
+    /// replaces the log and the state. One that does not restore is refused before anything
+    /// is stored (the driver stops; a restart asks again).
     fn install_received(&mut self, shared: &Arc<Shared>, snapshot: Snapshot) -> std::io::Result<()> {
         let index = snapshot.get_metadata().index;
         let conf = snapshot.get_metadata().get_conf_state().clone();
+        let refused =
+            |why: String| std::io::Error::other(format!("the leader's snapshot at {index} is refused: {why}"));
+        let (commands, partition) = match self.meta {
+            true => (Some(meta_commands(snapshot.get_data()).map_err(refused)?), None),
+            false => (None, Some(restored(&snapshot, Instant::now()).map_err(refused)?)),
+        };
         self.capture = None;
         self.store.install(snapshot, true)?;
         self.applied = index;
         self.confs = vec![(index, conf)];
-        if self.meta {
-            cluster(shared).restore_meta(meta_commands(self.store.snapshot().get_data()));
-        } else {
-            self.rebuild(shared, None).map_err(std::io::Error::other)?;
+        if let Some(commands) = commands {
+            cluster(shared).restore_meta(commands);
+        }
+        if let Some(partition) = partition {
+            self.replace_partition(shared, None, Ok(partition))
+                .map_err(std::io::Error::other)?;
         }
         info!(shard = self.index, index, "installed the leader's snapshot");
         Ok(())
@@ -838,7 +864,8 @@ impl Driver {
     /// entry is applied.
     fn maybe_snapshot(&mut self, shared: &Arc<Shared>) -> std::io::Result<()> {
         let due = self.snapshot_after > 0 && self.store.since_snapshot() >= self.snapshot_after;
-        if self.capture.is_none() && !self.capturing.load(Ordering::Acquire) && (due || self.store.take_wanted()) {
+        let idle = self.capture.is_none() && !self.capturing.load(Ordering::Acquire);
+        if idle && self.applied > self.store.snapshot().get_metadata().index && (due || self.store.take_wanted()) {
             self.begin_snapshot(shared);
         }
         let ready = self.capture.as_ref().and_then(|c| match (c.index, &c.body) {
@@ -846,11 +873,21 @@ impl Driver {
             _ => None,
         });
         let Some(index) = ready else { return Ok(()) };
-        let body = self.capture.take().and_then(|c| c.body).unwrap_or_default();
+        let Some(capture) = self.capture.take() else {
+            return Ok(());
+        };
         if index <= self.store.snapshot().get_metadata().index {
             return Ok(()); // a leader's snapshot overtook it
         }
         let term = self.raw.raft.raft_log.term(index).map_err(std::io::Error::other)?;
+        if capture.term.is_some_and(|ours| ours != term) {
+            warn!(
+                shard = self.index,
+                index, "dropped a snapshot of entries a later leader replaced"
+            );
+            return Ok(());
+        }
+        let body = capture.body.unwrap_or_default();
         let conf = self
             .confs
             .iter()
@@ -890,6 +927,7 @@ impl Driver {
                 id,
                 index: Some(self.applied),
                 proposal: 0,
+                term: None,
                 body: Some(meta_snapshot(&cluster(shared).meta())),
             });
             return;
@@ -912,6 +950,7 @@ impl Driver {
             id,
             index,
             proposal,
+            term: serving.then_some(self.raw.raft.term),
             body: None,
         });
         let (background, group, events) = (
@@ -1047,12 +1086,24 @@ fn meta_snapshot(meta: &Meta) -> Vec<u8> {
     out
 }
 
-/// The commands of a metadata snapshot (none in an empty or unreadable one, logged).
-fn meta_commands(data: &[u8]) -> Vec<Command> {
-    if data.is_empty() {
-        return Vec::new();
+/// A fresh partition holding `snapshot`'s state (none: empty).
+fn restored(snapshot: &Snapshot, now: Instant) -> Result<Partition, String> {
+    let mut partition = Partition::new();
+    partition.enable_storage();
+    if snapshot.get_metadata().index > 0 {
+        partition
+            .restore_snapshot(snapshot.get_data(), now)
+            .map_err(|why| format!("the snapshot does not restore: {why}"))?;
     }
-    let decoded = rmpv::decode::read_value(&mut &data[..])
+    Ok(partition)
+}
+
+/// The commands of a metadata snapshot (none in an empty one).
+fn meta_commands(data: &[u8]) -> Result<Vec<Command>, String> {
+    if data.is_empty() {
+        return Ok(Vec::new());
+    }
+    rmpv::decode::read_value(&mut &data[..])
         .map_err(|e| e.to_string())
         .and_then(|value| match value {
             Value::Array(items) => items
@@ -1063,11 +1114,8 @@ fn meta_commands(data: &[u8]) -> Vec<Command> {
                 })
                 .collect(),
             _ => Err("not an array of commands".into()),
-        });
-    decoded.unwrap_or_else(|why| {
-        error!("the metadata snapshot does not decode: {why}");
-        Vec::new()
-    })
+        })
+        .map_err(|why| format!("the metadata snapshot does not decode: {why}"))
 }
 
 /// The node a membership change adds, with the address its context carries.

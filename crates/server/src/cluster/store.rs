@@ -256,14 +256,15 @@ impl Store {
         self.sync()?;
         // The new segment keeps the current hard state (its vote above all): the snapshot
         // does not exist yet when it is written. Loading a snapshot raises the commit index.
+        // So does the configuration: the start of a restarted group replays the membership
+        // changes after the snapshot onto the snapshot's.
         let hs = self.mem.rl().hard_state().clone();
-        let (conf, kept) = if from_leader {
-            (meta.get_conf_state().clone(), Vec::new())
-        } else {
-            let conf = raft::Storage::initial_state(&self.mem)
-                .map_err(io::Error::other)?
-                .conf_state;
-            (conf, self.entries(index + 1, u64::MAX))
+        let conf = raft::Storage::initial_state(&self.mem)
+            .map_err(io::Error::other)?
+            .conf_state;
+        let kept = match from_leader {
+            true => Vec::new(),
+            false => self.entries(index + 1, u64::MAX),
         };
         let seq = self.file.header().seq + 1;
         let mut file = LogWriter::create(&self.dir, self.group, seq)?;
@@ -285,11 +286,13 @@ impl Store {
         }
         *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = snapshot;
         self.file = file;
-        self.since_snapshot = records[2..].iter().map(|r| r.len() as u64).sum();
+        self.since_snapshot = 0;
         // Behind the older of the two kept only: if the newest is ever damaged, the older one
-        // and the log after it still rebuild the state.
-        let oldest_kept = storage::prune_snapshots(&self.dir, self.group, SNAPSHOTS_KEPT)?;
-        if let Some(floor) = oldest_kept.filter(|floor| *floor < written.position) {
+        // and the log after it still rebuild the state. Not so past a leader's snapshot (the
+        // log has a gap before it): only it is kept.
+        let keep = if from_leader { 1 } else { SNAPSHOTS_KEPT };
+        let oldest_kept = storage::prune_snapshots(&self.dir, self.group, keep)?;
+        if let Some(floor) = oldest_kept.filter(|floor| from_leader || *floor < written.position) {
             storage::delete_segments_before(&self.dir, self.group, floor.seq)?;
         }
         Ok(())
@@ -329,7 +332,12 @@ fn load(mem: &MemStorage, record: &[u8]) -> Result<(), String> {
             }
             let last = last_index(mem);
             if entry.index > last + 1 || entry.index == 0 {
-                return Err(format!("entry {} does not follow entry {last}", entry.index));
+                return Err(format!(
+                    "entry {} does not follow entry {last} (if a damaged snapshot was skipped, the log \
+                     before this entry is gone: remove the node with `spindle cluster remove`, clear its \
+                     data directory and join it again)",
+                    entry.index
+                ));
             }
             mem.wl().append(&[entry]).map_err(|e| e.to_string())
         }
@@ -420,7 +428,7 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(data_of(&store.entries(1, 100)), ["e9", "e10"]);
-        assert!(store.since_snapshot() > 0, "the entries kept count towards the next");
+        assert_eq!(store.since_snapshot(), 0, "the count starts again");
         // Two snapshots kept, and the segments before the older of them deleted.
         let snaps = storage::list_snapshots(&dir, 0).unwrap();
         assert_eq!(snaps.len(), 2);
@@ -461,10 +469,15 @@ mod tests {
     fn a_leaders_snapshot_replaces_the_log_and_keeps_the_vote() {
         let dir = temp_dir("received");
         let mut store = ten_entries(&dir);
+        store.install(snapshot_at(4, 1, vec![1, 2], b"own"), false).unwrap();
         store
             .install(snapshot_at(20, 3, vec![1, 2, 3], b"leader's"), true)
             .unwrap();
         assert!(store.entries(1, 100).is_empty());
+        // The log before a leader's snapshot has a gap: no older snapshot or segment is kept.
+        let snaps = storage::list_snapshots(&dir, 0).unwrap();
+        assert_eq!(snaps.len(), 1);
+        assert_eq!(storage::list_segments(&dir, 0).unwrap()[0].seq, snaps[0].0.seq);
         store.append(&[entry(21, 3, b"e21")]).unwrap();
         store.sync().unwrap();
         drop(store);
@@ -477,7 +490,8 @@ mod tests {
             (state.hard_state.term, state.hard_state.vote, state.hard_state.commit),
             (3, 2, 20)
         );
-        assert_eq!(state.conf_state.voters, vec![1, 2, 3]);
+        // (A group's start takes its configuration from the snapshot and the changes after it.)
+        assert_eq!(store.snapshot().get_metadata().get_conf_state().voters, vec![1, 2, 3]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
