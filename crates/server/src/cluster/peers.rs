@@ -118,19 +118,31 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
                 }
             } => "the peer closed the link".to_string(),
             e = async {
-                while let Some((group, messages)) = rx.recv().await {
-                    let request = Value::Array(vec![
-                        next_id.into(),
-                        "raft".into(),
-                        cluster.node_id.into(),
-                        cluster.address.as_str().into(),
-                        group.into(),
-                        Value::Array(messages.into_iter().map(Value::Binary).collect()),
-                    ]);
-                    next_id += 1;
-                    if let Err(e) = writer.write_all(&frame(&request)).await {
+                let mut out = Vec::new();
+                while let Some(first) = rx.recv().await {
+                    // Whatever else the groups queued meanwhile goes in the same write.
+                    let mut next = Some(first);
+                    while let Some((group, messages)) = next.take() {
+                        let request = Value::Array(vec![
+                            next_id.into(),
+                            "raft".into(),
+                            cluster.node_id.into(),
+                            cluster.address.as_str().into(),
+                            group.into(),
+                            Value::Array(messages.into_iter().map(Value::Binary).collect()),
+                        ]);
+                        next_id += 1;
+                        append_frame(&mut out, &request);
+                        if out.len() < FRAME_BYTES {
+                            next = rx.try_recv().ok();
+                        }
+                    }
+                    if let Err(e) = writer.write_all(&out).await {
                         return e.to_string();
                     }
+                    out.clear();
+                    // Keep the buffer from pinning a snapshot's worth of memory.
+                    out.shrink_to(FRAME_BYTES);
                 }
                 "the server is stopping".to_string()
             } => e,
@@ -157,12 +169,19 @@ async fn drop_until(rx: &mut mpsc::Receiver<Batch>, wait: Duration) -> bool {
 
 /// One request frame.
 fn frame(request: &Value) -> Vec<u8> {
-    let mut out = vec![0u8; 4];
-    // Writing MessagePack to a Vec cannot fail.
-    rmpv::encode::write_value(&mut out, request).expect("encoding to memory");
-    let len = (out.len() - 4) as u32;
-    out[..4].copy_from_slice(&len.to_be_bytes());
+    let mut out = Vec::new();
+    append_frame(&mut out, request);
     out
+}
+
+/// Append one request frame to `out`.
+fn append_frame(out: &mut Vec<u8>, request: &Value) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; 4]);
+    // Writing MessagePack to a Vec cannot fail.
+    rmpv::encode::write_value(out, request).expect("encoding to memory");
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
 /// Connect to a node and say hello as `client` (with the cluster's token).
