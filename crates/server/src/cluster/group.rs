@@ -326,6 +326,7 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
+                    self.expire_dead_leader(&shared);
                     self.raw.tick();
                     self.cooldown = self.cooldown.saturating_sub(1);
                     self.reconcile(&shared);
@@ -987,6 +988,24 @@ impl Driver {
             warn!(shard = self.index, "cannot start a snapshot thread: {e}");
             self.capture = None;
             let _ = shared.shards.with(self.index, |s| s.partition.abort_snapshot());
+        }
+    }
+
+    /// A follower whose link found its leader's port closed (a crashed process: the kernel
+    /// refuses the connection at once) stops waiting out the leader's lease: the election
+    /// then starts after the shortest timeout plus this node's random part, instead of a
+    /// whole randomized timeout after the last heartbeat. Safe if the leader is in fact
+    /// alive: the other followers still in its lease refuse to pre-vote, and a heartbeat
+    /// restarts the count.
+    fn expire_dead_leader(&mut self, shared: &Arc<Shared>) {
+        let raft = &mut self.raw.raft;
+        let leader = raft.leader_id;
+        if raft.state == StateRole::Follower
+            && leader != 0
+            && leader != self.node_id
+            && cluster(shared).peers.is_down(leader)
+        {
+            raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
         }
     }
 
