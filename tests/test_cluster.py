@@ -45,7 +45,7 @@ class Node:
 
     def __init__(
         self, node_id: int, data_dir: Path, join: Optional[str] = None, *extra: str,
-        netns: Optional["Netns"] = None,
+        netns: Optional["Netns"] = None, start: bool = True,
     ) -> None:
         self.node_id = node_id
         self.extra = list(extra)
@@ -57,7 +57,8 @@ class Node:
         self.join = join
         self.log = data_dir.parent / f"node{node_id}.log"
         self.server: Optional[ServerProcess] = None
-        self.start()
+        if start:
+            self.start()
 
     def start(self) -> None:
         args = ["--node-id", str(self.node_id), "--data-dir", str(self.data_dir)]
@@ -354,6 +355,34 @@ def test_removing_a_node_under_load_keeps_every_update(cluster, tmp_path):
         assert client.call("Counter", "load.shared", "add", [1]) > 0
     finally:
         client.close()
+
+
+def test_cluster_add_registers_a_node_and_waits_until_it_holds_its_replicas(cluster, tmp_path):
+    def add(node: str, address: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [server_binary(), "cluster", "add", node, address, "--address", cluster.nodes[0].address],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    fourth = Node(4, tmp_path / "n4", cluster.nodes[0].address, start=False)
+    adding = add("4", fourth.address)
+    # Registered before the node runs: the metadata lists it, and no replica moved yet.
+    assert wait_until(lambda: 4 in cluster.nodes[0].map()["nodes"], 20)
+    assert adding.poll() is None, "it waits for the node"
+    fourth.start()
+    cluster.nodes.append(fourth)
+    out, err = adding.communicate(timeout=90)
+    assert adding.returncode == 0, err
+    assert "node 4 is a member and holds its" in out
+    assert wait_until(cluster.settled, 30), cluster.describe()
+    assert any(4 in g["voters"] for s, g in cluster.views().items() if s != "meta")
+    # Again: a member at that address already; at another address: refused, nothing changes.
+    again = add("4", fourth.address)
+    assert again.wait(60) == 0
+    taken = add("4", "127.0.0.1:1")
+    _, err = taken.communicate(timeout=60)
+    assert taken.returncode == 1 and "node 4 is a member at" in err, err
+    assert cluster.nodes[0].map()["nodes"][4] == fourth.address
 
 
 def test_with_one_replica_each_shard_lives_on_one_node_and_the_shards_spread(tmp_path):

@@ -230,6 +230,11 @@ impl Client {
         self.request("cluster", vec![])
     }
 
+    /// Ask the metadata group's leader to add `node`, reachable at `address`, to the cluster.
+    pub(crate) fn join(&mut self, node: u64, address: &str) -> Result<Value, Failure> {
+        self.exchange("join", vec![node.into(), address.into()], Some(TIMEOUT))
+    }
+
     /// Ask the metadata group's leader to remove `node` from the cluster.
     pub(crate) fn leave(&mut self, node: u64) -> Result<Value, String> {
         self.request("leave", vec![node.into()])

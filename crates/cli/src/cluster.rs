@@ -1,5 +1,5 @@
-//! `spindle cluster local|status|remove`: run a development cluster on this machine, look
-//! at a cluster's shard map, and take a node out.
+//! `spindle cluster local|status|add|remove`: run a development cluster on this machine, look
+//! at a cluster's shard map, and add or take out a node.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use spindle_core::Value;
 
-use crate::client::{field, Client};
+use crate::client::{field, Client, Failure};
 
 #[derive(Args)]
 pub(crate) struct ClusterArgs {
@@ -46,9 +46,20 @@ enum ClusterCommand {
         #[command(flatten)]
         address: crate::AddressArg,
     },
+    /// Add node ID, reachable at NODE_ADDRESS, to the cluster while it serves, and wait
+    /// until it holds the replicas placed on it. The node is started with `spindle server
+    /// --node-id ID --data-dir DIR --join HOST:PORT` (before or after this command; a node
+    /// started so adds itself, and this command then only waits for it).
+    Add {
+        /// The node's id (its `--node-id`).
+        node: u64,
+        /// Where the other nodes and clients reach it (its `--advertise`, or HOST:PORT).
+        node_address: String,
+        #[command(flatten)]
+        address: crate::AddressArg,
+    },
     /// Remove node ID from the cluster while it serves: its replicas move to other nodes
-    /// first (and leadership away from it); then it may be stopped. New nodes join with
-    /// `spindle server --node-id N --join HOST:PORT`.
+    /// first (and leadership away from it); then it may be stopped.
     Remove {
         /// The node's id (`--node-id` it was started with).
         node: u64,
@@ -67,6 +78,11 @@ pub(crate) fn run(args: ClusterArgs) -> Result<(), String> {
             partitions,
         } => local(nodes, port, &dir, replication_factor, partitions),
         ClusterCommand::Status { address } => status(&address.address),
+        ClusterCommand::Add {
+            node,
+            node_address,
+            address,
+        } => add(&address.address, node, &node_address),
         ClusterCommand::Remove { node, address } => remove(&address.address, node),
     }
 }
@@ -181,6 +197,66 @@ fn status(address: &str) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+fn add(address: &str, node: u64, node_address: &str) -> Result<(), String> {
+    if node == 0 {
+        return Err("node ids start at 1".into());
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut announced = false;
+    loop {
+        let map = cluster_map(address)?;
+        let listed = field(&map, "nodes")
+            .and_then(Value::as_map)
+            .and_then(|nodes| nodes.iter().find(|(id, _)| id.as_u64() == Some(node)))
+            .map(|(_, a)| a.as_str().unwrap_or_default().to_string());
+        let (groups, metadata) = leaders_views(&map);
+        match listed {
+            Some(at) if at != node_address => {
+                return Err(format!("node {node} is a member at {at}; remove it first"));
+            }
+            Some(_) => {
+                // Every shard placed on it has it as a voter, and it follows the metadata.
+                let holds = |g: &Value, voter: bool| {
+                    ids(field(g, "voters")).contains(&node) || (!voter && ids(field(g, "learners")).contains(&node))
+                };
+                let placed: Vec<&Value> = groups
+                    .iter()
+                    .filter(|g| ids(field(g, "placement")).contains(&node))
+                    .collect();
+                let pending = placed.iter().filter(|g| !holds(g, true)).count() + usize::from(!holds(&metadata, false));
+                if pending == 0 {
+                    println!("node {node} is a member and holds its {} replicas", placed.len());
+                    return Ok(());
+                }
+                if !announced {
+                    println!("node {node} is a member; waiting for it to take its replicas ({pending} to go)");
+                    announced = true;
+                }
+            }
+            None => {
+                // The metadata group's leader takes the request; retried until it is recorded.
+                if let Some(leader) = field(&metadata, "leader_address").and_then(Value::as_str) {
+                    if let Ok(mut client) = Client::connect(leader) {
+                        // A refusal is final (an id or address taken); anything else is retried.
+                        if let Err(Failure::Remote(r)) = client.join(node, node_address) {
+                            if r.kind == "ValueError" {
+                                return Err(format!("the cluster refused node {node}: {}", r.message));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "node {node} has not taken its replicas after 120 s: is it running? (spindle server --node-id \
+                 {node} --data-dir DIR --join {address})"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 fn remove(address: &str, node: u64) -> Result<(), String> {
