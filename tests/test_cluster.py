@@ -813,6 +813,37 @@ def test_shell_object_commands_follow_redirects_to_each_shards_leader(cluster):
             assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr
 
 
+def test_objects_lists_every_shard_once_from_any_node(cluster):
+    names = [f"listed{i}" for i in range(12)]
+    assert {shard_of(n, SHARDS) for n in names} == set(range(SHARDS))
+    client = Client(cluster.addresses)
+    try:
+        for i, name in enumerate(names):
+            # Half persistent (on every replica), half ephemeral (on the leader alone).
+            client.create("Counter", name, [], False, persistent=i % 2 == 0)
+    finally:
+        client.close()
+    expected = [[name, "Counter"] for name in sorted(names)]
+    for node in cluster.nodes:
+        # The SDK, through any one node: each object once, with its type.
+        client = Client(node.address)
+        try:
+            assert client.objects("listed") == expected
+            assert client.objects("listed", persistent=True) == [e for e in expected if int(e[0][6:]) % 2 == 0]
+        finally:
+            client.close()
+        # The CLI, and a shell object command that looks the type up, through that node.
+        env = dict(os.environ, SPINDLE_ADDRESS=node.address)
+        out = subprocess.run([server_binary(), "objects", "listed"], capture_output=True, text=True, env=env,
+                             timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert [line.split() for line in out.stdout.splitlines()] == expected
+    for name in names:
+        out = subprocess.run([server_binary(), "counter", "-n", name, "get"], capture_output=True, text=True,
+                             env=dict(os.environ, SPINDLE_ADDRESS=cluster.nodes[2].address), timeout=30)
+        assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr
+
+
 def test_an_ephemeral_object_lost_with_its_leader_raises_a_clear_error(cluster):
     client = Client(cluster.addresses)
     try:

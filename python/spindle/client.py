@@ -240,9 +240,26 @@ class Client:
         return self.request([seq, "keep", seq, type_name, key, name], seq, key=key)
 
     def objects(self, prefix: str = "", persistent: bool = False) -> List[Any]:
+        """``[name, type]`` of the named objects under ``prefix``, sorted. In a cluster each
+        node lists the shards it leads, so every node is asked (one that does not answer is
+        skipped: its shards' new leaders list them once elected)."""
         rid = next(self._seq)
         request = [rid, "objects", prefix] + ([True] if persistent else [])
-        return self.request(request, rid)
+        found = {tuple(item) for item in self.request(request, rid)}
+        for node in self.nodes[1:] if self.shards else []:
+            try:
+                conn = Connection(*parse_address(node), self.session, next(self._seq), self.token)
+            except OSError:
+                continue
+            try:
+                reply = conn.roundtrip(frame(request), rid)
+            except OSError:
+                continue
+            finally:
+                conn.close()
+            if reply[1] == 0:
+                found.update(tuple(item) for item in reply[2])
+        return [list(item) for item in sorted(found)]
 
     def status(self) -> Any:
         rid = next(self._seq)

@@ -247,11 +247,48 @@ impl Client {
 
     /// The type of the named object `key`, if there is one (`objects` with it as prefix).
     pub(crate) fn type_of(&mut self, key: &str) -> Result<Option<String>, Failure> {
-        let listing = self.exchange("objects", vec![key.into(), false.into()], Some(TIMEOUT))?;
-        Ok(listing.as_array().into_iter().flatten().find_map(|item| {
-            let pair = item.as_array()?;
-            (pair.first()?.as_str()? == key).then(|| pair.get(1)?.as_str().map(str::to_string))?
-        }))
+        let listing = self.objects(key, false)?;
+        Ok(listing
+            .into_iter()
+            .find_map(|(name, type_name)| (name == key).then_some(type_name)))
+    }
+
+    /// The named objects under `prefix` as `(name, type)`, sorted. In a cluster each node
+    /// lists the shards it leads: every node is asked (one that does not answer is skipped:
+    /// its shards' new leaders list them once elected).
+    pub(crate) fn objects(&mut self, prefix: &str, persistent: bool) -> Result<Vec<(String, String)>, Failure> {
+        let operands = vec![Value::from(prefix), Value::Boolean(persistent)];
+        let mut listings = vec![self.exchange("objects", operands.clone(), Some(TIMEOUT))?];
+        if let Ok(map) = self.exchange("cluster", vec![], Some(TIMEOUT)) {
+            let here = field(&map, "node").and_then(Value::as_u64);
+            let others = field(&map, "nodes")
+                .and_then(Value::as_map)
+                .cloned()
+                .unwrap_or_default();
+            for (node, address) in others {
+                let Some(address) = address.as_str().filter(|_| node.as_u64() != here) else {
+                    continue;
+                };
+                let listing = Client::connect(address)
+                    .map_err(Failure::Connection)
+                    .and_then(|mut c| c.exchange("objects", operands.clone(), Some(TIMEOUT)));
+                if let Ok(listing) = listing {
+                    listings.push(listing);
+                }
+            }
+        }
+        let mut rows: Vec<(String, String)> = listings
+            .iter()
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(|item| {
+                let pair = item.as_array()?;
+                Some((pair.first()?.as_str()?.to_string(), pair.get(1)?.as_str()?.to_string()))
+            })
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        Ok(rows)
     }
 }
 
@@ -409,20 +446,9 @@ pub fn status(address: &str) -> Result<(), String> {
 
 /// `spindle objects [PREFIX] [--persistent]`: one `name  type` line per named object.
 pub fn objects(address: &str, prefix: &str, persistent: bool) -> Result<(), String> {
-    let listing =
-        Client::connect(address)?.request("objects", vec![Value::from(prefix), Value::Boolean(persistent)])?;
-    let rows: Vec<(String, String)> = listing
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(|item| {
-                    let pair = item.as_array()?;
-                    Some((pair.first()?.as_str()?.to_string(), pair.get(1)?.as_str()?.to_string()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = Client::connect(address)?
+        .objects(prefix, persistent)
+        .map_err(|e| e.to_string())?;
     let width = rows.iter().map(|(name, _)| name.chars().count()).max().unwrap_or(0);
     for (name, type_name) in rows {
         println!("{name:<width$}  {type_name}");

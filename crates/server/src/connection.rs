@@ -591,8 +591,14 @@ impl Connection {
     fn objects(&self, prefix: &str, persistent: bool) -> Value {
         let shards = &self.shared.shards;
         let mut named: Vec<(String, String)> = Vec::new();
+        // In a cluster each node lists the shards it serves (their leader's view, ephemeral
+        // objects included): clients ask every node and merge.
         for index in 0..shards.count() {
-            match shards.with(index, |s| s.partition.objects(prefix, persistent)) {
+            let listed = |s: &mut crate::shards::ShardState| match s.serving() {
+                true => s.partition.objects(prefix, persistent),
+                false => Vec::new(),
+            };
+            match shards.with(index, listed) {
                 Ok(found) => named.extend(found),
                 Err(e) => warn!(shard = index, "objects: shard skipped: {e}"),
             }
