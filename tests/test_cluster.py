@@ -844,6 +844,16 @@ def test_objects_lists_every_shard_once_from_any_node(cluster):
         assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr
 
 
+def test_spindle_sh_runs_through_any_node_of_a_cluster(cluster):
+    for node in cluster.nodes:
+        env = dict(os.environ, SPINDLE_ADDRESS=node.address, PYTHONPATH=pythonpath_for_tests())
+        # Two stages: the output stream and the pipe between them are the shell's queues.
+        out = subprocess.run([server_binary(), "sh", f"echo hello {node.node_id} | tr a-z A-Z"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == f"HELLO {node.node_id}\n"
+
+
 def test_an_ephemeral_object_lost_with_its_leader_raises_a_clear_error(cluster):
     client = Client(cluster.addresses)
     try:

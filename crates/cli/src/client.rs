@@ -230,6 +230,50 @@ impl Client {
         self.request("cluster", vec![])
     }
 
+    /// In a cluster, the shard count and the shards this connection's node leads, after
+    /// moving the connection to a node that leads one if this one leads none (`None` on a
+    /// single server). Pipelined requests do not follow redirects: keys in these shards
+    /// reach their leader.
+    pub(crate) fn shards_led_here(&mut self) -> Result<Option<(usize, Vec<usize>)>, String> {
+        let led = |map: &Value| -> Vec<(usize, String)> {
+            let here = field(map, "node").and_then(Value::as_u64);
+            let groups = field(map, "groups")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            groups
+                .iter()
+                .filter_map(|g| {
+                    let shard = field(g, "shard").and_then(Value::as_u64)? as usize;
+                    let address = field(g, "leader_address").and_then(Value::as_str)?.to_string();
+                    let mine = field(g, "leader").and_then(Value::as_u64) == here;
+                    Some((shard, address)).filter(|_| mine)
+                })
+                .collect()
+        };
+        let Ok(mut map) = self.exchange("cluster", vec![], Some(TIMEOUT)) else {
+            return Ok(None);
+        };
+        if led(&map).is_empty() {
+            let groups = field(&map, "groups")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let leader = groups
+                .iter()
+                .find_map(|g| field(g, "leader_address").and_then(Value::as_str).map(str::to_string))
+                .ok_or("no shard of the cluster has a leader at the moment (an election?); try again")?;
+            self.reconnect(&leader)?;
+            map = self.cluster()?;
+        }
+        let shards = field(&map, "shards").and_then(Value::as_u64).unwrap_or(1) as usize;
+        let mine: Vec<usize> = led(&map).into_iter().map(|(shard, _)| shard).collect();
+        if mine.is_empty() {
+            return Err("the node leads no shard at the moment (leadership is moving); try again".into());
+        }
+        Ok(Some((shards, mine)))
+    }
+
     /// Ask the metadata group's leader to add `node`, reachable at `address`, to the cluster.
     pub(crate) fn join(&mut self, node: u64, address: &str) -> Result<Value, Failure> {
         self.exchange("join", vec![node.into(), address.into()], Some(TIMEOUT))

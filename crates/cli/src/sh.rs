@@ -217,12 +217,21 @@ fn sh(args: ShArgs) -> Result<u8, Fail> {
         return start_detached(&mut client, payload(&stage, None), Value::Map(options));
     }
 
-    // Unnamed queues: the output stream, then one pipe between each two stages.
+    // Unnamed queues: the output stream, then one pipe between each two stages. In a
+    // cluster they are numbered so that they live in shards this connection's node leads:
+    // the pipelined requests below reach their leader with no redirect.
+    let led = client.shards_led_here()?;
     let mut next_key = 0;
     let session = client.session().to_string();
-    let mut unnamed = || {
+    let mut unnamed = || loop {
         next_key += 1;
-        format!("~{session}.{next_key}")
+        let key = format!("~{session}.{next_key}");
+        if led
+            .as_ref()
+            .is_none_or(|(shards, mine)| mine.contains(&spindle_server::shard_of(&key, *shards)))
+        {
+            return key;
+        }
     };
     let stream = unnamed();
     let pipes: Vec<String> = (1..commands.len()).map(|_| unnamed()).collect();

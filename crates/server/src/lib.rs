@@ -34,6 +34,11 @@ pub use cluster::{ClusterConfig, DEFAULT_REPLICATION_FACTOR};
 pub use config::Config;
 pub use journal::RecoveryError;
 
+/// The shard of `key` among `shards` (as every node computes it; clients route by it).
+pub fn shard_of(key: &str, shards: usize) -> usize {
+    (shards::hash(key) % shards.max(1) as u64) as usize
+}
+
 /// The server's version, reported by `hello` and `status`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 

@@ -77,7 +77,7 @@ impl Shards {
 
     /// The shard that holds `key`.
     pub(crate) fn index_of(&self, key: &str) -> usize {
-        (hash(key) % self.shards.len() as u64) as usize
+        crate::shard_of(key, self.shards.len())
     }
 
     /// Run `f` with shard `index` locked. A panic inside `f` (a bug in an object type)
