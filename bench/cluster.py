@@ -333,6 +333,7 @@ def main() -> None:
     args = ap.parse_args()
     rounds, seconds = (1, 1.0) if QUICK else (3, 4.0)
     duration, kill_at, join_at = (10.0, 3.0, 6.0) if QUICK else (20.0, 5.0, 12.0)
+    avail_runs = 1 if QUICK else 3
     binary = loadgen_binary()
     results: dict[tuple[str, int], list[dict]] = {}
     work = Path(tempfile.mkdtemp(prefix="spindle-bench-cluster-"))
@@ -354,8 +355,11 @@ def main() -> None:
                         loadgen(binary, "redis", f"127.0.0.1:{redis.ports[0]}", seconds, wait=rf - 1))
                 finally:
                     redis.stop()
-        log(f"availability: {duration:g} s of reads, a crash at {kill_at:g} s, a join at {join_at:g} s...")
-        avail = availability(work / "availability", duration, kill_at, join_at)
+        runs = []
+        for i in range(avail_runs):
+            log(f"availability {i + 1}/{avail_runs}: {duration:g} s of reads, a crash at {kill_at:g} s, "
+                f"a join at {join_at:g} s...")
+            runs.append(availability(work / f"availability{i}", duration, kill_at, join_at))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -380,18 +384,30 @@ def main() -> None:
         claims.append(Claim(f"replicated increments, rf = {rf}, Raft log fsynced", f"{disk:,.0f} ops/s",
                             f"Redis WAIT {rf - 1}: {red:,.0f} ops/s", disk / red, "-", None))
     print_table(headers, rows)
-    dip_ok = avail["worst_second"] >= 1 - GOAL_DIP and avail["dip_s"] < GOAL_DIP_SECONDS
-    rec_ok = avail["recovered_s"] <= GOAL_RECOVERY_SECONDS
+    # The timeline shown is the median run (by its lowest second); the goals are judged on
+    # the medians over the runs, each run's figures beside them.
+    avail = sorted(runs, key=lambda r: r["worst_second"])[len(runs) // 2]
+
+    def over_runs(name: str) -> float:
+        return statistics.median(r[name] for r in runs)
+
+    def each(name: str, fmt: str) -> str:
+        return "" if len(runs) == 1 else " (runs: " + ", ".join(fmt.format(r[name]) for r in runs) + ")"
+
+    worst_second, dip_s, recovered_s = over_runs("worst_second"), over_runs("dip_s"), over_runs("recovered_s")
+    dip_ok = worst_second >= 1 - GOAL_DIP and dip_s < GOAL_DIP_SECONDS
+    rec_ok = recovered_s <= GOAL_RECOVERY_SECONDS
     avail_headers = ["measure", "value", "goal", "met"]
     avail_rows = [
         ["reads/s before the crash (median per 100 ms)", f"{avail['before']:,.0f}", "", ""],
         ["lowest 100 ms after the crash", f"{avail['worst'] * 100:.0f}% of before", "", ""],
-        ["lowest 1 s window after the crash", f"{avail['worst_second'] * 100:.0f}% of before",
-         f"≥ {(1 - GOAL_DIP) * 100:.0f}%", "yes" if avail["worst_second"] >= 1 - GOAL_DIP else "**no**"],
-        ["time below 70% of before after the crash", f"{avail['dip_s']:.1f} s", f"< {GOAL_DIP_SECONDS:g} s",
-         "yes" if avail["dip_s"] < GOAL_DIP_SECONDS else "**no**"],
+        ["lowest 1 s window after the crash", f"{worst_second * 100:.0f}% of before"
+         + each("worst_second", "{:.0%}"),
+         f"≥ {(1 - GOAL_DIP) * 100:.0f}%", "yes" if worst_second >= 1 - GOAL_DIP else "**no**"],
+        ["time below 70% of before after the crash", f"{dip_s:.1f} s" + each("dip_s", "{:.1f} s"),
+         f"< {GOAL_DIP_SECONDS:g} s", "yes" if dip_s < GOAL_DIP_SECONDS else "**no**"],
         ["reads/s on 2 nodes (median, 3 s after the crash)", f"{avail['after_crash']:,.0f}", "", ""],
-        ["from the join to 90% of before, held 1 s", f"{avail['recovered_s']:.1f} s",
+        ["from the join to 90% of before, held 1 s", f"{recovered_s:.1f} s" + each("recovered_s", "{:.1f} s"),
          f"≤ {GOAL_RECOVERY_SECONDS:g} s", "yes" if rec_ok else "**no**"],
         ["dips below 70% after the join (count, total time)",
          f"{avail['join_dips']}, {avail['join_dip_s']:.1f} s", "", ""],
@@ -399,11 +415,12 @@ def main() -> None:
     ]
     print_table(avail_headers, avail_rows)
     claims.append(Claim("availability: a node crash (lowest 1 s; time below 70%)",
-                        f"{avail['worst_second'] * 100:.0f}%; {avail['dip_s']:.1f} s", "seed: -30%",
-                        avail["worst_second"] / (1 - GOAL_DIP), f"≥ 70%, < {GOAL_DIP_SECONDS:g} s", dip_ok))
-    claims.append(Claim("availability: recovery after a node join", f"{avail['recovered_s']:.1f} s",
-                        "seed: 20 s", 20.0 / max(avail["recovered_s"], 0.1), f"≤ {GOAL_RECOVERY_SECONDS:g} s",
+                        f"{worst_second * 100:.0f}%; {dip_s:.1f} s", "seed: -30%",
+                        worst_second / (1 - GOAL_DIP), f"≥ 70%, < {GOAL_DIP_SECONDS:g} s", dip_ok))
+    claims.append(Claim("availability: recovery after a node join", f"{recovered_s:.1f} s",
+                        "seed: 20 s", 20.0 / max(recovered_s, 0.1), f"≤ {GOAL_RECOVERY_SECONDS:g} s",
                         rec_ok))
+    ratios = [med("spindle-never", rf) / med("redis", rf) for rf in RFS]
     if args.no_docs:
         return
     plot_throughput(results, IMG / "cluster-throughput.png")
@@ -437,14 +454,17 @@ def main() -> None:
         "Redis applies the command at once and streams it to its replicas; `WAIT` only waits "
         "for their acknowledgement. On this 2-core machine the three nodes, their Raft tasks "
         "and the load generator share the cores, so each hop and system call counts; in memory "
-        "Spindle reaches 0.5-0.7x Redis `WAIT`, short of the 1x goal. Closing it needs the "
-        "replication path shortened (proposing and sending from the connection task, batching "
-        "entries per shard across connections, one write per batch to peers) rather than a "
-        "different algorithm. With the Raft log fsynced (what makes a Spindle write survive a "
+        f"Spindle reaches {min(ratios):.2f}-{max(ratios):.2f}x Redis `WAIT`, short of the 1x goal. "
+        "A peer link already writes everything queued for its peer (all shards' messages) at "
+        "once; closing the rest of the gap needs the replication path shortened further "
+        "(proposing from the connection task instead of a hop to the shard's Raft task, one "
+        "log write per node rather than per shard, as TiKV's multi-Raft batching does) rather "
+        "than a different algorithm. With the Raft log fsynced (what makes a Spindle write survive a "
         "power loss of a majority, which Redis `WAIT` does not), the fsync of each replica's "
         "log dominates.",
         "",
-        f"**Availability.** {duration:g} s of reads by 100 client threads (4 processes, the Python SDK) "
+        f"**Availability** ({len(runs)} run(s); the timeline and the rows without a goal are the "
+        f"median run's). {duration:g} s of reads by 100 client threads (4 processes, the Python SDK) "
         "of 32 persistent 4 KB blobs on a 3-node cluster (rf = 3, Raft log fsynced; a read commits an "
         f"empty entry, so it is linearizable). At {kill_at:g} s the node leading the most shards is "
         f"killed (`SIGKILL`); at {join_at:g} s a fourth node joins and takes the replicas its placement "
@@ -456,8 +476,12 @@ def main() -> None:
         "![cluster availability](img/cluster-availability.png)",
         "",
         "**Reading the timeline.** When a node dies, the shards it led have no leader until "
-        "their followers' election timeout (0.5-1 s) passes; every client reads every shard, "
-        "so all of them wait on those shards and throughput drops to zero for that time, then "
+        "their followers elect one. A follower whose link to its leader finds the leader's port "
+        "closed (a crashed process) stops waiting out the leader's lease, so the election starts "
+        "after the shortest election timeout plus the follower's random part (0-0.5 s) rather "
+        "than a whole randomized timeout (0.5-1 s) after the last heartbeat; a paused or cut-off "
+        "leader still takes the whole timeout. Every client reads every shard, so all of them "
+        "wait on those shards and throughput drops for that time, then "
         "returns (higher than before here: two nodes share the 2 cores instead of three). A "
         "join costs no stall: the new node catches up as a learner, and leadership moves to it "
         "only once it is up to date, the old leader handing over before it stops serving.",
