@@ -489,6 +489,28 @@ def test_snapshots_compact_the_log_and_new_and_restarted_nodes_recover_from_them
         cluster.stop()
 
 
+def test_a_snapshot_larger_than_a_frame_reaches_a_new_node_in_parts(tmp_path):
+    # 1 MiB frames, and a shard state of several MiB: snapshots (and batches of entries)
+    # travel to the new node in parts.
+    cluster = Cluster(tmp_path, extra=("--max-frame", str(1 << 20), *SMALL_SNAPSHOTS))
+    client = Client(cluster.addresses)
+    try:
+        blobs = {f"big{i}": os.urandom(200_000) for i in range(40)}
+        for key, data in blobs.items():
+            client.create("Blob", key, [data], False, persistent=True)
+        newcomer = cluster.add()
+        assert wait_until(cluster.settled, 60), cluster.describe()
+        assert wait_until(lambda: cluster.caught_up(newcomer), 30), cluster.describe()
+        assert "installed the leader's snapshot" in newcomer.log.read_text()
+        sizes = [p.stat().st_size for p in (newcomer.data_dir / "raft").glob("snap-*.sps")]
+        assert max(sizes) > 1 << 20, sizes
+        for key, data in blobs.items():
+            assert client.call("Blob", key, "get", []) == data
+    finally:
+        client.close()
+        cluster.stop()
+
+
 def test_leaders_killed_under_load_while_snapshots_are_taken_lose_and_repeat_nothing(tmp_path):
     cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
     try:

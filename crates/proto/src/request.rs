@@ -128,6 +128,9 @@ pub enum Request {
         group: u64,
         /// Protobuf-encoded `raft::eraftpb::Message`s.
         messages: Vec<Vec<u8>>,
+        /// The one message is a part of a larger one, whose next part follows on this
+        /// connection (a message over the frame limit, such as a snapshot, travels in parts).
+        more: bool,
     },
 }
 
@@ -344,7 +347,7 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             }
         }
         "raft" => {
-            p.arity("[id, \"raft\", from, address, shard, [message, ...]]", 4)?;
+            p.arity_range("[id, \"raft\", from, address, shard, [message, ...], more?]", 4, 5)?;
             let (from, address, group) = (p.uint("from")?, p.string("address")?, p.uint("shard")?);
             let mut messages = Vec::new();
             for m in p.array("messages")? {
@@ -358,12 +361,17 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                     }
                 }
             }
+            let more = p.optional_boolean("more")?;
+            if more && messages.len() != 1 {
+                return Err(bad(id, "a raft part carries exactly one message".to_string()));
+            }
             Request::Raft {
                 id,
                 from,
                 address,
                 group,
                 messages,
+                more,
             }
         }
         "withdraw" => {

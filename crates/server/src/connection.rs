@@ -66,7 +66,12 @@ struct Connection {
     worker: Option<WorkerId>,
     /// Set when this is an object host's channel: its frames are replies to its requests.
     host: Option<HostId>,
+    /// A peer's Raft message arriving in parts: its shard and the bytes so far.
+    raft_part: Option<(u64, Vec<u8>)>,
 }
+
+/// The largest Raft message (a snapshot) a peer may send in parts.
+const MAX_RAFT_MESSAGE: usize = 1 << 30;
 
 /// Serve one accepted connection until it closes.
 pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
@@ -92,6 +97,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         invoked: false,
         worker: None,
         host: None,
+        raft_part: None,
     };
     let end = conn.read_loop(&mut reader).await;
     match &end {
@@ -326,17 +332,50 @@ impl Connection {
                 address,
                 group,
                 messages,
+                more,
             } => {
                 if !self.authorized {
                     return self.reply(id, Err(unauthorized("sending Raft messages")));
                 }
-                match &self.shared.cluster {
-                    // Never answered: Raft messages are one-way.
-                    Some(cluster) => cluster.receive(from, &address, group, messages),
-                    None => self.reply(id, Err(not_clustered())),
+                if self.shared.cluster.is_none() {
+                    return self.reply(id, Err(not_clustered()));
+                }
+                // Never answered: Raft messages are one-way.
+                if let Some(messages) = self.assemble(group, messages, more) {
+                    if let Some(cluster) = &self.shared.cluster {
+                        cluster.receive(from, &address, group, messages);
+                    }
                 }
             }
         }
+    }
+
+    /// Join the parts of a Raft message too large for one frame (they follow each other on
+    /// this connection, the last without `more`); `None` until the last part has come.
+    fn assemble(&mut self, group: u64, mut messages: Vec<Vec<u8>>, more: bool) -> Option<Vec<Vec<u8>>> {
+        if self.raft_part.is_none() && !more {
+            return Some(messages);
+        }
+        if messages.len() != 1 {
+            warn!(conn = self.id, "a peer broke off a Raft message sent in parts; dropped");
+            self.raft_part = None;
+            return Some(messages);
+        }
+        let part = messages.pop().unwrap_or_default();
+        let (shard, bytes) = self.raft_part.get_or_insert_with(|| (group, Vec::new()));
+        if *shard != group || bytes.len() + part.len() > MAX_RAFT_MESSAGE {
+            warn!(
+                conn = self.id,
+                "dropped a Raft message sent in parts (parts of two shards, or over {MAX_RAFT_MESSAGE} bytes)"
+            );
+            self.raft_part = None;
+            return None;
+        }
+        bytes.extend_from_slice(&part);
+        if more {
+            return None;
+        }
+        self.raft_part.take().map(|(_, message)| vec![message])
     }
 
     /// `create` of a user-defined type: it runs the class's code, so it needs the token, and

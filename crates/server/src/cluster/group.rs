@@ -604,15 +604,6 @@ impl Driver {
         let mut by_peer: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
         for m in messages {
             match m.write_to_bytes() {
-                // Peers refuse frames over their --max-frame (the same as ours, usually).
-                Ok(bytes) if bytes.len() + 1024 > shared.config.max_frame => warn!(
-                    shard = self.index,
-                    to = m.to,
-                    "a Raft message of {} bytes (a snapshot) is over the frame limit of {} bytes and cannot be sent: \
-                     start the nodes with a larger --max-frame",
-                    bytes.len(),
-                    shared.config.max_frame
-                ),
                 Ok(bytes) => by_peer.entry(m.to).or_default().push(bytes),
                 Err(e) => warn!(shard = self.index, "a Raft message did not encode: {e}"),
             }

@@ -119,20 +119,40 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
             } => "the peer closed the link".to_string(),
             e = async {
                 let mut out = Vec::new();
+                // Parts well under the receiver's frame limit (ours, as nodes share settings).
+                let part = (shared.config.max_frame / 2).clamp(1, FRAME_BYTES);
                 while let Some(first) = rx.recv().await {
                     // Whatever else the groups queued meanwhile goes in the same write.
                     let mut next = Some(first);
                     while let Some((group, messages)) = next.take() {
-                        let request = Value::Array(vec![
-                            next_id.into(),
-                            "raft".into(),
-                            cluster.node_id.into(),
-                            cluster.address.as_str().into(),
-                            group.into(),
-                            Value::Array(messages.into_iter().map(Value::Binary).collect()),
-                        ]);
-                        next_id += 1;
-                        append_frame(&mut out, &request);
+                        let request = |id: u64, messages: Vec<Value>, more: bool| {
+                            let mut items = vec![
+                                id.into(),
+                                "raft".into(),
+                                cluster.node_id.into(),
+                                cluster.address.as_str().into(),
+                                group.into(),
+                                Value::Array(messages),
+                            ];
+                            if more {
+                                items.push(true.into());
+                            }
+                            Value::Array(items)
+                        };
+                        let (large, small): (Vec<_>, Vec<_>) = messages.into_iter().partition(|m| m.len() > part);
+                        if !small.is_empty() {
+                            append_frame(&mut out, &request(next_id, small.into_iter().map(Value::Binary).collect(), false));
+                            next_id += 1;
+                        }
+                        // A message over the limit (a snapshot) goes in consecutive parts.
+                        for message in large {
+                            let count = message.len().div_ceil(part);
+                            for (i, chunk) in message.chunks(part).enumerate() {
+                                let frame = request(next_id, vec![Value::Binary(chunk.to_vec())], i + 1 < count);
+                                append_frame(&mut out, &frame);
+                                next_id += 1;
+                            }
+                        }
                         if out.len() < FRAME_BYTES {
                             next = rx.try_recv().ok();
                         }
