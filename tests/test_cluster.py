@@ -948,6 +948,18 @@ def test_hostile_raft_frames_do_not_disturb_a_cluster(cluster):
         conn = Connection(node.host, node.port, "cluster-bad-input", 1)
         conn.sock.sendall(frame([2, "raft", 99, "127.0.0.1:1", shard, hostile]))
         conn.close()
+    # Messages in parts: a part naming two messages is refused; parts that switch shards,
+    # run over the size limit or are broken off by a whole batch are dropped, and the
+    # connection goes on carrying messages.
+    reply = raw(node.host, node.port, [2, "raft", 99, "127.0.0.1:1", 0, [b"a", b"b"], True])
+    assert reply[1] == 1 and "exactly one message" in reply[2][1], reply
+    conn = Connection(node.host, node.port, "cluster-bad-input", 1)
+    for shard, part, more in ((0, b"\xff" * 1000, True), (1, b"\xff", False), (0, b"\x08", True),
+                              (0, b"x", True)):
+        conn.sock.sendall(frame([2, "raft", 99, "127.0.0.1:1", shard, [part], more]))
+    conn.sock.sendall(frame([2, "raft", 99, "127.0.0.1:1", 0, hostile]))
+    assert conn.roundtrip(frame([3, "ping"]), 3)[2] == "pong"
+    conn.close()
     # A node id that is taken, at another address, is refused.
     meta_leader = next(n for n in cluster.nodes if n.node_id == cluster.views()["meta"]["leader"])
     reply = raw(meta_leader.host, meta_leader.port, [2, "join", 1, "127.0.0.1:1"])
