@@ -62,7 +62,7 @@ class Node:
 
     def start(self) -> None:
         args = ["--node-id", str(self.node_id), "--data-dir", str(self.data_dir)]
-        args += ["--partitions", str(SHARDS), "--session-ttl", "30"]
+        args += ["--partitions", str(SHARDS), "--session-ttl", "30", "--python", sys.executable]
         if self.join:
             args += ["--join", self.join]
         args += self.extra
@@ -335,6 +335,42 @@ def test_a_stopped_leader_is_replaced_and_catches_up_after_it_resumes(cluster, t
     results = run_load(cluster, tmp_path, pause)
     check_exactly_once(cluster, results)
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
+
+
+def test_calls_waiting_on_a_paused_leader_complete_on_the_new_one_before_it_resumes(cluster):
+    victim = cluster.busiest_leader()
+    shard = next(s for s, leader in cluster.leaders().items() if leader == victim.node_id)
+    key = next(f"paused{i}" for i in range(1000) if shard_of(f"paused{i}", SHARDS) == shard)
+    client = Client(cluster.addresses)
+    client.create("Counter", key, [], False, persistent=True)
+    results: List[int] = []
+    paused = threading.Event()
+
+    def caller(new_connection: bool) -> None:
+        if not new_connection:  # this thread's connection to the leader is open before the pause
+            results.append(client.call("Counter", key, "add", [1]))
+        paused.wait()
+        results.append(client.call("Counter", key, "add", [1]))
+
+    threads = [threading.Thread(target=caller, args=(new,)) for new in (False, True)]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: results == [1], 10)
+    os.kill(victim.server.process.pid, signal.SIGSTOP)
+    try:
+        # Sent to the paused leader, on an open connection and on a new one: the client sees
+        # another node name a new leader (or the hello go unanswered) and resends there, with
+        # the same seq (applied once), while the old leader is still stopped.
+        paused.set()
+        for t in threads:
+            t.join(30)
+        assert sorted(results) == [1, 2, 3], "both calls completed on the new leader"
+    finally:
+        os.kill(victim.server.process.pid, signal.SIGCONT)
+    for t in threads:
+        t.join(30)
+    assert client.call("Counter", key, "get", []) == 3
+    client.close()
 
 
 def test_removing_a_node_under_load_keeps_every_update(cluster, tmp_path):

@@ -9,6 +9,7 @@ After ``fork`` the child gets a fresh session and drops the inherited sockets un
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import socket
@@ -16,7 +17,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from .codec import packb, unpackb
 from .errors import ObjectLost, ServerUnavailable, error_from_reply
@@ -30,6 +31,9 @@ CONNECT_TIMEOUT = 5.0
 # In a cluster, how long a call keeps looking for its shard's leader (an election, a node
 # restart) before it gives up with ServerUnavailable.
 FAILOVER_TIMEOUT = 30.0
+# A call to a shard's leader that has waited this long (s) asks another node whether the
+# shard's leader moved (its node may be paused or cut off), and again after as long.
+LEADER_CHECK = 2.0
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
 
 _get_ident = threading.get_ident
@@ -59,10 +63,12 @@ class Connection:
     __slots__ = ("sock", "buf", "sent", "intact", "address", "hello", "__weakref__")
 
     def __init__(
-        self, host: str, port: int, session: str, hello_id: int, token: Optional[str] = None
+        self, host: str, port: int, session: str, hello_id: int, token: Optional[str] = None,
+        timeout: Optional[float] = None,
     ) -> None:
-        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
-        sock.settimeout(None)
+        # The hello, too, must be answered promptly: a paused node accepts connections (the
+        # kernel does) but never answers them. ``timeout`` then applies to every read.
+        sock = socket.create_connection((host, port), timeout=timeout or CONNECT_TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.buf = b""
@@ -78,20 +84,38 @@ class Connection:
         if reply[1] != 0:
             sock.close()
             raise error_from_reply(reply[2])
+        sock.settimeout(timeout)
         self.address = f"{host}:{port}"
         self.hello = reply[2] if isinstance(reply[2], dict) else {}
 
-    def roundtrip(self, data: bytes, req_id: int) -> List[Any]:
-        """Send one request frame and return its reply ``[id, status, result]``."""
+    def roundtrip(self, data: bytes, req_id: int, moved: Optional[Callable[[], bool]] = None) -> List[Any]:
+        """Send one request frame and return its reply ``[id, status, result]``. With
+        ``moved``, ask it every ``LEADER_CHECK`` seconds of waiting whether the call should
+        go elsewhere (raising ``LeaderMoved``)."""
         self.sent = False
         self.sock.sendall(data)
         self.sent = True
-        while True:
-            reply = self._read()
-            if reply[0] == req_id or (reply[0] == 0 and reply[1] == 1):
-                return reply
-            # A reply to some other request id cannot happen with one call in flight;
-            # skip it rather than hand it to the wrong caller.
+        if moved is not None:
+            self.sock.settimeout(LEADER_CHECK)
+        try:
+            while True:
+                try:
+                    reply = self._read()
+                except socket.timeout:
+                    if moved is None:
+                        raise
+                    if moved():
+                        raise LeaderMoved(
+                            f"{self.address} no longer leads the call's shard (paused or cut off)"
+                        ) from None
+                    continue
+                if reply[0] == req_id or (reply[0] == 0 and reply[1] == 1):
+                    return reply
+                # A reply to some other request id cannot happen with one call in flight;
+                # skip it rather than hand it to the wrong caller.
+        finally:
+            if moved is not None:
+                self.sock.settimeout(None)
 
     def _read(self) -> List[Any]:
         return unpackb(self.read_body())
@@ -110,7 +134,9 @@ class Connection:
         if len(buf) >= end:
             self.buf = buf[end:]
             return buf[4:end]
-        # A large reply: read the rest straight into one buffer.
+        # A large reply: read the rest straight into one buffer (it is on its way: no
+        # leader check in the middle of it).
+        self.sock.settimeout(None)
         self.intact = False
         body = bytearray(end - 4)
         view = memoryview(body)
@@ -132,6 +158,11 @@ class Connection:
             pass
 
     __del__ = close  # a finished thread's connection closes with it
+
+
+class LeaderMoved(ConnectionError):
+    """The node a call waits on stopped leading the call's shard: another node names a new
+    leader (the call is resent there with its ``(client, seq)``)."""
 
 
 def frame(request: List[Any], ship: bool = False) -> bytes:
@@ -299,7 +330,10 @@ class Client:
             try:
                 if conn is None:
                     conn = self._open(address)
-                reply = conn.roundtrip(data, req_id)
+                moved = None
+                if routed and len(self.nodes) > 1:
+                    moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn.address)
+                reply = conn.roundtrip(data, req_id, moved)
             except OSError as exc:  # connection lost (or refused): reconnect and resend
                 failed = conn.address if conn is not None else (address or self.nodes[0])
                 if conn is not None:
@@ -366,6 +400,32 @@ class Client:
                     "its shard's leader changed",
                 )
             raise error_from_reply(error)
+
+    def _leader_moved(self, shard: int, address: str) -> bool:
+        """Whether another node names a leader of ``shard`` other than ``address`` (asked
+        with a short timeout, so a paused node is skipped)."""
+        for node in self.nodes:
+            if node == address:
+                continue
+            try:
+                conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
+                                  timeout=LEADER_CHECK / 2)
+            except OSError:
+                continue
+            try:
+                rid = next(self._seq)
+                reply = conn.roundtrip(frame([rid, "cluster"]), rid)
+            except OSError:
+                continue
+            finally:
+                conn.close()
+            if reply[1] != 0 or not isinstance(reply[2], dict):
+                continue
+            for group in reply[2].get("groups", []):
+                if group.get("shard") == shard:
+                    leader = group.get("leader_address")
+                    return bool(leader) and leader != address
+        return False
 
     def _next_node(self, after: str) -> str:
         """The listed node after ``after`` (round the list), skipping nodes that just failed."""
