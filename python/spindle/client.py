@@ -88,10 +88,12 @@ class Connection:
         self.address = f"{host}:{port}"
         self.hello = reply[2] if isinstance(reply[2], dict) else {}
 
-    def roundtrip(self, data: bytes, req_id: int, moved: Optional[Callable[[], bool]] = None) -> List[Any]:
+    def roundtrip(
+        self, data: bytes, req_id: int, moved: Optional[Callable[[], Optional[str]]] = None
+    ) -> List[Any]:
         """Send one request frame and return its reply ``[id, status, result]``. With
-        ``moved``, ask it every ``LEADER_CHECK`` seconds of waiting whether the call should
-        go elsewhere (raising ``LeaderMoved``)."""
+        ``moved``, ask it every ``LEADER_CHECK`` seconds of waiting where the call should go
+        instead, if anywhere (raising ``LeaderMoved`` with that address)."""
         self.sent = False
         self.sock.sendall(data)
         self.sent = True
@@ -104,9 +106,10 @@ class Connection:
                 except socket.timeout:
                     if moved is None:
                         raise
-                    if moved():
+                    leader = moved()
+                    if leader:
                         raise LeaderMoved(
-                            f"{self.address} no longer leads the call's shard (paused or cut off)"
+                            f"{self.address} no longer leads the call's shard (paused or cut off)", leader
                         ) from None
                     continue
                 if reply[0] == req_id or (reply[0] == 0 and reply[1] == 1):
@@ -161,8 +164,12 @@ class Connection:
 
 
 class LeaderMoved(ConnectionError):
-    """The node a call waits on stopped leading the call's shard: another node names a new
-    leader (the call is resent there with its ``(client, seq)``)."""
+    """The node a call waits on stopped leading the call's shard: a voter of the shard names
+    a new leader (the call is resent there with its ``(client, seq)``)."""
+
+    def __init__(self, message: str, leader: str) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 def frame(request: List[Any], ship: bool = False) -> bytes:
@@ -277,9 +284,13 @@ class Client:
         rid = next(self._seq)
         request = [rid, "objects", prefix] + ([True] if persistent else [])
         found = {tuple(item) for item in self.request(request, rid)}
-        for node in self.nodes[1:] if self.shards else []:
+        answered = getattr(getattr(self._local, "conn", None), "address", None)
+        for node in self.nodes if self.shards else []:
+            if node == answered:
+                continue
             try:
-                conn = Connection(*parse_address(node), self.session, next(self._seq), self.token)
+                conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
+                                  timeout=CONNECT_TIMEOUT)
             except OSError:
                 continue
             try:
@@ -332,7 +343,7 @@ class Client:
                     conn = self._open(address)
                 moved = None
                 if routed and len(self.nodes) > 1:
-                    moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn.address)
+                    moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn)
                 reply = conn.roundtrip(data, req_id, moved)
             except OSError as exc:  # connection lost (or refused): reconnect and resend
                 failed = conn.address if conn is not None else (address or self.nodes[0])
@@ -342,8 +353,12 @@ class Client:
                     deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
                     failover = True
                     self._failed(failed)
-                    # Ask the next listed node: any member says where the shard's leader is.
-                    address = self._next_node(failed) if routed else None
+                    # Ask the new leader a voter named, else the next listed node: any member
+                    # says where the shard's leader is.
+                    if isinstance(exc, LeaderMoved):
+                        address = exc.leader
+                    else:
+                        address = self._next_node(failed) if routed else None
                     if time.monotonic() < deadline:
                         time.sleep(min(delay, 0.5))
                         delay *= 2
@@ -401,11 +416,13 @@ class Client:
                 )
             raise error_from_reply(error)
 
-    def _leader_moved(self, shard: int, address: str) -> bool:
-        """Whether another node names a leader of ``shard`` other than ``address`` (asked
-        with a short timeout, so a paused node is skipped)."""
+    def _leader_moved(self, shard: int, waiting: Connection) -> Optional[str]:
+        """The address of a new leader of ``shard``, if a voter of the shard names one other
+        than the node behind ``waiting`` (nodes are asked with a short timeout, so a paused
+        one is skipped; a node that does not vote on the shard may name a stale leader)."""
+        waiting_node = waiting.hello.get("node")
         for node in self.nodes:
-            if node == address:
+            if node == waiting.address:
                 continue
             try:
                 conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
@@ -421,11 +438,14 @@ class Client:
                 conn.close()
             if reply[1] != 0 or not isinstance(reply[2], dict):
                 continue
+            here = reply[2].get("node")
             for group in reply[2].get("groups", []):
-                if group.get("shard") == shard:
-                    leader = group.get("leader_address")
-                    return bool(leader) and leader != address
-        return False
+                if group.get("shard") != shard or here not in (group.get("voters") or []):
+                    continue
+                leader, address = group.get("leader") or 0, group.get("leader_address")
+                if leader and leader != waiting_node and address:
+                    return str(address)
+        return None
 
     def _next_node(self, after: str) -> str:
         """The listed node after ``after`` (round the list), skipping nodes that just failed."""

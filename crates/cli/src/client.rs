@@ -235,23 +235,18 @@ impl Client {
     /// single server). Pipelined requests do not follow redirects: keys in these shards
     /// reach their leader.
     pub(crate) fn shards_led_here(&mut self) -> Result<Option<(usize, Vec<usize>)>, String> {
-        let led = |map: &Value| -> Vec<(usize, String)> {
-            let here = field(map, "node").and_then(Value::as_u64);
+        let led = |map: &Value| -> Vec<usize> {
             let groups = field(map, "groups")
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
             groups
                 .iter()
-                .filter_map(|g| {
-                    let shard = field(g, "shard").and_then(Value::as_u64)? as usize;
-                    let address = field(g, "leader_address").and_then(Value::as_str)?.to_string();
-                    let mine = field(g, "leader").and_then(Value::as_u64) == here;
-                    Some((shard, address)).filter(|_| mine)
-                })
+                .filter(|g| field(g, "serving_here").and_then(Value::as_bool) == Some(true))
+                .filter_map(|g| Some(field(g, "shard").and_then(Value::as_u64)? as usize))
                 .collect()
         };
-        let Ok(mut map) = self.exchange("cluster", vec![], Some(TIMEOUT)) else {
+        let Some(mut map) = self.cluster_map().map_err(|e| e.to_string())? else {
             return Ok(None);
         };
         if led(&map).is_empty() {
@@ -267,7 +262,7 @@ impl Client {
             map = self.cluster()?;
         }
         let shards = field(&map, "shards").and_then(Value::as_u64).unwrap_or(1) as usize;
-        let mine: Vec<usize> = led(&map).into_iter().map(|(shard, _)| shard).collect();
+        let mine = led(&map);
         if mine.is_empty() {
             return Err("the node leads no shard at the moment (leadership is moving); try again".into());
         }
@@ -290,11 +285,49 @@ impl Client {
     }
 
     /// The type of the named object `key`, if there is one (`objects` with it as prefix).
+    /// In a cluster the node serving the key's shard is asked (a listing made during an
+    /// election would miss the key): this connection moves to it.
     pub(crate) fn type_of(&mut self, key: &str) -> Result<Option<String>, Failure> {
-        let listing = self.objects(key, false)?;
-        Ok(listing
-            .into_iter()
-            .find_map(|(name, type_name)| (name == key).then_some(type_name)))
+        let mut tries = 0;
+        while let Some(map) = self.cluster_map()? {
+            let shards = field(&map, "shards").and_then(Value::as_u64).unwrap_or(1) as usize;
+            let shard = spindle_server::shard_of(key, shards) as u64;
+            let groups = field(&map, "groups")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let group = groups
+                .iter()
+                .find(|g| field(g, "shard").and_then(Value::as_u64) == Some(shard));
+            let serving = group.and_then(|g| field(g, "serving_here")).and_then(Value::as_bool);
+            if serving == Some(true) {
+                break;
+            }
+            tries += 1;
+            if tries > 100 {
+                return Err(Failure::Connection(format!(
+                    "no node serves the shard of {key} (an election that does not end?)"
+                )));
+            }
+            match group.and_then(|g| field(g, "leader_address")).and_then(Value::as_str) {
+                Some(leader) if leader != self.address => self.reconnect(leader).map_err(Failure::Connection)?,
+                _ => std::thread::sleep(Duration::from_millis(100)), // an election
+            }
+        }
+        let listing = self.exchange("objects", vec![key.into(), false.into()], Some(TIMEOUT))?;
+        Ok(listing.as_array().into_iter().flatten().find_map(|item| {
+            let pair = item.as_array()?;
+            (pair.first()?.as_str()? == key).then(|| pair.get(1)?.as_str().map(str::to_string))?
+        }))
+    }
+
+    /// The cluster map of the node this connection reaches (`None`: a single server).
+    fn cluster_map(&mut self) -> Result<Option<Value>, Failure> {
+        match self.exchange("cluster", vec![], Some(TIMEOUT)) {
+            Ok(map) => Ok(Some(map)),
+            Err(Failure::Remote(r)) if r.kind == "ValueError" => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The named objects under `prefix` as `(name, type)`, sorted. In a cluster each node
@@ -303,7 +336,7 @@ impl Client {
     pub(crate) fn objects(&mut self, prefix: &str, persistent: bool) -> Result<Vec<(String, String)>, Failure> {
         let operands = vec![Value::from(prefix), Value::Boolean(persistent)];
         let mut listings = vec![self.exchange("objects", operands.clone(), Some(TIMEOUT))?];
-        if let Ok(map) = self.exchange("cluster", vec![], Some(TIMEOUT)) {
+        if let Some(map) = self.cluster_map()? {
             let here = field(&map, "node").and_then(Value::as_u64);
             let others = field(&map, "nodes")
                 .and_then(Value::as_map)

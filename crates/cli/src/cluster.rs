@@ -241,7 +241,7 @@ fn add(address: &str, node: u64, node_address: &str) -> Result<(), String> {
                     if let Ok(mut client) = Client::connect(leader) {
                         // A refusal is final (an id or address taken); anything else is retried.
                         if let Err(Failure::Remote(r)) = client.join(node, node_address) {
-                            if r.kind == "ValueError" {
+                            if r.kind == "ValueError" || r.kind == "Unauthorized" {
                                 return Err(format!("the cluster refused node {node}: {}", r.message));
                             }
                         }
@@ -252,7 +252,7 @@ fn add(address: &str, node: u64, node_address: &str) -> Result<(), String> {
         if Instant::now() > deadline {
             return Err(format!(
                 "node {node} has not taken its replicas after 120 s: is it running? (spindle server --node-id \
-                 {node} --data-dir DIR --join {address})"
+                 {node} --data-dir DIR --join {address}; `spindle cluster remove {node}` undoes the registration)"
             ));
         }
         std::thread::sleep(Duration::from_millis(300));

@@ -70,9 +70,6 @@ struct Connection {
     raft_part: Option<(u64, Vec<u8>)>,
 }
 
-/// The largest Raft message (a snapshot) a peer may send in parts.
-const MAX_RAFT_MESSAGE: usize = 1 << 30;
-
 /// Serve one accepted connection until it closes.
 pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     if let Err(e) = stream.set_nodelay(true) {
@@ -363,10 +360,11 @@ impl Connection {
         }
         let part = messages.pop().unwrap_or_default();
         let (shard, bytes) = self.raft_part.get_or_insert_with(|| (group, Vec::new()));
-        if *shard != group || bytes.len() + part.len() > MAX_RAFT_MESSAGE {
+        if *shard != group || bytes.len() + part.len() > crate::cluster::MAX_RAFT_MESSAGE {
             warn!(
                 conn = self.id,
-                "dropped a Raft message sent in parts (parts of two shards, or over {MAX_RAFT_MESSAGE} bytes)"
+                "dropped a Raft message sent in parts (parts of two shards, or over {} bytes)",
+                crate::cluster::MAX_RAFT_MESSAGE
             );
             self.raft_part = None;
             return None;

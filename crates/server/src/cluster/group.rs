@@ -604,6 +604,13 @@ impl Driver {
         let mut by_peer: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
         for m in messages {
             match m.write_to_bytes() {
+                Ok(bytes) if bytes.len() > super::MAX_RAFT_MESSAGE => warn!(
+                    shard = self.index,
+                    to = m.to,
+                    "a Raft message of {} bytes (a snapshot) is over the {} bytes a peer accepts: not sent",
+                    bytes.len(),
+                    super::MAX_RAFT_MESSAGE
+                ),
                 Ok(bytes) => by_peer.entry(m.to).or_default().push(bytes),
                 Err(e) => warn!(shard = self.index, "a Raft message did not encode: {e}"),
             }

@@ -50,6 +50,9 @@ pub struct ClusterConfig {
     pub replication_factor: usize,
 }
 
+/// The largest Raft message (a snapshot) a peer sends, in parts, or accepts.
+pub(crate) const MAX_RAFT_MESSAGE: usize = 1 << 30;
+
 /// Replicas per shard unless `--replication-factor` says otherwise.
 pub const DEFAULT_REPLICATION_FACTOR: usize = 3;
 

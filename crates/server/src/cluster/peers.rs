@@ -139,19 +139,31 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
                             }
                             Value::Array(items)
                         };
-                        let (large, small): (Vec<_>, Vec<_>) = messages.into_iter().partition(|m| m.len() > part);
-                        if !small.is_empty() {
-                            append_frame(&mut out, &request(next_id, small.into_iter().map(Value::Binary).collect(), false));
-                            next_id += 1;
-                        }
-                        // A message over the limit (a snapshot) goes in consecutive parts.
-                        for message in large {
+                        // In their order: runs of messages up to `part` bytes per frame, and
+                        // a message over it (a snapshot) in consecutive parts.
+                        let mut run: Vec<Value> = Vec::new();
+                        let mut run_bytes = 0;
+                        for message in messages {
+                            if !run.is_empty() && run_bytes + message.len() > part {
+                                append_frame(&mut out, &request(next_id, std::mem::take(&mut run), false));
+                                next_id += 1;
+                                run_bytes = 0;
+                            }
+                            if message.len() <= part {
+                                run_bytes += message.len();
+                                run.push(Value::Binary(message));
+                                continue;
+                            }
                             let count = message.len().div_ceil(part);
                             for (i, chunk) in message.chunks(part).enumerate() {
                                 let frame = request(next_id, vec![Value::Binary(chunk.to_vec())], i + 1 < count);
                                 append_frame(&mut out, &frame);
                                 next_id += 1;
                             }
+                        }
+                        if !run.is_empty() {
+                            append_frame(&mut out, &request(next_id, run, false));
+                            next_id += 1;
                         }
                         if out.len() < FRAME_BYTES {
                             next = rx.try_recv().ok();
