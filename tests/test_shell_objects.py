@@ -75,13 +75,19 @@ def test_a_barrier_between_a_thread_and_a_shell_process(uniq: str) -> None:
 
 def test_the_pipe_encoding_is_a_queue_of_chunks_ended_by_none(uniq: str) -> None:
     data = b"".join(b"line %d\n" % i for i in range(50_000))
-    sh("pipe", "-n", f"{uniq}.p", "write", input=data)
-    pipe = spindle.Queue(name=f"{uniq}.p")
+    # Read while the shell writes: input arriving slowly comes in more chunks than the pipe
+    # holds (16), and the writer then waits for this reader.
+    written: List[subprocess.CompletedProcess] = []
+    writer = threading.Thread(target=lambda: written.append(sh("pipe", "-n", f"{uniq}.p", "write", input=data)))
+    writer.start()
+    pipe = spindle.Queue(16, name=f"{uniq}.p")
     assert pipe.maxsize == 16
     chunks = []
-    while (chunk := pipe.get(timeout=10)) is not None:
+    while (chunk := pipe.get(timeout=30)) is not None:
         assert isinstance(chunk, bytes) and len(chunk) <= 64 << 10 and chunk.endswith(b"\n")
         chunks.append(chunk)
+    writer.join(60)
+    assert len(written) == 1, "the shell's write finished"
     assert b"".join(chunks) == data
 
     # And a pipe fed from Python reads from the shell.
