@@ -32,8 +32,11 @@ const HEARTBEAT_TICKS: usize = 2;
 const BATCH: usize = 1024;
 /// Ticks between two leadership transfers to a group's preferred leader (no ping-pong).
 const TRANSFER_COOLDOWN: u32 = 40;
-/// Ticks a peer may stay waiting for a snapshot before it is sent again (it was lost).
+/// Ticks a peer may stay waiting for a snapshot before it is sent again (it was lost), plus
+/// one tick per this many bytes of snapshot (10 MiB/s: a large one takes time to travel and
+/// install, and resending it meanwhile would only add copies).
 const SNAPSHOT_RETRY_TICKS: u32 = 100;
+const SNAPSHOT_BYTES_PER_TICK: usize = 512 << 10;
 /// Bytes of a partition captured per hold of the shard lock while taking a snapshot.
 const SNAPSHOT_CHUNK: usize = 1 << 20;
 
@@ -1023,10 +1026,15 @@ impl Driver {
             .map(|(id, _)| *id)
             .collect();
         self.snapshot_waits.retain(|id, _| waiting.contains(id));
+        if waiting.is_empty() {
+            return;
+        }
+        let size = self.store.snapshot().get_data().len() / SNAPSHOT_BYTES_PER_TICK;
+        let patience = SNAPSHOT_RETRY_TICKS.saturating_add(u32::try_from(size).unwrap_or(u32::MAX));
         for id in waiting {
             let ticks = self.snapshot_waits.entry(id).or_insert(0);
             *ticks += 1;
-            if *ticks >= SNAPSHOT_RETRY_TICKS {
+            if *ticks >= patience {
                 *ticks = 0;
                 self.raw.report_snapshot(id, SnapshotStatus::Failure);
             }
