@@ -159,6 +159,13 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
                                 let frame = request(next_id, vec![Value::Binary(chunk.to_vec())], i + 1 < count);
                                 append_frame(&mut out, &frame);
                                 next_id += 1;
+                                // Written as they are made: a large message is not copied whole.
+                                if out.len() >= FRAME_BYTES {
+                                    if let Err(e) = writer.write_all(&out).await {
+                                        return e.to_string();
+                                    }
+                                    out.clear();
+                                }
                             }
                         }
                         if !run.is_empty() {
