@@ -286,22 +286,25 @@ class Client:
         found = {tuple(item) for item in self.request(request, rid)}
         answered = getattr(getattr(self._local, "conn", None), "address", None)
         for node in self.nodes if self.shards else []:
-            if node == answered:
-                continue
-            try:
-                conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
-                                  timeout=CONNECT_TIMEOUT)
-            except OSError:
-                continue
-            try:
-                reply = conn.roundtrip(frame(request), rid)
-            except OSError:
-                continue
-            finally:
-                conn.close()
-            if reply[1] == 0:
-                found.update(tuple(item) for item in reply[2])
+            if node != answered:
+                found.update(tuple(item) for item in self._ask(node, request, CONNECT_TIMEOUT) or [])
         return [list(item) for item in sorted(found)]
+
+    def _ask(self, node: str, request: List[Any], timeout: float) -> Any:
+        """``request``'s result from ``node`` on a connection of its own, every read within
+        ``timeout``; ``None`` if the node does not answer or refuses."""
+        try:
+            conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
+                              timeout=timeout)
+        except OSError:
+            return None
+        try:
+            reply = conn.roundtrip(frame(request), request[0])
+        except OSError:
+            return None
+        finally:
+            conn.close()
+        return reply[2] if reply[1] == 0 else None
 
     def status(self) -> Any:
         rid = next(self._seq)
@@ -424,22 +427,11 @@ class Client:
         for node in self.nodes:
             if node == waiting.address:
                 continue
-            try:
-                conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
-                                  timeout=LEADER_CHECK / 2)
-            except OSError:
+            cluster = self._ask(node, [next(self._seq), "cluster"], LEADER_CHECK / 2)
+            if not isinstance(cluster, dict):
                 continue
-            try:
-                rid = next(self._seq)
-                reply = conn.roundtrip(frame([rid, "cluster"]), rid)
-            except OSError:
-                continue
-            finally:
-                conn.close()
-            if reply[1] != 0 or not isinstance(reply[2], dict):
-                continue
-            here = reply[2].get("node")
-            for group in reply[2].get("groups", []):
+            here = cluster.get("node")
+            for group in cluster.get("groups", []):
                 if group.get("shard") != shard or here not in (group.get("voters") or []):
                     continue
                 leader, address = group.get("leader") or 0, group.get("leader_address")

@@ -236,11 +236,7 @@ impl Client {
     /// reach their leader.
     pub(crate) fn shards_led_here(&mut self) -> Result<Option<(usize, Vec<usize>)>, String> {
         let led = |map: &Value| -> Vec<usize> {
-            let groups = field(map, "groups")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            groups
+            groups(map)
                 .iter()
                 .filter(|g| field(g, "serving_here").and_then(Value::as_bool) == Some(true))
                 .filter_map(|g| Some(field(g, "shard").and_then(Value::as_u64)? as usize))
@@ -250,11 +246,7 @@ impl Client {
             return Ok(None);
         };
         if led(&map).is_empty() {
-            let groups = field(&map, "groups")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let leader = groups
+            let leader = groups(&map)
                 .iter()
                 .find_map(|g| field(g, "leader_address").and_then(Value::as_str).map(str::to_string))
                 .ok_or("no shard of the cluster has a leader at the moment (an election?); try again")?;
@@ -292,10 +284,7 @@ impl Client {
         while let Some(map) = self.cluster_map()? {
             let shards = field(&map, "shards").and_then(Value::as_u64).unwrap_or(1) as usize;
             let shard = spindle_server::shard_of(key, shards) as u64;
-            let groups = field(&map, "groups")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
+            let groups = groups(&map);
             let group = groups
                 .iter()
                 .find(|g| field(g, "shard").and_then(Value::as_u64) == Some(shard));
@@ -315,10 +304,8 @@ impl Client {
             }
         }
         let listing = self.exchange("objects", vec![key.into(), false.into()], Some(TIMEOUT))?;
-        Ok(listing.as_array().into_iter().flatten().find_map(|item| {
-            let pair = item.as_array()?;
-            (pair.first()?.as_str()? == key).then(|| pair.get(1)?.as_str().map(str::to_string))?
-        }))
+        let found = listed(&listing).find_map(|(name, type_name)| (name == key).then_some(type_name));
+        Ok(found)
     }
 
     /// The cluster map of the node this connection reaches (`None`: a single server).
@@ -354,15 +341,7 @@ impl Client {
                 }
             }
         }
-        let mut rows: Vec<(String, String)> = listings
-            .iter()
-            .filter_map(Value::as_array)
-            .flatten()
-            .filter_map(|item| {
-                let pair = item.as_array()?;
-                Some((pair.first()?.as_str()?.to_string(), pair.get(1)?.as_str()?.to_string()))
-            })
-            .collect();
+        let mut rows: Vec<(String, String)> = listings.iter().flat_map(listed).collect();
         rows.sort_unstable();
         rows.dedup();
         Ok(rows)
@@ -470,6 +449,22 @@ pub(crate) fn field<'a>(map: &'a Value, name: &str) -> Option<&'a Value> {
         .iter()
         .find(|(k, _)| k.as_str() == Some(name))
         .map(|(_, v)| v)
+}
+
+/// The shard groups of a cluster map (`cluster`).
+pub(crate) fn groups(map: &Value) -> Vec<Value> {
+    field(map, "groups")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The `(name, type)` rows of an `objects` listing.
+fn listed(listing: &Value) -> impl Iterator<Item = (String, String)> + '_ {
+    listing.as_array().into_iter().flatten().filter_map(|item| {
+        let pair = item.as_array()?;
+        Some((pair.first()?.as_str()?.to_string(), pair.get(1)?.as_str()?.to_string()))
+    })
 }
 
 fn format_uptime(seconds: f64) -> String {

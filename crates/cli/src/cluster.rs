@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use spindle_core::Value;
 
-use crate::client::{field, Client, Failure};
+use crate::client::{self, field, Client, Failure};
 
 #[derive(Args)]
 pub(crate) struct ClusterArgs {
@@ -101,10 +101,7 @@ fn cluster_map(address: &str) -> Result<Value, String> {
 /// Each group as its leader sees it (a node knows only the groups it holds), from the maps
 /// of every node that answers, then the metadata group's.
 fn leaders_views(map: &Value) -> (Vec<Value>, Value) {
-    let mut groups = field(map, "groups")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+    let mut groups = client::groups(map);
     groups.push(field(map, "metadata").cloned().unwrap_or(Value::Nil));
     let nodes = field(map, "nodes").and_then(Value::as_map).cloned().unwrap_or_default();
     let views: Vec<Value> = nodes
@@ -113,10 +110,7 @@ fn leaders_views(map: &Value) -> (Vec<Value>, Value) {
         .collect();
     for view in &views {
         let node = field(view, "node").and_then(Value::as_u64);
-        let mut theirs = field(view, "groups")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let mut theirs = client::groups(view);
         theirs.push(field(view, "metadata").cloned().unwrap_or(Value::Nil));
         for (mine, their) in groups.iter_mut().zip(theirs) {
             if node.is_some() && field(&their, "leader").and_then(Value::as_u64) == node {

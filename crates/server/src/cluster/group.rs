@@ -890,13 +890,9 @@ impl Driver {
             return Ok(());
         }
         let body = capture.body.unwrap_or_default();
-        let conf = self
-            .confs
-            .iter()
-            .rev()
-            .find(|(at, _)| *at <= index)
-            .map(|(_, conf)| conf.clone())
-            .unwrap_or_default();
+        // The configuration as of the snapshot's entry (the ones before it are then dropped).
+        let base = self.confs.iter().rposition(|(at, _)| *at <= index);
+        let conf = base.map(|i| self.confs[i].1.clone()).unwrap_or_default();
         let mut metadata = SnapshotMetadata::default();
         (metadata.index, metadata.term) = (index, term);
         metadata.set_conf_state(conf);
@@ -906,9 +902,7 @@ impl Driver {
         snapshot.set_data(body.into());
         let started = Instant::now();
         self.store.install(snapshot, false)?;
-        // The configurations before the snapshot's are no longer needed.
-        let base = self.confs.iter().rposition(|(at, _)| *at <= index).unwrap_or(0);
-        self.confs.drain(..base);
+        self.confs.drain(..base.unwrap_or(0));
         info!(
             shard = self.index,
             index,
