@@ -130,12 +130,27 @@ fn cut_at_every_byte_is_a_torn_tail_keeping_earlier_records() {
     }
 }
 
+/// The file's blocks are all allocated: its preallocated space was written, not left as a
+/// hole (filling a hole makes every `fdatasync` commit metadata).
+fn assert_written(path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(path).unwrap();
+    assert!(
+        meta.blocks() * 512 >= meta.len(),
+        "{} has {} bytes in {} blocks: its preallocated space is sparse",
+        path.display(),
+        meta.len(),
+        meta.blocks()
+    );
+}
+
 #[test]
 fn a_live_segment_is_preallocated_and_its_zeros_are_a_clean_end() {
     let dir = TempDir::new();
     let mut w = LogWriter::create(dir.path(), 0, FIRST_SEGMENT_SEQ).unwrap();
     let path = w.path().to_owned();
     assert_eq!(fs::metadata(&path).unwrap().len(), SEGMENT_HEADER_LEN + PREALLOCATE);
+    assert_written(&path);
     // Appends stay inside the preallocated space: the file's size does not change.
     let recs: Vec<Vec<u8>> = (0..30).map(rec).collect();
     w.append_batch(&recs).unwrap();
@@ -155,6 +170,7 @@ fn a_live_segment_is_preallocated_and_its_zeros_are_a_clean_end() {
     w.sync().unwrap();
     let after = w.position().offset;
     assert_eq!(fs::metadata(&path).unwrap().len(), after.next_multiple_of(PREALLOCATE));
+    assert_written(&path);
     assert_eq!(scan(&path).unwrap().records.len(), 33);
     assert!(
         repair(&path).unwrap().was_clean(),
