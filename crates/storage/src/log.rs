@@ -514,8 +514,10 @@ impl<F: LogFile> LogWriter<F> {
         if self.len + written > self.allocated {
             let size = (self.len + written).next_multiple_of(PREALLOCATE);
             let op = format!("preallocating {size} bytes for");
-            // A failure leaves some zeros past `allocated`: preallocated space all the same.
-            write_zeros(&mut self.file, self.allocated, size).map_err(|e| ctx(e, &op, &self.path))?;
+            // Zeros only past the batch (a large batch is not written twice); a failure
+            // leaves some zeros past `allocated`: preallocated space all the same.
+            let from = self.allocated.max(self.len + written);
+            write_zeros(&mut self.file, from, size).map_err(|e| ctx(e, &op, &self.path))?;
             self.allocated = size;
         }
         let result = self.file.write_all_at(&self.buf, self.len);
