@@ -28,3 +28,9 @@ def reach_private(obj: Any) -> str:
     except AttributeError as exc:
         return str(exc)
     return "no error"
+
+
+def names_of(obj: Any) -> List[Any]:
+    """A ``Badge``'s ``name()`` through the proxy passed here and through the one its ``me()``
+    returns (neither class is here), and the proxy's ``key``."""
+    return [obj.name(), obj.me().name(), obj.key]

@@ -467,6 +467,35 @@ def test_a_function_without_the_class_gets_a_generic_proxy():
     assert "not shared" in t.result
 
 
+@spindle.shared
+class Badge:
+    """Has methods named like a proxy's own attributes (``name``, ``key``)."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+
+    def name(self) -> str:
+        return f"badge of {self.holder}"
+
+    def me(self) -> Any:
+        return self
+
+
+@needs_hosts
+@needs_gateway
+def test_methods_named_like_proxy_attributes_stay_methods_without_the_class():
+    """A class's ``name`` method wins over the proxy's ``name`` property, also in a function
+    that does not have the class: the reference (pickled, or in a method's result) says so."""
+    badge = Badge("ann")
+    assert badge.name() == "badge of ann" and badge.key.startswith("~")
+    t = spindle.Thread(target=shared_remote.names_of, args=(badge,), echo=False)
+    t.start()
+    t.join(60)
+    # The proxy it was passed, and the one `me()` returned to it, both call the method;
+    # `key` is still the proxy's.
+    assert t.result == ["badge of ann", "badge of ann", badge.key]
+
+
 @needs_hosts
 def test_calls_on_objects_of_different_hosts_run_in_parallel():
     proc = ServerProcess("--object-hosts", "2", *gateway_args(2))

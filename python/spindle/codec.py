@@ -54,14 +54,17 @@ def _default(obj: Any, ship: bool = False) -> Any:
     if type(obj) is tuple:
         return msgpack.ExtType(EXT_TUPLE, packb(list(obj), ship))
     if isinstance(obj, Proxy):
-        return msgpack.ExtType(EXT_REF, msgpack.packb([obj._type, obj._key]))
+        return msgpack.ExtType(EXT_REF, msgpack.packb(obj._reference()))
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.generic):
         return obj.item()
     if ship:
         me = shipping_self
         if me is not None and obj is me[0]:
-            return msgpack.ExtType(EXT_REF, msgpack.packb([me[1], me[2]]))
+            from .proxy import overriding_methods, reference
+
+            ref = reference(me[1], me[2], overriding_methods(type(obj)))
+            return msgpack.ExtType(EXT_REF, msgpack.packb(ref))
         return msgpack.ExtType(EXT_PICKLE, _pickle_to_ship(obj))
     return msgpack.ExtType(EXT_PICKLE, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -96,10 +99,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == EXT_TUPLE:
         return tuple(unpackb(data))
     if code == EXT_REF:
-        from .proxy import attach
+        from .proxy import from_reference
 
-        type_name, key = msgpack.unpackb(data, raw=False)
-        return attach(type_name, key)
+        return from_reference(*msgpack.unpackb(data, raw=False))
     if code == EXT_PICKLE:
         try:
             return pickle.loads(data)

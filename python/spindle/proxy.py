@@ -7,6 +7,7 @@ reaches the same server object.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 from . import client as _client_mod
@@ -15,6 +16,11 @@ from .errors import BlockingCallError, Moved
 P = TypeVar("P", bound="Proxy")
 
 _TYPES: Dict[str, Type["Proxy"]] = {}
+
+# The public attributes of every proxy. A user-defined class may have methods of these names:
+# its proxies' methods win, and a reference names them, so that a proxy made where the class
+# is absent (a generic proxy) has them as methods too.
+PROXY_ATTRIBUTES = ("key", "name")
 
 # The shared object's method running in this process, set by ``spindle.host`` around each
 # constructor and method call (None elsewhere, so the check costs one global read).
@@ -58,6 +64,8 @@ class Proxy:
     """Base class of every Spindle object proxy."""
 
     _type: ClassVar[str] = ""
+    # The methods named like a proxy attribute (see `overriding_methods`).
+    _overriding: ClassVar[Tuple[str, ...]] = ()
     _key: str
 
     def __init_subclass__(cls, type_name: Optional[str] = None, **kwargs: Any) -> None:
@@ -109,8 +117,12 @@ class Proxy:
         """The object's name, or None for an unnamed object."""
         return None if self._key.startswith("~") else self._key
 
+    def _reference(self) -> List[Any]:
+        """The wire form of this proxy: ``[type, key]``, then the overriding methods if any."""
+        return reference(self._type, self._key, self._overriding)
+
     def __reduce__(self) -> Union[str, Tuple[Any, ...]]:
-        return (attach, (self._type, self._key))
+        return (from_reference, tuple(self._reference()))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Proxy):
@@ -124,14 +136,32 @@ class Proxy:
         return f"<spindle.{type(self).__name__} {self._key!r}>"
 
 
+def overriding_methods(cls: type) -> Tuple[str, ...]:
+    """The methods of ``cls`` (a user-defined class, or its proxy class) named like a proxy
+    attribute (``PROXY_ATTRIBUTES``)."""
+    return tuple(n for n in PROXY_ATTRIBUTES if inspect.isfunction(inspect.getattr_static(cls, n, None)))
+
+
+def reference(type_name: str, key: str, overriding: Tuple[str, ...] = ()) -> List[Any]:
+    """The wire form of a proxy (see :meth:`Proxy._reference`)."""
+    return [type_name, key, list(overriding)] if overriding else [type_name, key]
+
+
 def attach(type_name: str, key: str) -> Proxy:
-    """A proxy for the object ``(type_name, key)``, without creating it."""
+    """A proxy for the object ``(type_name, key)``, without creating it. (A user-defined
+    type's proxy made here without its class has the attributes ``key`` and ``name``, even if
+    the class has methods of those names: call those with :func:`call`.)"""
+    return from_reference(type_name, key)
+
+
+def from_reference(type_name: str, key: str, overriding: Any = ()) -> Proxy:
+    """The proxy of a reference (:func:`reference`)."""
     cls = _TYPES.get(type_name)
     if cls is None:
         if type_name.startswith("py:"):  # a user-defined type whose class is not here
             from .shared import generic_proxy_class
 
-            cls = generic_proxy_class(type_name)
+            cls = generic_proxy_class(type_name, tuple(overriding))
         else:
             cls = type(type_name, (Proxy,), {"_type": type_name})
     return cls._attach(key)

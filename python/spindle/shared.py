@@ -196,31 +196,30 @@ class GenericSharedProxy(SharedProxy):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             return SharedProxy.__getattr__(self, name)
-
-        def method(*args: Any, **kwargs: Any) -> Any:
-            return self._remote(name, args, kwargs)
-
-        method.__name__ = method.__qualname__ = name
-        return method
+        return _remote_method(name).__get__(self)
 
 
-_GENERIC: Dict[str, Type[GenericSharedProxy]] = {}
+_GENERIC: Dict[Tuple[str, Tuple[str, ...]], Type[GenericSharedProxy]] = {}
 _GENERIC_LOCK = threading.Lock()
 
 
-def generic_proxy_class(type_name: str) -> Type[SharedProxy]:
+def generic_proxy_class(type_name: str, overriding: Tuple[str, ...] = ()) -> Type[SharedProxy]:
     """The proxy class for ``type_name`` (``py:...``): the decorated class's when this
-    process has one, else a generic one (whose every public attribute is a remote method)."""
+    process has one, else a generic one (whose every public attribute is a remote method, as
+    are ``overriding``: the class's methods named like a proxy attribute)."""
     registered = _proxy._TYPES.get(type_name)
     if registered is not None:
         return registered  # type: ignore[return-value]
     with _GENERIC_LOCK:
-        cls = _GENERIC.get(type_name)
+        cls = _GENERIC.get((type_name, overriding))
         if cls is None:
             qualname = type_name[3:].rpartition(".")[2] or type_name
-            cls = type(qualname, (GenericSharedProxy,), {"_type": type_name,
-                                                        "_qualname": type_name[3:]})
-            _GENERIC[type_name] = cls
+            namespace: Dict[str, Any] = {"_type": type_name, "_qualname": type_name[3:],
+                                         "_overriding": overriding}
+            namespace.update((n, _remote_method(n)) for n in overriding
+                             if n in _proxy.PROXY_ATTRIBUTES)
+            cls = type(qualname, (GenericSharedProxy,), namespace)
+            _GENERIC[(type_name, overriding)] = cls
         return cls
 
 
@@ -552,12 +551,16 @@ def class_code(proxy_cls: Type[SharedProxy]) -> Tuple[str, bytes]:
 # -- the decorator ------------------------------------------------------------------------
 
 
-def _remote_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _remote_method(name: str, fn: Optional[Callable[..., Any]] = None) -> Callable[..., Any]:
+    """The proxy's method ``name``; ``fn``: the class's own, when this process has it."""
     def method(self: SharedProxy, *args: Any, **kwargs: Any) -> Any:
         return self._remote(name, args, kwargs)
 
-    # Name, docstring and (through __wrapped__) signature of the original, for help() and IDEs.
-    functools.update_wrapper(method, fn)
+    if fn is None:
+        method.__name__ = method.__qualname__ = name
+    else:
+        # Name, docstring and (through __wrapped__) signature of the original, for help() and IDEs.
+        functools.update_wrapper(method, fn)
     return method
 
 
@@ -626,6 +629,8 @@ def _proxy_class(cls: type, persistent: bool = False) -> Type[SharedProxy]:
         else:
             refused[name] = "an attribute"
     namespace["_refused"] = refused
+    namespace["_overriding"] = tuple(n for n in _proxy.PROXY_ATTRIBUTES
+                                     if inspect.isfunction(namespace.get(n)))
 
     def __init__(self: SharedProxy, *args: Any, name: Optional[str] = None, **kwargs: Any) -> None:
         self._construct(args, kwargs, name)
