@@ -62,7 +62,9 @@ class Node:
 
     def start(self) -> None:
         args = ["--node-id", str(self.node_id), "--data-dir", str(self.data_dir)]
-        args += ["--partitions", str(SHARDS), "--session-ttl", "30", "--python", sys.executable]
+        args += ["--partitions", str(SHARDS), "--python", sys.executable]
+        if "--session-ttl" not in self.extra:
+            args += ["--session-ttl", "30"]
         if self.join:
             args += ["--join", self.join]
         args += self.extra
@@ -583,6 +585,61 @@ def test_a_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster
         assert client.call("Dict", "kept", "getitem", ["a"]) == 1
     finally:
         client.close()
+
+
+def test_a_new_leader_ends_the_sessions_of_dead_clients_and_keeps_those_of_live_ones(tmp_path):
+    """A session ends on the node its client talked to, `--session-ttl` after the client's
+    last connection there closed. A client that died just before that node did would own
+    its unnamed objects forever on the shard's next leader, which never heard from it: the
+    new leader ends such sessions after the TTL. A live client keeps a connection to every
+    node (its presence), so a new leader knows it and its objects stay."""
+    cluster = Cluster(tmp_path, extra=("--session-ttl", "3"))
+    live = Client(cluster.addresses)
+    try:
+        doomed = cluster.busiest_leader()
+        shards = {s for s, leader in cluster.leaders().items() if leader == doomed.node_id}
+
+        def led_by_doomed(key: str) -> bool:
+            return shard_of(key, SHARDS) in shards
+
+        # The live client's unnamed counter on a shard of the node about to die.
+        live_key = next(k for k in (live.unnamed_key() for _ in range(1000)) if led_by_doomed(k))
+        live.create("Counter", live_key, [0], True, persistent=True)
+        assert wait_until(lambda: len(live._presence.conns) == len(cluster.nodes), 10)
+        # A client that talks only to that node, and dies (no presence: a bare connection).
+        dead_key = next(k for k in (f"~dead-client.{i}" for i in range(1000)) if led_by_doomed(k))
+        conn = Connection(doomed.host, doomed.port, "dead-client", 1)
+        reply = conn.roundtrip(frame([2, "create", 2, 0, "Counter", dead_key, [0], True, True]), 2)
+        assert reply[1:] == [0, True], reply
+        conn.close()
+        doomed.kill()  # before its TTL for the dead client runs out
+
+        def new_leaders() -> bool:
+            leaders = cluster.leaders()
+            return set(leaders) == set(range(SHARDS)) and doomed.node_id not in leaders.values()
+
+        assert wait_until(new_leaders, 30), cluster.describe()
+        check = Client(",".join(n.address for n in cluster.nodes if n is not doomed))
+        try:
+            # Both objects came through the failover; the dead client's goes with its
+            # session, a TTL after the new leader took over.
+            assert check.call("Counter", dead_key, "get", []) == 0
+
+            def gone() -> bool:
+                try:
+                    check.call("Counter", dead_key, "get", [])
+                except spindle.ObjectNotFound:
+                    return True
+                return False
+
+            assert wait_until(gone, 30, interval=0.2)
+            time.sleep(4)  # past the TTL the new leader would have given the live client
+            assert live.call("Counter", live_key, "add", [1]) == 1
+        finally:
+            check.close()
+    finally:
+        live.close()
+        cluster.stop()
 
 
 def start_refused(*args: str) -> subprocess.CompletedProcess:

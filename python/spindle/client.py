@@ -12,6 +12,7 @@ import contextlib
 import functools
 import itertools
 import os
+import select
 import socket
 import threading
 import time
@@ -34,6 +35,8 @@ FAILOVER_TIMEOUT = 30.0
 # A call to a shard's leader that has waited this long (s) asks another node whether the
 # shard's leader moved (its node may be paused or cut off), and again after as long.
 LEADER_CHECK = 2.0
+# In a cluster, how often (s) the presence thread checks its connection to every node.
+PRESENCE_INTERVAL = 1.0
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
 
 _get_ident = threading.get_ident
@@ -163,6 +166,61 @@ class Connection:
     __del__ = close  # a finished thread's connection closes with it
 
 
+class Presence:
+    """One idle connection of a session to every node of a cluster, kept by a thread.
+
+    A node knows a session is alive while one of its connections is open there. A node that
+    becomes a shard's leader ends, after the session TTL, the shard's sessions it has not
+    heard from (their clients may have died with the old leader, which would have ended
+    them): so a live client makes itself known to every node, not only to those it calls.
+    """
+
+    def __init__(self, client: "Client", session: str) -> None:
+        self.client = client
+        self.session = session
+        self.conns: Dict[str, Connection] = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="spindle-presence", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def forget_in_child(self) -> None:
+        """After a fork: close this process's copies of the sockets (the parent keeps them
+        open, so no FIN is sent); the thread did not come along."""
+        for conn in self.conns.values():
+            conn.close()
+        self.conns.clear()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            self._check()
+            self.stopped.wait(PRESENCE_INTERVAL)
+        for conn in self.conns.values():
+            conn.close()
+
+    def _check(self) -> None:
+        # Nothing is sent on these connections: readable means closed (a node that stopped).
+        for node, conn in list(self.conns.items()):
+            try:
+                closed = bool(select.select([conn.sock], [], [], 0)[0])
+            except (OSError, ValueError):
+                closed = True
+            if closed:
+                conn.close()
+                del self.conns[node]
+        for node in list(self.client.nodes):
+            if node in self.conns or self.stopped.is_set():
+                continue
+            host, port = parse_address(node)
+            try:
+                self.conns[node] = Connection(host, port, self.session, 1, self.client.token,
+                                              timeout=PRESENCE_INTERVAL)
+            except Exception:  # down, or refusing: try again on the next check
+                pass
+
+
 class LeaderMoved(ConnectionError):
     """The node a call waits on stopped leading the call's shard: a voter of the shard names
     a new leader (the call is resent there with its ``(client, seq)``)."""
@@ -211,9 +269,12 @@ class Client:
         # (type, version) of the user-defined classes this client has sent with `define`.
         self.defined: Set[Tuple[str, str]] = set()
         self._new_session()
+        self._presence: Optional[Presence] = None  # started on learning it is a cluster
 
     def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
         self.session, self._seq, self._unnamed = identity or _identity
+        if identity is None:
+            self._own_session = self.session
         self._local = threading.local()
         # Weak: a thread's connection closes when the thread ends and drops its local.
         self._conns: "weakref.WeakSet[Connection]" = weakref.WeakSet()
@@ -233,7 +294,7 @@ class Client:
         try:
             yield
         finally:
-            self.close()
+            self._close_connections()
             (self.session, self._seq, self._unnamed, self._local, self._conns) = saved
 
     def after_fork_in_child(self) -> None:
@@ -241,6 +302,9 @@ class Client:
         for conn in list(self._conns):
             conn.close()  # the parent's copy stays open: no FIN is sent
         self._new_session()  # after _new_identity()
+        if self._presence is not None:
+            self._presence.forget_in_child()
+            self._presence = Presence(self, self.session)
 
     def unnamed_key(self) -> str:
         """A fresh key for an unnamed object: ``~<session>.<n>``."""
@@ -506,6 +570,9 @@ class Client:
             if group.get("leader_address"):
                 self._leaders[group["shard"]] = group["leader_address"]
         self.shards = int(cluster.get("shards") or 0)
+        if self.shards and self._presence is None:
+            # Under this process's own session (not a function's, in a worker's scope).
+            self._presence = Presence(self, self._own_session)
 
     def _drop(self, conn: Connection) -> None:
         if getattr(self._local, "conn", None) is conn:
@@ -520,6 +587,12 @@ class Client:
 
     def close(self) -> None:
         """Close every connection of this client (the session ends after its TTL)."""
+        if self._presence is not None:
+            self._presence.stop()
+            self._presence = None
+        self._close_connections()
+
+    def _close_connections(self) -> None:
         with self._conns_lock:
             conns, self._conns = list(self._conns), weakref.WeakSet()
         for conn in conns:

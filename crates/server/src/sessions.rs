@@ -78,7 +78,8 @@ pub(crate) fn connection_closed(shared: &Arc<Shared>, client: Arc<str>) {
     end_after_ttl(shared, client, epoch);
 }
 
-/// Sessions named in the op log of a recovered server: their clients may come back to retry
+/// Sessions named in the op log of a recovered server, or of a shard this node just took
+/// the leadership of, that this node does not know: their clients may come back to retry
 /// their calls (and get the recorded replies), or never. Like sessions whose last connection
 /// just closed, each ends `session_ttl` from now unless a connection comes back first, so
 /// its reply log and unnamed objects do not stay forever (in memory and in every snapshot).

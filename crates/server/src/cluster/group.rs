@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use super::meta::{Command, Meta};
 use super::store::{RaftStorage, Store};
 use crate::config::Fsync;
-use crate::{hosts, Shared};
+use crate::{hosts, sessions, Shared};
 
 /// Raft's clock: elections after 10-20 ticks without a leader, heartbeats every 2.
 const TICK: Duration = Duration::from_millis(50);
@@ -751,10 +751,15 @@ impl Driver {
                 }
                 // Calls parked by connections of earlier leaders are dropped (logged).
                 let replies = s.partition.restart(now);
-                s.journal(replies)
+                (s.journal(replies), s.partition.logged_clients())
             });
-            if let Ok(replies) = started {
+            if let Ok((replies, clients)) = started {
                 shared.registry.deliver(replies);
+                // The shard's sessions whose clients this node has not heard from may have
+                // died with the old leader, which would have ended them: they end after
+                // the session TTL unless their clients connect (clients keep a connection
+                // to every node, so a live one is known here).
+                sessions::recovered(shared, clients);
             }
             info!(shard = self.index, term = self.raw.raft.term, "leading the shard");
         }
