@@ -26,8 +26,9 @@ then measures from Python, in one run:
 
 * the **cost of one complex operation's arithmetic alone**, to say what 5x would take:
   the Python loop and the NumPy variant in this process, Lua from Redis' own
-  ``INFO commandstats``, and the same loop in Rust (``rustc -O``, when available), which is
-  what a built-in method or a WebAssembly object would run.
+  ``INFO commandstats``, the same Python loop under PyPy's JIT (``pypy3``, when installed),
+  and the same loop in Rust (``rustc -O``, when available), which is what a built-in method
+  or a WebAssembly object would run.
 
 Prints tables with the ratios and writes the ``shared`` section of ``docs/benchmarks.md``
 with plots under ``docs/img/``. Usage: ``python bench/shared.py [--seconds S] [--rounds R]``.
@@ -393,6 +394,39 @@ def native_us() -> float | None:
         return float(out[1])
 
 
+PYPY = f"""
+import sys, time
+def spin(x, n):
+    for _ in range(n):
+        x = (x * {A} + {B}) % {P}
+    return x
+x = 5
+for _ in range(2000):  # the JIT compiles the loop here
+    x = spin(x, {COMPLEX})
+times = []
+for _ in range(2000):
+    t0 = time.perf_counter()
+    x = spin(x, {COMPLEX})
+    times.append(time.perf_counter() - t0)
+times.sort()
+print(x, times[len(times) // 2] * 1e6)
+"""
+
+
+def pypy_us() -> float | None:
+    """The Python method's loop run by PyPy (a JIT; `pypy3` from Debian, when installed):
+    what an object host running on PyPy would spend on it."""
+    pypy = shutil.which("pypy3")
+    if pypy is None:
+        return None
+    out = subprocess.run([pypy, "-c", PYPY], capture_output=True, text=True, check=True).stdout.split()
+    x = spin_reference(5, COMPLEX)
+    for _ in range(3999):
+        x = spin_reference(x, COMPLEX)
+    assert int(out[0]) == x, "the PyPy loop disagrees"
+    return float(out[1])
+
+
 def arithmetic_costs(redis_port: int) -> dict[str, float]:
     """µs of one complex operation's arithmetic, without any call overhead."""
     import redis
@@ -406,6 +440,9 @@ def arithmetic_costs(redis_port: int) -> dict[str, float]:
         r.evalsha(sha, 1, "lua-cost", COMPLEX)
     stats = r.info("commandstats")["cmdstat_evalsha"]
     costs[LUA_COST] = float(stats["usec_per_call"])
+    jit = pypy_us()
+    if jit is not None:
+        costs[PYPY_COST] = jit
     native = native_us()
     if native is not None:
         costs[RS_COST] = native
@@ -551,6 +588,8 @@ def report_all(args, rt: dict[str, dict[str, list[float]]],
                 "built-in": cores / tput["spindle simple built-in"] * 1e6}
     variants = [("Python method", costs[PY_COST], overhead["host"], tput["spindle complex Python"]),
                 ("NumPy method", costs[NP_COST], overhead["host"], tput["spindle complex NumPy"])]
+    if PYPY_COST in costs:
+        variants.append((PYPY_HOST, costs[PYPY_COST], overhead["host"], None))
     if RS_COST in costs:
         variants.append(("built-in method (the Rust loop in the server)", costs[RS_COST],
                          overhead["built-in"], None))
@@ -582,6 +621,8 @@ PY_COST = "Python loop (the Python method)"
 NP_COST = "NumPy prefix (the NumPy method)"
 LUA_COST = "Lua in Redis (GET, loop, SET; INFO commandstats)"
 RS_COST = "Rust, rustc -O (what a built-in method runs)"
+PYPY_COST = "Python loop under PyPy (a JIT: what a PyPy object host would run)"
+PYPY_HOST = "Python method in a PyPy object host (not built)"
 WASM_SLOWDOWN = 1.5  # assumed cost of compiled WebAssembly against native code
 
 
@@ -602,6 +643,7 @@ def write_docs(args, rt_table, hop, t_table, c_table, w_table, tput, costs, over
     eff_py = tput["spindle complex Python"] / model["Python method"]
     eff_np = tput["spindle complex NumPy"] / model["NumPy method"]
     builtin_model = next((row[5] for row in w_table[1] if row[0].startswith("built-in")), None)
+    pypy_row = next((row for row in w_table[1] if row[0] == PYPY_HOST), None)
     lines = [
         "## User-defined objects (`bench/shared.py`)",
         "",
@@ -692,7 +734,14 @@ def write_docs(args, rt_table, hop, t_table, c_table, w_table, tput, costs, over
          "against one Redis thread. Per core, what pays is to stop interpreting the loop: "
          "NumPy when the work vectorizes (it did here, through a parallel prefix), a built-in "
          "method (a Rust `apply` for the operation, no host hop at all), or a WebAssembly "
-         "object (a later issue): compiled code run in the server, which also removes the hop."),
+         "object (a later issue): compiled code run in the server, which also removes the hop."
+         + (f" Or a JIT for the methods themselves: PyPy runs the same loop in "
+            f"{costs[PYPY_COST]:.0f} µs, {py / costs[PYPY_COST]:.0f}x faster than CPython and "
+            f"{lua / costs[PYPY_COST]:.1f}x faster than Lua, so object hosts on PyPy would put "
+            f"plain Python methods near {pypy_row[5] * eff_py:.1f}x Redis on this machine (the "
+            "model at the Python method's efficiency). Debian's PyPy is Python 3.9, so such "
+            "hosts would need a class's source rather than its cloudpickled CPython code, and "
+            "msgpack and cloudpickle installed for PyPy." if pypy_row else "")),
         "",
         *[f"![{Path(i).stem}]({i})" for i in images],
         "",

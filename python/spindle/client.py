@@ -270,6 +270,7 @@ class Client:
         self.defined: Set[Tuple[str, str]] = set()
         self._new_session()
         self._presence: Optional[Presence] = None  # started on learning it is a cluster
+        self._presence_lock = threading.Lock()
 
     def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
         self.session, self._seq, self._unnamed = identity or _identity
@@ -302,9 +303,10 @@ class Client:
         for conn in list(self._conns):
             conn.close()  # the parent's copy stays open: no FIN is sent
         self._new_session()  # after _new_identity()
-        if self._presence is not None:
+        self._presence_lock = threading.Lock()
+        if self._presence is not None:  # the next connection starts this process's own
             self._presence.forget_in_child()
-            self._presence = Presence(self, self.session)
+            self._presence = None
 
     def unnamed_key(self) -> str:
         """A fresh key for an unnamed object: ``~<session>.<n>``."""
@@ -554,6 +556,11 @@ class Client:
             self._conns.add(conn)
         if conn.hello.get("shards") and not self.shards:
             self._load_map(conn)
+        if self.shards and self._presence is None:
+            with self._presence_lock:
+                if self._presence is None:
+                    # Under this process's own session (not a function's, in a worker's scope).
+                    self._presence = Presence(self, self._own_session)
         return conn
 
     def _load_map(self, conn: Connection) -> None:
@@ -570,9 +577,6 @@ class Client:
             if group.get("leader_address"):
                 self._leaders[group["shard"]] = group["leader_address"]
         self.shards = int(cluster.get("shards") or 0)
-        if self.shards and self._presence is None:
-            # Under this process's own session (not a function's, in a worker's scope).
-            self._presence = Presence(self, self._own_session)
 
     def _drop(self, conn: Connection) -> None:
         if getattr(self._local, "conn", None) is conn:
@@ -587,9 +591,10 @@ class Client:
 
     def close(self) -> None:
         """Close every connection of this client (the session ends after its TTL)."""
-        if self._presence is not None:
-            self._presence.stop()
-            self._presence = None
+        with self._presence_lock:
+            presence, self._presence = self._presence, None
+        if presence is not None:
+            presence.stop()
         self._close_connections()
 
     def _close_connections(self) -> None:
