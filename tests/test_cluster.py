@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -587,56 +587,104 @@ def test_a_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster
         client.close()
 
 
+def unnamed_keys_on(client: Client, shards: set) -> Iterator[str]:
+    """Fresh unnamed keys of ``client``'s current session that hash to one of ``shards``."""
+    while True:
+        key = client.unnamed_key()
+        if shard_of(key, SHARDS) in shards:
+            yield key
+
+
+def presence_everywhere(client: Client, sessions: List[str], nodes: List[Node]) -> bool:
+    """Whether ``client`` keeps a connection of each session open to each node."""
+    presence = client._presence
+    wanted = {(s, n.address) for s in sessions for n in nodes}
+    return presence is not None and wanted <= set(presence.conns)
+
+
 def test_a_new_leader_ends_the_sessions_of_dead_clients_and_keeps_those_of_live_ones(tmp_path):
     """A session ends on the node its client talked to, `--session-ttl` after the client's
     last connection there closed. A client that died just before that node did would own
     its unnamed objects forever on the shard's next leader, which never heard from it: the
     new leader ends such sessions after the TTL. A live client keeps a connection to every
-    node (its presence), so a new leader knows it and its objects stay."""
+    node for its own session and for those of the invocations it runs (its presence), so a
+    new leader knows them and their objects stay."""
     cluster = Cluster(tmp_path, extra=("--session-ttl", "3"))
     live = Client(cluster.addresses)
     try:
         doomed = cluster.busiest_leader()
         shards = {s for s, leader in cluster.leaders().items() if leader == doomed.node_id}
-
-        def led_by_doomed(key: str) -> bool:
-            return shard_of(key, SHARDS) in shards
-
-        # The live client's unnamed counter on a shard of the node about to die.
-        live_key = next(k for k in (live.unnamed_key() for _ in range(1000)) if led_by_doomed(k))
+        # The live client's unnamed counters on a shard of the node about to die, in its own
+        # session and in an invocation's (a scope); then only the presence connections stay
+        # open, so nothing else tells the new leader about these sessions.
+        live_key = next(unnamed_keys_on(live, shards))
         live.create("Counter", live_key, [0], True, persistent=True)
-        assert wait_until(lambda: len(live._presence.conns) == len(cluster.nodes), 10)
-        # A client that talks only to that node, and dies (no presence: a bare connection).
-        dead_key = next(k for k in (f"~dead-client.{i}" for i in range(1000)) if led_by_doomed(k))
-        conn = Connection(doomed.host, doomed.port, "dead-client", 1)
-        reply = conn.roundtrip(frame([2, "create", 2, 0, "Counter", dead_key, [0], True, True]), 2)
-        assert reply[1:] == [0, True], reply
-        conn.close()
-        doomed.kill()  # before its TTL for the dead client runs out
+        live._close_connections()
+        with live.scope("an-invocation"):
+            scoped_key = next(unnamed_keys_on(live, shards))
+            live.create("Counter", scoped_key, [0], True, persistent=True)
+            live._close_connections()
+            sessions = [live.session, live._own_session]
+            assert wait_until(lambda: presence_everywhere(live, sessions, cluster.nodes), 10)
+            # A client that talks only to that node, and dies (a bare connection: no presence).
+            dead_key = next(k for k in (f"~dead-client.{i}" for i in range(1000))
+                            if shard_of(k, SHARDS) in shards)
+            conn = Connection(doomed.host, doomed.port, "dead-client", 1)
+            reply = conn.roundtrip(frame([2, "create", 2, 0, "Counter", dead_key, [0], True, True]), 2)
+            assert reply[1:] == [0, True], reply
+            conn.close()
+            doomed.kill()  # before its TTL for the dead client runs out
 
-        def new_leaders() -> bool:
-            leaders = cluster.leaders()
-            return set(leaders) == set(range(SHARDS)) and doomed.node_id not in leaders.values()
+            def new_leaders() -> bool:
+                leaders = cluster.leaders()
+                return set(leaders) == set(range(SHARDS)) and doomed.node_id not in leaders.values()
 
-        assert wait_until(new_leaders, 30), cluster.describe()
-        check = Client(",".join(n.address for n in cluster.nodes if n is not doomed))
-        try:
-            # Both objects came through the failover; the dead client's goes with its
-            # session, a TTL after the new leader took over.
-            assert check.call("Counter", dead_key, "get", []) == 0
+            assert wait_until(new_leaders, 30), cluster.describe()
+            check = Client(",".join(n.address for n in cluster.nodes if n is not doomed))
+            try:
+                # Both objects came through the failover; the dead client's goes with its
+                # session, a TTL after the new leader took over.
+                assert check.call("Counter", dead_key, "get", []) == 0
 
-            def gone() -> bool:
-                try:
-                    check.call("Counter", dead_key, "get", [])
-                except spindle.ObjectNotFound:
-                    return True
-                return False
+                def gone() -> bool:
+                    try:
+                        check.call("Counter", dead_key, "get", [])
+                    except spindle.ObjectNotFound:
+                        return True
+                    return False
 
-            assert wait_until(gone, 30, interval=0.2)
-            time.sleep(4)  # past the TTL the new leader would have given the live client
-            assert live.call("Counter", live_key, "add", [1]) == 1
-        finally:
-            check.close()
+                assert wait_until(gone, 30, interval=0.2)
+            finally:
+                check.close()
+            time.sleep(4)  # past the TTL the new leader would have given the live sessions
+            assert live.call("Counter", scoped_key, "add", [1]) == 1
+        assert live.call("Counter", live_key, "add", [1]) == 1
+    finally:
+        live.close()
+        cluster.stop()
+
+
+def test_a_client_makes_itself_known_to_a_node_that_joins_and_takes_over_shards(tmp_path):
+    """Presence follows the membership: a node that joins, then leads shards, knows the live
+    clients, and their unnamed objects on those shards stay past the session TTL."""
+    cluster = Cluster(tmp_path, extra=("--session-ttl", "3"))
+    live = Client(cluster.addresses)
+    try:
+        keys = [next(unnamed_keys_on(live, {shard})) for shard in range(SHARDS)]
+        for key in keys:
+            live.create("Counter", key, [0], True, persistent=True)
+        live._close_connections()
+        # Join nodes until one of them leads a shard (placement decides which).
+        first_joined = len(cluster.nodes) + 1
+        for _ in range(3):
+            cluster.add()
+            assert wait_until(cluster.settled, 60), cluster.describe()
+            if max(cluster.leaders().values()) >= first_joined:
+                break
+        assert max(cluster.leaders().values()) >= first_joined, cluster.describe()
+        assert wait_until(lambda: presence_everywhere(live, [live.session], cluster.nodes), 10)
+        time.sleep(5)  # past the TTL the joined node would have given an unknown session
+        assert [live.call("Counter", key, "add", [1]) for key in keys] == [1] * SHARDS
     finally:
         live.close()
         cluster.stop()

@@ -167,23 +167,28 @@ class Connection:
 
 
 class Presence:
-    """One idle connection of a session to every node of a cluster, kept by a thread.
+    """Idle connections of a client's live sessions to every node of a cluster, kept by a
+    thread.
 
     A node knows a session is alive while one of its connections is open there. A node that
     becomes a shard's leader ends, after the session TTL, the shard's sessions it has not
     heard from (their clients may have died with the old leader, which would have ended
-    them): so a live client makes itself known to every node, not only to those it calls.
+    them): so a live client makes itself known to every node, not only to those it calls,
+    and to nodes that join later too (the thread reads the membership at each check). The
+    sessions are the process's own and those of the invocations running in it
+    (:meth:`Client.scope`).
     """
 
-    def __init__(self, client: "Client", session: str) -> None:
-        self.client = client
-        self.session = session
-        self.conns: Dict[str, Connection] = {}
+    def __init__(self, client: "Client") -> None:
+        self._client = weakref.ref(client)  # the thread ends once the client is gone
+        self.nodes: List[str] = list(client.nodes)
+        self.conns: Dict[Tuple[str, str], Connection] = {}  # by (session, node)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="spindle-presence", daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
+        """End the thread; it closes the connections (within a second)."""
         self.stopped.set()
 
     def forget_in_child(self) -> None:
@@ -195,30 +200,55 @@ class Presence:
 
     def _run(self) -> None:
         while not self.stopped.is_set():
-            self._check()
+            client = self._client()
+            if client is None:
+                break
+            self._check(client)
+            del client
             self.stopped.wait(PRESENCE_INTERVAL)
         for conn in self.conns.values():
             conn.close()
 
-    def _check(self) -> None:
-        # Nothing is sent on these connections: readable means closed (a node that stopped).
-        for node, conn in list(self.conns.items()):
-            try:
-                closed = bool(select.select([conn.sock], [], [], 0)[0])
-            except (OSError, ValueError):
-                closed = True
-            if closed:
+    def _check(self, client: "Client") -> None:
+        for key, conn in list(self.conns.items()):
+            if _peer_closed(conn.sock):  # a node that stopped, or left
                 conn.close()
-                del self.conns[node]
-        for node in list(self.client.nodes):
-            if node in self.conns or self.stopped.is_set():
-                continue
+                del self.conns[key]
+        self._read_members()
+        wanted = {(session, node) for session in client.live_sessions() for node in self.nodes}
+        for key in set(self.conns) - wanted:
+            self.conns.pop(key).close()
+        for session, node in sorted(wanted - set(self.conns)):
+            if self.stopped.is_set():
+                return
             host, port = parse_address(node)
             try:
-                self.conns[node] = Connection(host, port, self.session, 1, self.client.token,
-                                              timeout=PRESENCE_INTERVAL)
+                self.conns[(session, node)] = Connection(host, port, session, 1, client.token,
+                                                         timeout=PRESENCE_INTERVAL)
             except Exception:  # down, or refusing: try again on the next check
                 pass
+
+    def _read_members(self) -> None:
+        """The cluster's nodes, from the first connected node that tells them."""
+        for key, conn in list(self.conns.items()):
+            try:
+                reply = conn.roundtrip(frame([2, "cluster"]), 2)
+            except Exception:  # no answer in time: the stream is out of step, so drop it
+                conn.close()
+                del self.conns[key]
+                continue
+            members = reply[2].get("nodes") if reply[1] == 0 and isinstance(reply[2], dict) else None
+            if isinstance(members, dict) and members:
+                self.nodes = sorted({str(address) for address in members.values()})
+                return
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether an idle connection was closed by its peer (it never sends anything unasked,
+    so a readable socket is at its end)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class LeaderMoved(ConnectionError):
@@ -271,6 +301,8 @@ class Client:
         self._new_session()
         self._presence: Optional[Presence] = None  # started on learning it is a cluster
         self._presence_lock = threading.Lock()
+        # The sessions of `scope`s running now (invocations of functions), with their depths.
+        self._scoped: Dict[str, int] = {}
 
     def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
         self.session, self._seq, self._unnamed = identity or _identity
@@ -292,11 +324,23 @@ class Client:
         """
         saved = (self.session, self._seq, self._unnamed, self._local, self._conns)
         self._new_session((session, itertools.count(1), itertools.count(1)))
+        with self._presence_lock:
+            self._scoped[session] = self._scoped.get(session, 0) + 1
         try:
             yield
         finally:
             self._close_connections()
+            with self._presence_lock:
+                if self._scoped.get(session, 0) > 1:
+                    self._scoped[session] -= 1
+                else:
+                    self._scoped.pop(session, None)
             (self.session, self._seq, self._unnamed, self._local, self._conns) = saved
+
+    def live_sessions(self) -> List[str]:
+        """This process's own session and those of the scopes running now."""
+        with self._presence_lock:
+            return [self._own_session, *self._scoped]
 
     def after_fork_in_child(self) -> None:
         """Fresh session; close our copies of the inherited sockets without sending on them."""
@@ -304,6 +348,7 @@ class Client:
             conn.close()  # the parent's copy stays open: no FIN is sent
         self._new_session()  # after _new_identity()
         self._presence_lock = threading.Lock()
+        self._scoped = {}
         if self._presence is not None:  # the next connection starts this process's own
             self._presence.forget_in_child()
             self._presence = None
@@ -559,8 +604,7 @@ class Client:
         if self.shards and self._presence is None:
             with self._presence_lock:
                 if self._presence is None:
-                    # Under this process's own session (not a function's, in a worker's scope).
-                    self._presence = Presence(self, self._own_session)
+                    self._presence = Presence(self)
         return conn
 
     def _load_map(self, conn: Connection) -> None:

@@ -138,8 +138,17 @@ class Proxy:
 
 def overriding_methods(cls: type) -> Tuple[str, ...]:
     """The methods of ``cls`` (a user-defined class, or its proxy class) named like a proxy
-    attribute (``PROXY_ATTRIBUTES``)."""
-    return tuple(n for n in PROXY_ATTRIBUTES if inspect.isfunction(inspect.getattr_static(cls, n, None)))
+    attribute (``PROXY_ATTRIBUTES``): those its proxies call in the server (as
+    ``@spindle.shared`` decides: not static or class methods, properties or data)."""
+
+    def remote(name: str) -> bool:
+        raw = inspect.getattr_static(cls, name, None)
+        if raw is None or isinstance(raw, (staticmethod, classmethod, type, property)):
+            return False
+        return inspect.isfunction(raw) or (
+            not inspect.isdatadescriptor(raw) and callable(getattr(cls, name, None)))
+
+    return tuple(n for n in PROXY_ATTRIBUTES if remote(n))
 
 
 def reference(type_name: str, key: str, overriding: Tuple[str, ...] = ()) -> List[Any]:

@@ -629,8 +629,7 @@ def _proxy_class(cls: type, persistent: bool = False) -> Type[SharedProxy]:
         else:
             refused[name] = "an attribute"
     namespace["_refused"] = refused
-    namespace["_overriding"] = tuple(n for n in _proxy.PROXY_ATTRIBUTES
-                                     if inspect.isfunction(namespace.get(n)))
+    namespace["_overriding"] = _proxy.overriding_methods(cls)
 
     def __init__(self: SharedProxy, *args: Any, name: Optional[str] = None, **kwargs: Any) -> None:
         self._construct(args, kwargs, name)
