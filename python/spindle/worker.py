@@ -244,6 +244,11 @@ def run_other(runtime: str, payload: bytes, options: Dict[str, Any], capture: Ca
     return report
 
 
+# The worker's output capture, once `serve` set it up (declared here, before any function
+# that assigns it, as every Python compiler accepts).
+_capture: Optional[Capture] = None
+
+
 def announce(address: str, role: str, info: Dict[str, Any]) -> Connection:
     """Connect this process (a ``worker`` or object ``host`` the server started) and open
     the connection on which it says ``role`` and then serves the server's requests. The
@@ -293,8 +298,6 @@ def serve(address: str, worker_id: str) -> None:
             body = _pack([task_id, 1, ["ProtocolError", f"a worker does not do {op!r}", None]])
         sendall(len(body).to_bytes(4, "big") + body)
 
-
-_capture: Optional[Capture] = None
 
 
 def _frame(request: List[Any]) -> bytes:
