@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CARGO ?= cargo
 
-.PHONY: setup demo test test-rust test-python lint bench clean
+.PHONY: setup demo test test-rust test-python lint bench clean pypy
 
 setup: $(VENV)/.installed
 	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found; install Rust (https://rustup.rs)" >&2; exit 1; }
@@ -22,7 +22,21 @@ $(VENV)/.installed: requirements.lock python/pyproject.toml
 demo: setup
 	$(VENV)/bin/spindle run examples/kmeans.py --points 500000 --dims 50 -k 25 --threads 2 --iterations 10
 
-test: setup lint test-rust test-python
+test: setup pypy lint test-rust test-python
+
+# Object hosts on PyPy (`spindle server --host-python .venv-pypy/bin/python`): Debian's pypy3
+# and a virtual environment with the SDK. Where PyPy cannot be installed (no root, no
+# Debian), the tests of such hosts say so and are skipped.
+PYPY_VENV := .venv-pypy
+pypy:
+	@command -v pypy3 >/dev/null || { apt-get update -qq && apt-get install -y -qq pypy3; } >/dev/null 2>&1 \
+		|| echo "warning: pypy3 could not be installed; the tests of PyPy object hosts will be skipped" >&2
+	@if command -v pypy3 >/dev/null && [ ! -f $(PYPY_VENV)/.installed -o requirements-pypy.lock -nt $(PYPY_VENV)/.installed ]; then \
+		pypy3 -m venv $(PYPY_VENV) \
+		&& $(PYPY_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-pypy.lock \
+		&& $(PYPY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e python \
+		&& touch $(PYPY_VENV)/.installed; \
+	fi
 
 test-rust:
 	$(CARGO) test --release --locked --workspace
@@ -49,7 +63,7 @@ $(BENCH_VENV)/.installed: requirements.lock requirements-bench.lock python/pypro
 	$(BENCH_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e python
 	touch $@
 
-bench: setup $(BENCH_VENV)/.installed
+bench: setup pypy $(BENCH_VENV)/.installed
 	command -v redis-server >/dev/null && command -v parallel >/dev/null && test -f /usr/share/java/zookeeper.jar && command -v java >/dev/null && command -v pypy3 >/dev/null \
 		|| { apt-get update -qq && apt-get install -y -qq redis-server parallel zookeeper pypy3; }
 	$(CARGO) build --release --locked -p spindle-loadgen

@@ -28,7 +28,7 @@ import pytest
 
 import shared_remote
 import spindle
-from conftest import ServerProcess, gateway_args, has_gateway, server_binary, wait_until
+from conftest import REPO, ServerProcess, gateway_args, has_gateway, server_binary, wait_until
 from spindle.errors import RemoteTraceback
 from spindle.shared import class_code
 
@@ -494,6 +494,58 @@ def test_methods_named_like_proxy_attributes_stay_methods_without_the_class():
     # The proxy it was passed, and the one `me()` returned to it, both call the method;
     # `key` is still the proxy's.
     assert t.result == ["badge of ann", "badge of ann", badge.key]
+
+
+PYPY = REPO / ".venv-pypy" / "bin" / "python"
+needs_pypy = pytest.mark.skipif(
+    not PYPY.exists(), reason=f"no PyPy environment at {PYPY} (`make pypy` makes it where pypy3 installs)")
+
+
+@needs_hosts
+@needs_pypy
+def test_object_hosts_on_pypy_import_classes_from_their_modules(tmp_path, monkeypatch):
+    """`--host-python` runs the hosts on another Python. PyPy cannot load a class CPython
+    shipped as code, so the host imports it from its module (on the server's PYTHONPATH),
+    at the caller's version; a class it cannot import that way is a clear error."""
+    import jit_objects
+
+    # A module of which the host finds another copy than this process (another deployment):
+    # another version of the class.
+    source = textwrap.dedent("""
+        import spindle
+
+        @spindle.shared
+        class Edited:
+            def value(self):
+                return 1
+        """)
+    for side, text in (("here", source), ("host", source.replace("return 1", "return 2"))):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "edited_objects.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "here"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "host"))
+    edited_objects = importlib.import_module("edited_objects")
+
+    proc = ServerProcess("--object-hosts", "1", "--host-python", str(PYPY))
+    try:
+        with using(proc):
+            spinner = jit_objects.Spinner(5)
+            assert spinner.runtime() == "pypy"
+            expected = 5
+            for _ in range(3):
+                for _ in range(10_000):
+                    expected = (expected * 31 + 7) % 1000003
+                assert spinner.spin(10_000) == expected
+            # A class of a module the host cannot import (this one needs NumPy, which the
+            # PyPy environment lacks), and one at another version than the caller's.
+            with pytest.raises(ImportError, match=r"cannot load the class .*Box in this object host \(pypy .*"
+                                                  r"importing test_shared failed: No module named 'numpy'"):
+                Box(1)
+            with pytest.raises(ImportError, match="holds another version of it than the caller's"):
+                edited_objects.Edited()
+            assert spinner.spin(0) == expected  # the host and its object are unharmed
+    finally:
+        proc.stop()
 
 
 @needs_hosts

@@ -31,6 +31,7 @@ not wait"). Methods reach other objects through this process's ordinary client.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import pickle
@@ -182,12 +183,55 @@ class Host:
                 raise HostError("UnknownType", f"this host has no code for {type_name} {version}")
             try:
                 cls = pickle.loads(code)
-            except BaseException as exc:  # a module missing here, say
-                raise _Raised(raised(exc, f"loading the class {type_name}")) from None
+            except BaseException as exc:  # a module missing here, or another Python's code
+                cls = self._import(type_name, version, exc)
             if not isinstance(cls, type):
                 raise HostError("ProtocolError", f"the code of {type_name} is not a class")
             self.classes[(type_name, version)] = cls
         return cls
+
+    @staticmethod
+    def _import(type_name: str, version: str, unpickling: BaseException) -> type:
+        """``type_name``'s class imported from its module, when its code does not load here:
+        a host running another Python (PyPy, say: ``--host-python``) cannot load a class
+        that another version shipped by value. The module must be on this host's path, with
+        the class at the caller's version."""
+        from spindle.shared import SharedProxy, _source_version
+
+        here = f"{sys.implementation.name} {sys.version.split()[0]}"
+        why = f"its code does not load here ({type(unpickling).__name__}: {unpickling})"
+        parts = type_name[3:].split(".")
+        for split in range(len(parts) - 1, 0, -1):  # the longest module name first
+            module = ".".join(parts[:split])
+            if module in ("__main__", "__mp_main__"):
+                why += ", and a program's __main__ cannot be imported: define the class in a module"
+                break
+            try:
+                found: Any = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name is not None and (module + ".").startswith(exc.name + "."):
+                    continue  # no such module: perhaps a shorter name is the module
+                why += f", and importing {module} failed: {exc}"
+                break
+            except Exception as exc:
+                why += f", and importing {module} failed: {type(exc).__name__}: {exc}"
+                break
+            try:
+                for name in parts[split:]:
+                    found = getattr(found, name)
+            except AttributeError:
+                why += f", and module {module} has no {'.'.join(parts[split:])}"
+                break
+            if isinstance(found, type) and issubclass(found, SharedProxy):
+                found = found.__wrapped__
+            if isinstance(found, type) and _source_version(found) == version:
+                return found
+            why += f", and module {module} here holds another version of it than the caller's"
+            break
+        else:
+            why += ", and its module is not importable here (on the server's PYTHONPATH, say)"
+        err = ImportError(f"cannot load the class {type_name[3:]} in this object host ({here}): {why}")
+        raise _Raised(raised(err, f"loading the class {type_name}")) from None
 
     def construct(self, key: str, type_name: str, version: str, code: Optional[bytes],
                   args: List[Any], kwargs: Dict[str, Any]) -> None:

@@ -138,6 +138,12 @@ pub(crate) struct HostArgs {
     /// and restarted; every object that host held is lost (its calls raise ObjectLost).
     #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
     object_call_timeout: f64,
+    /// Python interpreter for object hosts, if not --python's: PyPy, say, whose JIT runs
+    /// methods' loops many times faster. Its environment needs the spindle package, and
+    /// classes the caller's interpreter cannot hand over as code (another Python version or
+    /// implementation) are imported from their modules, which it must find on its path.
+    #[arg(long, value_name = "PATH")]
+    host_python: Option<PathBuf>,
 }
 
 impl HostArgs {
@@ -149,6 +155,7 @@ impl HostArgs {
         Ok(HostsConfig {
             count: self.object_hosts.map_or_else(default_object_hosts, usize::from),
             call_timeout,
+            python: self.host_python.clone(),
         })
     }
 }

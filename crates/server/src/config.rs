@@ -80,6 +80,9 @@ pub struct HostsConfig {
     pub count: usize,
     /// A call running longer than this gets its host killed (and its objects lost).
     pub call_timeout: Duration,
+    /// The hosts' Python interpreter (`None`: the workers' one). Another implementation or
+    /// version (PyPy, say) imports classes from their modules (see `spindle.host`).
+    pub python: Option<PathBuf>,
 }
 
 impl Default for HostsConfig {
@@ -87,6 +90,7 @@ impl Default for HostsConfig {
         HostsConfig {
             count: default_object_hosts(),
             call_timeout: Duration::from_secs(60),
+            python: None,
         }
     }
 }

@@ -61,7 +61,11 @@ impl Hosts {
             slots: (0..count).map(|i| Mutex::new(Slot::new(i, count, limits))).collect(),
             procs: Table::new(),
             classes: RwLock::new(HashMap::new()),
-            python: config.functions.python.clone(),
+            python: config
+                .hosts
+                .python
+                .clone()
+                .unwrap_or_else(|| config.functions.python.clone()),
             token: config.functions.token.clone(),
             armed: Mutex::new(None),
             timer: Notify::new(),
