@@ -25,17 +25,20 @@ demo: setup
 test: setup pypy lint test-rust test-python
 
 # Object hosts on PyPy (`spindle server --host-python .venv-pypy/bin/python`): Debian's pypy3
-# and a virtual environment with the SDK. Where PyPy cannot be installed (no root, no
-# Debian), the tests of such hosts say so and are skipped.
+# and a virtual environment with the SDK, built aside and moved in place whole. Where that
+# cannot be done (no root, no Debian, offline), the tests of such hosts say so and skip.
 PYPY_VENV := .venv-pypy
 pypy:
-	@command -v pypy3 >/dev/null || { apt-get update -qq && apt-get install -y -qq pypy3; } >/dev/null 2>&1 \
-		|| echo "warning: pypy3 could not be installed; the tests of PyPy object hosts will be skipped" >&2
-	@if command -v pypy3 >/dev/null && [ ! -f $(PYPY_VENV)/.installed -o requirements-pypy.lock -nt $(PYPY_VENV)/.installed ]; then \
-		pypy3 -m venv $(PYPY_VENV) \
-		&& $(PYPY_VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-pypy.lock \
-		&& $(PYPY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e python \
-		&& touch $(PYPY_VENV)/.installed; \
+	@command -v pypy3 >/dev/null || { apt-get update -qq && apt-get install -y -qq pypy3; } >/dev/null 2>&1 || true
+	@if [ ! -f $(PYPY_VENV)/.installed -o requirements-pypy.lock -nt $(PYPY_VENV)/.installed ]; then \
+		rm -rf $(PYPY_VENV).tmp; \
+		{ command -v pypy3 >/dev/null \
+		  && pypy3 -m venv $(PYPY_VENV).tmp \
+		  && $(PYPY_VENV).tmp/bin/pip install --quiet --disable-pip-version-check -r requirements-pypy.lock \
+		  && $(PYPY_VENV).tmp/bin/pip install --quiet --disable-pip-version-check --no-deps -e python \
+		  && touch $(PYPY_VENV).tmp/.installed \
+		  && rm -rf $(PYPY_VENV) && mv $(PYPY_VENV).tmp $(PYPY_VENV); } \
+		|| { rm -rf $(PYPY_VENV).tmp; echo "warning: no PyPy environment (pypy3 3.9+ could not be installed or set up): the tests of PyPy object hosts will be skipped" >&2; }; \
 	fi
 
 test-rust:

@@ -498,7 +498,8 @@ def test_methods_named_like_proxy_attributes_stay_methods_without_the_class():
 
 PYPY = REPO / ".venv-pypy" / "bin" / "python"
 needs_pypy = pytest.mark.skipif(
-    not PYPY.exists(), reason=f"no PyPy environment at {PYPY} (`make pypy` makes it where pypy3 installs)")
+    not (REPO / ".venv-pypy" / ".installed").exists(),
+    reason="no PyPy environment in .venv-pypy (`make pypy` builds it where pypy3 installs)")
 
 
 @needs_hosts
@@ -543,6 +544,14 @@ def test_object_hosts_on_pypy_import_classes_from_their_modules(tmp_path, monkey
                 Box(1)
             with pytest.raises(ImportError, match="holds another version of it than the caller's"):
                 edited_objects.Edited()
+
+            @spindle.shared
+            class Local:
+                def value(self) -> int:
+                    return 1
+
+            with pytest.raises(ImportError, match="defined inside a function cannot be imported"):
+                Local()
             assert spinner.spin(0) == expected  # the host and its object are unharmed
     finally:
         proc.stop()

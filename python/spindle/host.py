@@ -37,7 +37,7 @@ import os
 import pickle
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import cloudpickle
 import msgpack
@@ -51,6 +51,10 @@ REPLY_OVERHEAD = 4 << 10  # bytes of a reply besides its value (ids, kinds, fram
 # The longest state (with its reply) a persistent object can log: a frame, and an op-log
 # record (64 MiB) holding the key, type and session besides.
 STATE_LIMIT = min(MAX_FRAME, 64 << 20) - (64 << 10)
+# Set by the server for hosts on another Python than its clients' (`--host-python`): a class
+# shipped as code could not load there (PyPy cannot load CPython's code objects), or would
+# run another version's bytecode, so classes are imported from their modules instead.
+IMPORTS = os.environ.get("SPINDLE_HOST_IMPORTS") == "1"
 # Ends the message of a persistent call whose result could not be sent: its change stays.
 KEPT = "; the call's change to the object is kept (its state is logged): do not repeat the call"
 
@@ -181,57 +185,69 @@ class Host:
         if cls is None:
             if code is None:
                 raise HostError("UnknownType", f"this host has no code for {type_name} {version}")
-            try:
-                cls = pickle.loads(code)
-            except BaseException as exc:  # a module missing here, or another Python's code
-                cls = self._import(type_name, version, exc)
+            if IMPORTS:
+                cls = self._import(type_name, version)
+            else:
+                try:
+                    cls = pickle.loads(code)
+                except BaseException as exc:  # a module missing here, say
+                    raise _Raised(raised(exc, f"loading the class {type_name}")) from None
             if not isinstance(cls, type):
                 raise HostError("ProtocolError", f"the code of {type_name} is not a class")
             self.classes[(type_name, version)] = cls
         return cls
 
     @staticmethod
-    def _import(type_name: str, version: str, unpickling: BaseException) -> type:
-        """``type_name``'s class imported from its module, when its code does not load here:
-        a host running another Python (PyPy, say: ``--host-python``) cannot load a class
-        that another version shipped by value. The module must be on this host's path, with
-        the class at the caller's version."""
+    def _import(type_name: str, version: str) -> type:
+        """``type_name``'s class imported from its module, at the caller's version (a host on
+        another Python: see ``IMPORTS``); else a clear ImportError saying why not."""
         from spindle.shared import SharedProxy, _source_version
 
-        here = f"{sys.implementation.name} {sys.version.split()[0]}"
-        why = f"its code does not load here ({type(unpickling).__name__}: {unpickling})"
+        def fail(why: str, cause: Optional[BaseException] = None) -> NoReturn:
+            here = f"{sys.implementation.name} {sys.version.split()[0]}"
+            err = ImportError(f"cannot load the class {type_name[3:]} in this object host ({here}, which "
+                              f"imports classes from their modules: --host-python): {why}")
+            err.__cause__ = cause
+            raise _Raised(raised(err, f"loading the class {type_name}"))
+
         parts = type_name[3:].split(".")
+        if "<locals>" in parts:
+            fail("a class defined inside a function cannot be imported: define it at a module's top level")
         for split in range(len(parts) - 1, 0, -1):  # the longest module name first
             module = ".".join(parts[:split])
             if module in ("__main__", "__mp_main__"):
-                why += ", and a program's __main__ cannot be imported: define the class in a module"
-                break
+                fail("a program's __main__ cannot be imported: define the class in a module")
+            _proxy.running_method = f"importing {module}"  # what it runs may not wait
             try:
                 found: Any = importlib.import_module(module)
             except ModuleNotFoundError as exc:
                 if exc.name is not None and (module + ".").startswith(exc.name + "."):
                     continue  # no such module: perhaps a shorter name is the module
-                why += f", and importing {module} failed: {exc}"
-                break
-            except Exception as exc:
-                why += f", and importing {module} failed: {type(exc).__name__}: {exc}"
-                break
-            try:
-                for name in parts[split:]:
-                    found = getattr(found, name)
-            except AttributeError:
-                why += f", and module {module} has no {'.'.join(parts[split:])}"
-                break
-            if isinstance(found, type) and issubclass(found, SharedProxy):
-                found = found.__wrapped__
-            if isinstance(found, type) and _source_version(found) == version:
-                return found
-            why += f", and module {module} here holds another version of it than the caller's"
-            break
-        else:
-            why += ", and its module is not importable here (on the server's PYTHONPATH, say)"
-        err = ImportError(f"cannot load the class {type_name[3:]} in this object host ({here}): {why}")
-        raise _Raised(raised(err, f"loading the class {type_name}")) from None
+                fail(f"importing {module} failed: {exc}", exc)
+            except BaseException as exc:  # the module's own code failed (or exited)
+                fail(f"importing {module} failed: {type(exc).__name__}: {exc}", exc)
+            finally:
+                _proxy.running_method = None
+            for name in parts[split:]:
+                # A decorated class's proxy has only its methods: nested classes are the class's.
+                found = getattr(found, "__wrapped__", found)
+                if not hasattr(found, name):
+                    fail(f"module {module} has no {'.'.join(parts[split:])}")
+                found = getattr(found, name)
+            found = getattr(found, "__wrapped__", found)
+            if not isinstance(found, type) or issubclass(found, SharedProxy):
+                fail(f"{module}.{'.'.join(parts[split:])} is not a class")
+            here = _source_version(found)
+            if here is None:
+                fail(f"this host cannot read the source of {module}.{'.'.join(parts[split:])} to "
+                     "check that it is the caller's version")
+            if here != version:
+                where = getattr(sys.modules.get(module), "__file__", None) or module
+                fail(f"{where} holds another version of it than the caller's (or the caller's "
+                     "has no source, as a class made by exec): deploy the same code to both; a "
+                     "host keeps a module it imported until it restarts")
+            return found
+        fail("its module is not importable here (put it on the server's PYTHONPATH)")
 
     def construct(self, key: str, type_name: str, version: str, code: Optional[bytes],
                   args: List[Any], kwargs: Dict[str, Any]) -> None:

@@ -271,7 +271,9 @@ class _ClassPickler(cloudpickle.Pickler):
             _track(obj)
         elif isinstance(obj, types.FunctionType):
             self._by_value(obj.__module__)
-        return super().reducer_override(obj)
+        # cloudpickle defines it on CPython only (on PyPy its pickler is pickle's own).
+        fallback = getattr(super(), "reducer_override", None)
+        return NotImplemented if fallback is None else fallback(obj)
 
     def _by_value(self, name: Any) -> None:
         module = sys.modules.get(name) if isinstance(name, str) else None

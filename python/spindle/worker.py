@@ -299,7 +299,6 @@ def serve(address: str, worker_id: str) -> None:
         sendall(len(body).to_bytes(4, "big") + body)
 
 
-
 def _frame(request: List[Any]) -> bytes:
     body = _pack(request)
     return len(body).to_bytes(4, "big") + body

@@ -244,7 +244,12 @@ fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
             // A host's prints and tracebacks belong in the server's log.
             stdout: Stdio::inherit(),
             stderr: Stdio::inherit(),
-            env: &[],
+            // On another Python (`--host-python`) a class shipped as code could not load, or
+            // would run bytecode of another version: hosts import classes from their modules.
+            env: match shared.config.hosts.python {
+                Some(_) => &[("SPINDLE_HOST_IMPORTS", "1")],
+                None => &[],
+            },
         },
     )?;
     tracing::debug!(host = id, pid = proc.pid, "object host started");
