@@ -10,18 +10,19 @@ import spindle
 
 
 @spindle.shared
-class Spinner:
-    """An integer and a loop a JIT compiles: ``x = (x * 31 + 7) % 1000003``, ``n`` times."""
+class Tally:
+    """A running total and a loop a JIT compiles: ``add_squares(n)`` adds 0² + 1² + ... +
+    (n-1)², one at a time."""
 
-    def __init__(self, x: int = 1) -> None:
-        self.x = x
+    def __init__(self, total: int = 0) -> None:
+        self.total = total
 
-    def spin(self, n: int) -> int:
-        x = self.x
-        for _ in range(n):
-            x = (x * 31 + 7) % 1000003
-        self.x = x
-        return x
+    def add_squares(self, n: int) -> int:
+        total = self.total
+        for i in range(n):
+            total += i * i
+        self.total = total
+        return total
 
     def runtime(self) -> str:
         return sys.implementation.name
