@@ -237,10 +237,16 @@ class Presence:
                 conn.close()
                 del self.conns[key]
                 continue
-            members = reply[2].get("nodes") if reply[1] == 0 and isinstance(reply[2], dict) else None
-            if isinstance(members, dict) and members:
-                self.nodes = sorted({str(address) for address in members.values()})
+            members = cluster_nodes(reply[2]) if reply[1] == 0 else []
+            if members:
+                self.nodes = sorted(set(members))
                 return
+
+
+def cluster_nodes(cluster: Any) -> List[str]:
+    """The node addresses of a cluster map (the `cluster` request's answer)."""
+    members = cluster.get("nodes") if isinstance(cluster, dict) else None
+    return [str(address) for address in members.values()] if isinstance(members, dict) else []
 
 
 def _peer_closed(sock: socket.socket) -> bool:
@@ -614,7 +620,7 @@ class Client:
         if reply[1] != 0 or not isinstance(reply[2], dict):
             return
         cluster = reply[2]
-        for node in cluster.get("nodes", {}).values():
+        for node in cluster_nodes(cluster):
             if node not in self.nodes:
                 self.nodes.append(node)
         for group in cluster.get("groups", []):

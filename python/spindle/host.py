@@ -228,20 +228,21 @@ class Host:
                 fail(f"importing {module} failed: {type(exc).__name__}: {exc}", exc)
             finally:
                 _proxy.running_method = None
+            qualname = ".".join(parts[split:])
             for name in parts[split:]:
                 # A decorated class's proxy has only its methods: nested classes are the class's.
                 found = getattr(found, "__wrapped__", found)
                 if not hasattr(found, name):
-                    fail(f"module {module} has no {'.'.join(parts[split:])}")
+                    fail(f"module {module} has no {qualname}")
                 found = getattr(found, name)
             found = getattr(found, "__wrapped__", found)
             if not isinstance(found, type) or issubclass(found, SharedProxy):
-                fail(f"{module}.{'.'.join(parts[split:])} is not a class")
-            here = _source_version(found)
-            if here is None:
-                fail(f"this host cannot read the source of {module}.{'.'.join(parts[split:])} to "
-                     "check that it is the caller's version")
-            if here != version:
+                fail(f"{module}.{qualname} is not a class")
+            found_version = _source_version(found)
+            if found_version is None:
+                fail(f"this host cannot read the source of {module}.{qualname} to check that it "
+                     "is the caller's version")
+            if found_version != version:
                 where = getattr(sys.modules.get(module), "__file__", None) or module
                 fail(f"{where} holds another version of it than the caller's (or the caller's "
                      "has no source, as a class made by exec): deploy the same code to both; a "
