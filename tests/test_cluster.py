@@ -303,6 +303,55 @@ def test_a_node_that_does_not_lead_the_shard_answers_with_its_leader(cluster):
         client.close()
 
 
+def test_keep_moves_an_object_to_a_name_whose_shard_another_node_leads(cluster):
+    """``keep`` under a name in another shard: the object's state moves to the node leading
+    the name's shard (or stays on this node if it leads both), and its old key forwards to
+    the name. A taken name, or a type whose state is its holders and waiters, leaves the
+    object under its key."""
+    leaders = cluster.leaders()
+    client = Client(cluster.addresses)
+    try:
+        across = 0
+        for i in range(12):
+            key, name = client.unnamed_key(), f"kept{i}"
+            client.create("Dict", key, [], True)
+            client.call("Dict", key, "setitem", ["n", i])
+            client.call("Dict", key, "setitem", ["items", list(range(i))])
+            assert client.keep("Dict", key, name) == name
+            across += leaders[shard_of(key, SHARDS)] != leaders[shard_of(name, SHARDS)]
+            assert client.call("Dict", name, "get", ["n"]) == i
+            assert client.call("Dict", name, "get", ["items"]) == list(range(i))
+            with pytest.raises(spindle.errors.Moved) as moved:
+                client.call("Dict", key, "get", ["n"])
+            assert moved.value.new_key == name
+            # A resent keep is answered as the first was.
+            assert client.keep("Dict", key, name) == name
+        assert across > 0, "some names are in shards another node leads"
+
+        # The name is taken on the other node: the object stays, with its state.
+        key = client.unnamed_key()
+        client.create("Counter", key, [], True)
+        client.call("Counter", key, "add", [7])
+        taken = next(f"taken{i}" for i in range(1000)
+                     if leaders[shard_of(f"taken{i}", SHARDS)] != leaders[shard_of(key, SHARDS)])
+        client.create("Counter", taken, [], False)
+        with pytest.raises(TypeError, match="already a Counter"):
+            client.keep("Counter", key, taken)
+        assert client.call("Counter", key, "get", []) == 7
+        assert client.call("Counter", taken, "get", []) == 0
+
+        # A Lock's state cannot leave its node's connections: a clear error, the lock stays.
+        key = client.unnamed_key()
+        client.create("Lock", key, [], True)
+        far = next(f"lock{i}" for i in range(1000)
+                   if leaders[shard_of(f"lock{i}", SHARDS)] != leaders[shard_of(key, SHARDS)])
+        with pytest.raises(ValueError, match="cannot move to another node"):
+            client.keep("Lock", key, far)
+        assert client.call("Lock", key, "acquire", [False]) is True
+    finally:
+        client.close()
+
+
 def test_killing_the_busiest_leader_under_load_loses_and_repeats_nothing(cluster, tmp_path):
     victim = cluster.busiest_leader()
 

@@ -1424,6 +1424,22 @@ impl Detached {
     pub fn owner(&self) -> Option<Arc<str>> {
         self.owner.clone()
     }
+
+    /// The object's type and state (its snapshot, [`crate::objects::snapshot`]), to move it
+    /// to another node: `None` for a type whose state is who holds and who waits (a `Lock`,
+    /// a `Barrier`...), which cannot leave its node's connections.
+    pub fn encode(&self) -> Option<(&'static str, Value)> {
+        self.obj.snapshot().map(|state| (self.obj.type_name(), state))
+    }
+
+    /// The inverse of [`Detached::encode`], on the node the object moves to (owned by
+    /// nobody, as `keep` leaves it). A bad state is a `ValueError`.
+    pub fn decode(type_name: &str, state: &Value) -> Result<Detached, Error> {
+        Ok(Detached {
+            obj: objects::snapshot::restore(type_name, state)?,
+            owner: None,
+        })
+    }
 }
 
 fn storage_error(why: &str) -> Error {

@@ -119,6 +119,18 @@ pub enum Request {
         id: u64,
         node: u64,
     },
+    /// Put an object that `keep` moves from a shard led by another node under `name`, in
+    /// the shard of `name` (sent by the node that led the object's shard). A retry with the
+    /// same `origin` is answered as the first was.
+    Adopt {
+        id: u64,
+        type_name: String,
+        name: String,
+        /// The object's snapshot (the format of `spindle_core::objects::snapshot`).
+        state: Value,
+        /// Names this move: the sending node and the object's old key.
+        origin: String,
+    },
     /// Raft messages between the nodes of a cluster (one-way: never answered).
     Raft {
         id: u64,
@@ -154,6 +166,7 @@ impl Request {
             | Request::Cluster { id }
             | Request::Join { id, .. }
             | Request::Leave { id, .. }
+            | Request::Adopt { id, .. }
             | Request::Raft { id, .. } => *id,
         }
     }
@@ -177,6 +190,7 @@ impl Request {
             Request::Cluster { .. } => "cluster",
             Request::Join { .. } => "join",
             Request::Leave { .. } => "leave",
+            Request::Adopt { .. } => "adopt",
             Request::Raft { .. } => "raft",
         }
     }
@@ -344,6 +358,16 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             Request::Leave {
                 id,
                 node: p.uint("node")?,
+            }
+        }
+        "adopt" => {
+            p.arity("[id, \"adopt\", type, name, state, origin]", 4)?;
+            Request::Adopt {
+                id,
+                type_name: p.string("type")?,
+                name: p.string("name")?,
+                state: p.next(),
+                origin: p.string("origin")?,
             }
         }
         "raft" => {
@@ -844,6 +868,20 @@ mod tests {
             parse_request(v(vec![9.into(), s("ping")])).unwrap(),
             Request::Ping { id: 9 }
         );
+        let state = Value::Map(vec![(s("v"), 1.into()), (s("value"), 3.into())]);
+        let adopt = v(vec![10.into(), s("adopt"), s("Counter"), s("c"), state.clone(), s("1:~s.1")]);
+        assert_eq!(
+            parse_request(adopt).unwrap(),
+            Request::Adopt {
+                id: 10,
+                type_name: "Counter".into(),
+                name: "c".into(),
+                state,
+                origin: "1:~s.1".into()
+            }
+        );
+        let short = parse_request(v(vec![11.into(), s("adopt"), s("Counter"), s("c")])).unwrap_err();
+        assert!(short.message.contains("[id, \"adopt\", type, name, state, origin]"), "{short}");
     }
 
     #[test]

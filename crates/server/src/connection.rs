@@ -15,7 +15,7 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use crate::cluster::MembershipChange;
+use crate::cluster::{moves, MembershipChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
 use crate::registry::{self, log_error_reply, Outbox};
@@ -267,6 +267,9 @@ impl Connection {
                 name,
                 ..
             } => {
+                if let Some(to) = name.as_ref().filter(|name| moves::is_remote(&self.shared, &key, name)) {
+                    return self.keep_elsewhere(id, type_name, key, to.clone());
+                }
                 // A retried keep is answered the same way by `Shards::keep`, so its seq
                 // needs no reply log.
                 let reply = match self.shared.shards.keep(&type_name, &key, name.as_deref()) {
@@ -323,6 +326,24 @@ impl Connection {
             }
             Request::Join { id, node, address } => self.change(id, MembershipChange::AddNode { node, address }),
             Request::Leave { id, node } => self.change(id, MembershipChange::RemoveNode { node }),
+            Request::Adopt {
+                id,
+                type_name,
+                name,
+                state,
+                origin,
+            } => {
+                if !self.authorized {
+                    return self.reply(id, Err(unauthorized("moving objects between nodes")));
+                }
+                let reply = match moves::adopt(&self.shared, &type_name, &name, &state, &origin) {
+                    Err(e) if e.kind == ErrorKind::NotLeader => {
+                        Err(redirect(&self.shared, self.shared.shards.index_of(&name)))
+                    }
+                    reply => reply,
+                };
+                self.reply(id, reply)
+            }
             Request::Raft {
                 id,
                 from,
@@ -397,6 +418,21 @@ impl Connection {
             None => None,
         };
         self.apply(id, seq, thread, op, code.as_ref());
+    }
+
+    /// `keep` under a name whose shard another node leads: answered once the object moved.
+    fn keep_elsewhere(&mut self, id: u64, type_name: String, key: String, name: String) {
+        let (shared, conn) = (self.shared.clone(), self.id);
+        tokio::spawn(async move {
+            let reply = match moves::keep_elsewhere(&shared, &type_name, &key, &name).await {
+                Err(e) if e.kind == ErrorKind::NotLeader => Err(redirect(&shared, shared.shards.index_of(&key))),
+                reply => reply,
+            };
+            shared.registry.deliver([Delivery {
+                token: Token { conn, req: id },
+                reply,
+            }]);
+        });
     }
 
     /// `join` or `leave`: a change of the cluster's nodes, answered once proposed.

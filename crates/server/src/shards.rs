@@ -109,15 +109,10 @@ impl Shards {
     }
 
     /// `keep`: give an object a life of its own, optionally under a new key. The object
-    /// moves between shards one lock at a time (never two locks held at once).
+    /// moves between shards one lock at a time (never two locks held at once). In a cluster
+    /// both shards must be served here; otherwise see [`crate::cluster::moves`].
     pub(crate) fn keep(&self, type_name: &str, key: &str, name: Option<&str>) -> Result<Value, Error> {
         let (source, target) = (self.index_of(key), self.index_of(name.unwrap_or(key)));
-        if source != target && self.with(source, |s| s.replica.is_some())? {
-            // Moving between two Raft groups is not atomic: not in cluster mode yet.
-            return Err(Error::value(format!(
-                "in a cluster, keep can only give '{key}' a name in its own shard"
-            )));
-        }
         let Some(name) = name.filter(|n| *n != key) else {
             self.with(source, |s| match s.serving() {
                 true => s.partition.disown(type_name, key),
@@ -154,6 +149,10 @@ impl Shards {
         };
         let owner = detached.owner();
         match self.with(target, |s| {
+            // In a cluster, this node may have stopped leading the name's shard meanwhile.
+            if !s.serving() {
+                return Err((not_serving(), detached));
+            }
             s.calls += 1;
             s.partition.attach(name, detached)
         })? {
@@ -180,13 +179,13 @@ pub(crate) fn hash(key: &str) -> u64 {
     hash
 }
 
-enum Detach {
+pub(crate) enum Detach {
     Taken(Detached),
     /// A retried `keep`: the object already moved to the requested name.
     AlreadyKept,
 }
 
-fn detach(partition: &mut Partition, type_name: &str, key: &str, name: &str) -> Result<Detach, Error> {
+pub(crate) fn detach(partition: &mut Partition, type_name: &str, key: &str, name: &str) -> Result<Detach, Error> {
     match partition.detach(type_name, key) {
         Ok(d) => Ok(Detach::Taken(d)),
         Err(e) if e.kind == ErrorKind::NotFound => {
@@ -221,7 +220,7 @@ fn detach(partition: &mut Partition, type_name: &str, key: &str, name: &str) -> 
 }
 
 /// `keep` on a shard this node does not lead (cluster mode; clients resend to the leader).
-fn not_serving() -> Error {
+pub(crate) fn not_serving() -> Error {
     Error::new(ErrorKind::NotLeader, "this node does not lead the object's shard")
 }
 

@@ -19,6 +19,7 @@
 
 mod group;
 mod meta;
+pub(crate) mod moves;
 mod peers;
 mod store;
 
@@ -71,6 +72,8 @@ pub(crate) struct Cluster {
     peers: peers::Peers,
     /// `--join`, for a new node until it is a member of every shard.
     join: Option<String>,
+    /// Objects other nodes moved here by `keep` lately (a resent `adopt` is recognized).
+    adopted: moves::Adopted,
 }
 
 /// What the rest of the server sees of one shard's Raft group.
@@ -231,6 +234,14 @@ impl Cluster {
     /// a client reaches the leader within two hops.
     pub(crate) fn redirect(&self, group: usize) -> Error {
         not_leader(self.leader_guess(group).as_deref())
+    }
+
+    /// Where to send a request for group `group`: its leader, or a node that should know it
+    /// (this node itself if it leads the group; `None` while nobody is known).
+    pub(crate) fn leader_address(&self, group: usize) -> Option<String> {
+        self.leader_guess(group).or_else(|| {
+            (self.groups[group].leader.load(Ordering::Relaxed) == self.node_id).then(|| self.address.clone())
+        })
     }
 
     /// The address of group `group`'s leader, or of a node that should know it.
@@ -418,6 +429,7 @@ pub(crate) fn prepare(
         meta: Mutex::new(meta::Meta::default()),
         peers: peers::Peers::default(),
         join: config.join.clone(),
+        adopted: moves::Adopted::default(),
     };
     Ok(Prepared {
         cluster,

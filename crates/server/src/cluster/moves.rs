@@ -1,0 +1,181 @@
+//! `keep` under a name whose shard another node leads: the object moves to that node.
+//!
+//! Only ephemeral objects take a new name (a persistent one keeps its key), and in a cluster
+//! they live in the memory of their shard's leader alone. So a move between shards led by
+//! two nodes is a transfer between two memories, not between two Raft logs: the node leading
+//! the object's shard takes the object out, sends its snapshot to the node leading the
+//! name's shard (`adopt`, following redirects), and, once that node has put it under the
+//! name, leaves a forwarding note at the old key. If the name is taken there, or that node
+//! cannot be reached, the object goes back under its key. An `adopt` resent after a lost
+//! answer is recognized by its origin and answered as the first was, so the object never
+//! ends up under both keys while the two nodes can talk. Should the name's leader adopt it
+//! and then be cut off before answering, the caller gets an error and the object is back
+//! under its key; the adopted copy goes with that node's leadership, as every ephemeral
+//! object there does.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use spindle_core::{Detached, Error, ErrorKind, Value};
+
+use super::peers;
+use crate::shards::{self, Detach};
+use crate::Shared;
+
+/// How long a move may look for the name's leader (an election, a node restarting).
+const MOVE_DEADLINE: Duration = Duration::from_secs(10);
+/// Pause before asking again when no leader is known.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// How long an adoption is remembered for a resent `adopt` (well past the deadline).
+const REMEMBER: Duration = Duration::from_secs(60);
+
+/// Adoptions this node made lately: `(when, origin, name)`, oldest first.
+#[derive(Default)]
+pub(crate) struct Adopted(Mutex<VecDeque<(Instant, String, String)>>);
+
+impl Adopted {
+    /// Whether the move `origin` already put an object under `name` here.
+    fn contains(&self, origin: &str, name: &str) -> bool {
+        let mut recent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        while recent.front().is_some_and(|(at, ..)| at.elapsed() > REMEMBER) {
+            recent.pop_front();
+        }
+        recent.iter().any(|(_, o, n)| o == origin && n == name)
+    }
+
+    fn insert(&self, origin: String, name: String) {
+        let mut recent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        recent.push_back((Instant::now(), origin, name));
+    }
+}
+
+/// Whether `keep` of `key` under `name` moves the object to another node: in a cluster,
+/// when the name's shard is another one and this node does not serve it.
+pub(crate) fn is_remote(shared: &Shared, key: &str, name: &str) -> bool {
+    let shards = &shared.shards;
+    let (source, target) = (shards.index_of(key), shards.index_of(name));
+    shared.cluster.is_some() && source != target && !shards.with(target, |s| s.serving()).unwrap_or(false)
+}
+
+/// `keep` of (`type_name`, `key`) under `name`, whose shard another node leads (see the
+/// module documentation). `NotLeader` means this node does not serve the object's shard.
+pub(crate) async fn keep_elsewhere(
+    shared: &Arc<Shared>,
+    type_name: &str,
+    key: &str,
+    name: &str,
+) -> Result<Value, Error> {
+    let Some(cluster) = shared.cluster.as_ref() else {
+        return Err(Error::new(ErrorKind::Internal, "not a cluster"));
+    };
+    let source = shared.shards.index_of(key);
+    let detached = shared.shards.with(source, |s| match s.serving() {
+        true => shards::detach(&mut s.partition, type_name, key, name),
+        false => Err(shards::not_serving()),
+    })??;
+    let detached = match detached {
+        Detach::Taken(d) => d,
+        Detach::AlreadyKept => return Ok(Value::from(name)),
+    };
+    let owner = detached.owner();
+    let Some((type_name, state)) = detached.encode() else {
+        put_back(shared, source, key, detached);
+        return Err(Error::value(format!(
+            "a {type_name} cannot move to another node, and '{name}' belongs to a shard that another node \
+             leads: create the {type_name} with name='{name}' instead"
+        )));
+    };
+    let origin = format!("{}:{key}", cluster.node_id);
+    let request = vec![
+        "adopt".into(),
+        type_name.into(),
+        name.into(),
+        state,
+        origin.as_str().into(),
+    ];
+    let token = shared.config.functions.token.clone();
+    let target = shared.shards.index_of(name);
+    let deadline = Instant::now() + MOVE_DEADLINE;
+    let mut address = None;
+    let mut last: Option<Error> = None;
+    while Instant::now() < deadline {
+        let Some(to) = address.take().or_else(|| cluster.leader_address(target)) else {
+            tokio::time::sleep(RETRY_AFTER).await;
+            continue;
+        };
+        match peers::request(&to, &cluster.name(), token.as_deref(), request.clone()).await {
+            Ok(_) => {
+                let _ = shared.shards.with(source, |s| {
+                    // A node that stopped leading meanwhile rebuilt its partition from the
+                    // log: nothing to leave a note in.
+                    if s.serving() {
+                        s.partition.set_moved(key, name, owner);
+                    }
+                });
+                return Ok(Value::from(name));
+            }
+            Err(e) if e.kind == ErrorKind::NotLeader => {
+                address = e.data.as_str().map(str::to_string);
+                if address.is_none() {
+                    tokio::time::sleep(RETRY_AFTER).await;
+                }
+                last = Some(e);
+            }
+            // Unreachable, or no answer: the adopt may have happened; resend it (the
+            // origin makes that safe).
+            Err(e) if e.kind == ErrorKind::Busy => {
+                tokio::time::sleep(RETRY_AFTER).await;
+                last = Some(e);
+            }
+            Err(e) => {
+                put_back(shared, source, key, detached);
+                return Err(e);
+            }
+        }
+    }
+    put_back(shared, source, key, detached);
+    let why = last.map_or_else(String::new, |e| format!(": {}", e.message));
+    Err(Error::new(
+        ErrorKind::Busy,
+        format!(
+            "could not move '{key}' to '{name}' within {} s: no answer from the leader of the name's shard{why}; \
+             the object stays under its key",
+            MOVE_DEADLINE.as_secs()
+        ),
+    ))
+}
+
+/// A move failed: the object goes back under its key (unless this node stopped leading its
+/// shard meanwhile, which took the shard's ephemeral objects with it).
+fn put_back(shared: &Shared, source: usize, key: &str, detached: Detached) {
+    let _ = shared.shards.with(source, |s| {
+        if s.serving() {
+            s.partition.restore(key, detached);
+        }
+    });
+}
+
+/// `adopt`: put the object moved by `origin` under `name`, in the name's shard, which this
+/// node must serve (`NotLeader` otherwise).
+pub(crate) fn adopt(shared: &Shared, type_name: &str, name: &str, state: &Value, origin: &str) -> Result<Value, Error> {
+    let Some(cluster) = shared.cluster.as_ref() else {
+        return Err(Error::value(
+            "this server is not part of a cluster (start it with --node-id)",
+        ));
+    };
+    let target = shared.shards.index_of(name);
+    shared.shards.with(target, |s| {
+        if !s.serving() {
+            return Err(shards::not_serving());
+        }
+        if cluster.adopted.contains(origin, name) {
+            return Ok(Value::from(name));
+        }
+        let detached = Detached::decode(type_name, state)?;
+        s.partition.attach(name, detached).map_err(|(e, _)| e)?;
+        s.calls += 1;
+        cluster.adopted.insert(origin.to_string(), name.to_string());
+        Ok(Value::from(name))
+    })?
+}
