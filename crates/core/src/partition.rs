@@ -2215,7 +2215,7 @@ mod tests {
                 let restore = |tail: &[Vec<u8>]| {
                     let mut r = Partition::new();
                     r.enable_storage();
-                    r.restore_snapshot(&body, h.now).unwrap();
+                    r.restore_snapshot(&mut &body[..], h.now).unwrap();
                     for rec in tail {
                         r.replay(rec, h.now).unwrap();
                     }

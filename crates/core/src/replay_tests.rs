@@ -341,7 +341,7 @@ fn restored(body: &[u8], tail: &[Vec<u8>]) -> Partition {
     let mut p = Partition::new();
     p.enable_storage();
     let now = Instant::now();
-    p.restore_snapshot(body, now).expect("the snapshot restores");
+    p.restore_snapshot(&mut &body[..], now).expect("the snapshot restores");
     for record in tail {
         p.replay(record, now).expect("records decode");
     }
@@ -447,13 +447,16 @@ fn a_damaged_snapshot_body_is_an_error_never_a_panic() {
     for cut in 0..body.len() {
         let mut p = Partition::new();
         p.enable_storage();
-        assert!(p.restore_snapshot(&body[..cut], l.now).is_err(), "cut at {cut}");
+        assert!(p.restore_snapshot(&mut &body[..cut], l.now).is_err(), "cut at {cut}");
     }
     let mut extra = body.clone();
     extra.push(0xc0);
     let mut p = Partition::new();
     p.enable_storage();
-    assert!(p.restore_snapshot(&extra, l.now).unwrap_err().contains("after the end"));
+    assert!(p
+        .restore_snapshot(&mut &extra[..], l.now)
+        .unwrap_err()
+        .contains("after the end"));
 }
 
 #[test]

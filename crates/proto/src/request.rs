@@ -869,7 +869,14 @@ mod tests {
             Request::Ping { id: 9 }
         );
         let state = Value::Map(vec![(s("v"), 1.into()), (s("value"), 3.into())]);
-        let adopt = v(vec![10.into(), s("adopt"), s("Counter"), s("c"), state.clone(), s("1:~s.1")]);
+        let adopt = v(vec![
+            10.into(),
+            s("adopt"),
+            s("Counter"),
+            s("c"),
+            state.clone(),
+            s("1:~s.1"),
+        ]);
         assert_eq!(
             parse_request(adopt).unwrap(),
             Request::Adopt {
@@ -881,7 +888,10 @@ mod tests {
             }
         );
         let short = parse_request(v(vec![11.into(), s("adopt"), s("Counter"), s("c")])).unwrap_err();
-        assert!(short.message.contains("[id, \"adopt\", type, name, state, origin]"), "{short}");
+        assert!(
+            short.message.contains("[id, \"adopt\", type, name, state, origin]"),
+            "{short}"
+        );
     }
 
     #[test]

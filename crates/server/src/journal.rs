@@ -547,9 +547,9 @@ fn recover(partition: &mut spindle_core::Partition, dir: &Path, index: u32) -> i
         );
     }
     if let Some(snapshot) = &plan.snapshot {
-        let (_, body) = storage::read_snapshot(&snapshot.path)?;
+        let mut body = storage::SnapshotReader::open(&snapshot.path)?;
         partition
-            .restore_snapshot(&body, now)
+            .restore_snapshot(&mut body, now)
             .map_err(|why| recovery_error(format!("snapshot {} does not restore: {why}", snapshot.path.display())))?;
     }
     let mut tail_bytes = 0;

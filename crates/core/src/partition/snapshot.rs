@@ -34,6 +34,7 @@
 //! `get`) replays as it ran.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -165,23 +166,26 @@ impl Partition {
     }
 
     /// Rebuild a fresh partition from a snapshot body (recovery, before replaying the log
-    /// after the snapshot). Fails, naming what is wrong, on a body that does not decode.
-    pub fn restore_snapshot(&mut self, body: &[u8], now: Instant) -> Result<(), String> {
+    /// after the snapshot), read from `body` one value at a time (the body is never held
+    /// whole). Fails, naming what is wrong, on a body that does not decode or cannot be read.
+    pub fn restore_snapshot(&mut self, body: &mut impl Read, now: Instant) -> Result<(), String> {
         if !self.objects.is_empty() || !self.logs.is_empty() {
             return Err("a snapshot is restored into an empty partition only".into());
         }
         if self.storage == Storage::None {
             return Err("a snapshot is restored into a partition with storage enabled only".into());
         }
-        let mut rest = body;
         let mut next = |what: &str| -> Result<Vec<Value>, String> {
-            if rest.is_empty() {
-                return Err(format!("the body ends before {what}"));
-            }
-            match rmpv::decode::read_value(&mut rest) {
+            match rmpv::decode::read_value(body) {
                 Ok(Value::Array(items)) => Ok(items),
                 Ok(_) => Err(format!("{what} is not an array")),
-                Err(e) => Err(format!("{what} is not MessagePack: {e}")),
+                Err(e) => match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => Err(format!("the body ends before {what}")),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::Other => {
+                        Err(format!("{what} is not MessagePack: {e}"))
+                    }
+                    _ => Err(format!("reading {what}: {e}")),
+                },
             }
         };
         let mut head = Items::new(next("the header")?, "the header");
@@ -302,8 +306,11 @@ impl Partition {
                 other => return Err(format!("unknown entry '{other}'")),
             }
         }
-        if !rest.is_empty() {
-            return Err(format!("{} bytes after the end", rest.len()));
+        let mut after = [0u8; 1];
+        match body.read(&mut after) {
+            Ok(0) => {}
+            Ok(_) => return Err("bytes after the end".into()),
+            Err(e) => return Err(format!("reading past the end: {e}")),
         }
         // The calls parked at the moment of the snapshot park again, in their order. One
         // whose session had ended stays parked as it was then: its reply is not recorded,

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
 use super::meta::{Command, Meta};
-use super::store::{RaftStorage, Store};
+use super::store::{RaftStorage, SnapshotData, Store};
 use crate::config::Fsync;
 use crate::{hosts, sessions, Shared};
 
@@ -46,7 +46,7 @@ pub(crate) enum Event {
     /// An entry to propose (see [`encode_entry`]): the epoch and proposal that made it.
     Propose(u64, u64, Vec<u8>),
     /// The body of snapshot capture `id`, or why it failed.
-    Captured(u64, Result<Vec<u8>, String>),
+    Captured(u64, Result<SnapshotData, String>),
     /// A change of the cluster's nodes (metadata group only), answered once proposed.
     Change(Command, oneshot::Sender<Result<Value, Error>>),
 }
@@ -142,7 +142,7 @@ struct Capture {
     /// A serving leader's term: the moment's entry must be of it when applied (else another
     /// leader's entry replaced it, and the capture holds state that never committed).
     term: Option<u64>,
-    body: Option<Vec<u8>>,
+    body: Option<SnapshotData>,
 }
 
 impl Driver {
@@ -210,10 +210,9 @@ impl Driver {
         let recovered = store.entries(1, commit);
         // The configuration is the snapshot's, then that of the committed membership changes
         // after it, replayed from the log: a stored configuration could lag the commit index.
-        let snapshot = store.snapshot();
-        let base = snapshot.get_metadata();
+        let base = store.snapshot_metadata();
         if meta {
-            for command in meta_commands(snapshot.get_data()).map_err(std::io::Error::other)? {
+            for command in stored_meta_commands(&store)? {
                 if let Command::AddNode { node, address } = command {
                     nodes.insert(node, address);
                 }
@@ -303,9 +302,8 @@ impl Driver {
             meta: self.meta,
         };
         if self.meta {
-            let snapshot = self.store.snapshot();
-            if snapshot.get_metadata().index > 0 {
-                match meta_commands(snapshot.get_data()) {
+            if self.store.snapshot_metadata().index > 0 {
+                match stored_meta_commands(&self.store) {
                     Ok(commands) => cluster(&shared).restore_meta(commands),
                     Err(why) => {
                         error!("{why}");
@@ -800,9 +798,9 @@ impl Driver {
     /// applied after it. With `error`, this replica stops serving: the calls waiting on it
     /// are answered with it.
     fn rebuild(&mut self, shared: &Arc<Shared>, error: Option<&Error>) -> Result<(), String> {
-        let snapshot = self.store.snapshot();
         let now = Instant::now();
-        let rebuilt = restored(&snapshot, now).map(|mut partition| {
+        let data = self.store.snapshot_data().map_err(|e| e.to_string())?;
+        let rebuilt = restored(data, now).map(|mut partition| {
             for e in &self.store.entries(1, self.applied) {
                 replay(&mut partition, self.index, e, now);
             }
@@ -842,17 +840,21 @@ impl Driver {
     /// A snapshot a leader sent (this replica lagged behind the leader's compacted log): it
     /// replaces the log and the state. One that does not restore is refused before anything
     /// is stored (the driver stops; a restart asks again).
-    fn install_received(&mut self, shared: &Arc<Shared>, snapshot: Snapshot) -> std::io::Result<()> {
+    fn install_received(&mut self, shared: &Arc<Shared>, mut snapshot: Snapshot) -> std::io::Result<()> {
         let index = snapshot.get_metadata().index;
         let conf = snapshot.get_metadata().get_conf_state().clone();
         let refused =
             |why: String| std::io::Error::other(format!("the leader's snapshot at {index} is refused: {why}"));
         let (commands, partition) = match self.meta {
             true => (Some(meta_commands(snapshot.get_data()).map_err(refused)?), None),
-            false => (None, Some(restored(&snapshot, Instant::now()).map_err(refused)?)),
+            false => (
+                None,
+                Some(restored(Some(snapshot.get_data()), Instant::now()).map_err(refused)?),
+            ),
         };
         self.capture = None;
-        self.store.install(snapshot, true)?;
+        let data = SnapshotData::Bytes(snapshot.take_data().into());
+        self.store.install(snapshot.take_metadata(), data, true)?;
         self.applied = index;
         self.confs = vec![(index, conf)];
         if let Some(commands) = commands {
@@ -872,7 +874,7 @@ impl Driver {
     fn maybe_snapshot(&mut self, shared: &Arc<Shared>) -> std::io::Result<()> {
         let due = self.snapshot_after > 0 && self.store.since_snapshot() >= self.snapshot_after;
         let idle = self.capture.is_none() && !self.capturing.load(Ordering::Acquire);
-        if idle && self.applied > self.store.snapshot().get_metadata().index && (due || self.store.take_wanted()) {
+        if idle && self.applied > self.store.snapshot_metadata().index && (due || self.store.take_wanted()) {
             self.begin_snapshot(shared);
         }
         let ready = self.capture.as_ref().and_then(|c| match (c.index, &c.body) {
@@ -883,7 +885,7 @@ impl Driver {
         let Some(capture) = self.capture.take() else {
             return Ok(());
         };
-        if index <= self.store.snapshot().get_metadata().index {
+        if index <= self.store.snapshot_metadata().index {
             return Ok(()); // a leader's snapshot overtook it
         }
         let term = self.raw.raft.raft_log.term(index).map_err(std::io::Error::other)?;
@@ -894,19 +896,16 @@ impl Driver {
             );
             return Ok(());
         }
-        let body = capture.body.unwrap_or_default();
+        let Some(data) = capture.body else { return Ok(()) };
         // The configuration as of the snapshot's entry (the ones before it are then dropped).
         let base = self.confs.iter().rposition(|(at, _)| *at <= index);
         let conf = base.map(|i| self.confs[i].1.clone()).unwrap_or_default();
         let mut metadata = SnapshotMetadata::default();
         (metadata.index, metadata.term) = (index, term);
         metadata.set_conf_state(conf);
-        let mut snapshot = Snapshot::default();
-        snapshot.set_metadata(metadata);
-        let bytes = body.len();
-        snapshot.set_data(body.into());
         let started = Instant::now();
-        self.store.install(snapshot, false)?;
+        self.store.install(metadata, data, false)?;
+        let bytes = self.store.snapshot_len();
         self.confs.drain(..base.unwrap_or(0));
         info!(
             shard = self.index,
@@ -929,7 +928,7 @@ impl Driver {
                 index: Some(self.applied),
                 proposal: 0,
                 term: None,
-                body: Some(meta_snapshot(&cluster(shared).meta())),
+                body: Some(SnapshotData::Bytes(meta_snapshot(&cluster(shared).meta()))),
             });
             return;
         }
@@ -961,25 +960,11 @@ impl Driver {
         );
         let capturing = self.capturing.clone();
         capturing.store(true, Ordering::Release);
+        let path = self.store.capture_path();
         let spawned = std::thread::Builder::new()
             .name(format!("raft-snapshot-{group}"))
             .spawn(move || {
-                let mut body = header;
-                let outcome = loop {
-                    match background
-                        .shards
-                        .with(group, |s| s.partition.snapshot_chunk(SNAPSHOT_CHUNK))
-                    {
-                        Ok(Some((chunk, done))) => {
-                            body.extend_from_slice(&chunk);
-                            if done {
-                                break Ok(body);
-                            }
-                        }
-                        Ok(None) => break Err("the partition was rebuilt meanwhile".to_string()),
-                        Err(e) => break Err(e.message),
-                    }
-                };
+                let outcome = capture_to(&background, group, header, &path).map(|()| SnapshotData::File(path));
                 capturing.store(false, Ordering::Release);
                 let _ = events.send(Event::Captured(id, outcome));
             });
@@ -1028,7 +1013,7 @@ impl Driver {
         if waiting.is_empty() {
             return;
         }
-        let size = self.store.snapshot().get_data().len() / SNAPSHOT_BYTES_PER_TICK;
+        let size = self.store.snapshot_len() / SNAPSHOT_BYTES_PER_TICK as u64;
         let patience = SNAPSHOT_RETRY_TICKS.saturating_add(u32::try_from(size).unwrap_or(u32::MAX));
         for id in waiting {
             let ticks = self.snapshot_waits.entry(id).or_insert(0);
@@ -1110,16 +1095,50 @@ fn meta_snapshot(meta: &Meta) -> Vec<u8> {
     out
 }
 
-/// A fresh partition holding `snapshot`'s state (none: empty).
-fn restored(snapshot: &Snapshot, now: Instant) -> Result<Partition, String> {
+/// Write the body of a snapshot of shard `group` to `path`: `header`, then the objects a
+/// chunk per hold of the shard lock (calls go on between chunks).
+fn capture_to(shared: &Shared, group: usize, header: Vec<u8>, path: &std::path::Path) -> Result<(), String> {
+    use std::io::Write as _;
+    let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(failed)?);
+    file.write_all(&header).map_err(failed)?;
+    loop {
+        match shared
+            .shards
+            .with(group, |s| s.partition.snapshot_chunk(SNAPSHOT_CHUNK))
+        {
+            Ok(Some((chunk, done))) => {
+                file.write_all(&chunk).map_err(failed)?;
+                if done {
+                    return file.flush().map_err(failed);
+                }
+            }
+            Ok(None) => return Err("the partition was rebuilt meanwhile".to_string()),
+            Err(e) => return Err(e.message),
+        }
+    }
+}
+
+/// A fresh partition holding the state of a snapshot's `data` (none: empty), read as it
+/// restores.
+fn restored(data: Option<impl std::io::Read>, now: Instant) -> Result<Partition, String> {
     let mut partition = Partition::new();
     partition.enable_storage();
-    if snapshot.get_metadata().index > 0 {
+    if let Some(mut data) = data {
         partition
-            .restore_snapshot(snapshot.get_data(), now)
+            .restore_snapshot(&mut data, now)
             .map_err(|why| format!("the snapshot does not restore: {why}"))?;
     }
     Ok(partition)
+}
+
+/// The commands of the metadata group's latest snapshot (none without one).
+fn stored_meta_commands(store: &Store) -> std::io::Result<Vec<Command>> {
+    let mut bytes = Vec::new();
+    if let Some(mut data) = store.snapshot_data()? {
+        std::io::Read::read_to_end(&mut data, &mut bytes)?;
+    }
+    meta_commands(&bytes).map_err(std::io::Error::other)
 }
 
 /// The commands of a metadata snapshot (none in an empty one).

@@ -16,14 +16,20 @@
 //! before the older one kept. At start, the newest snapshot that passes its checks is loaded
 //! and the segments from its own on are replayed, so a crash between any two steps recovers
 //! the same log (before the snapshot exists, the older segments still hold every entry).
+//!
+//! The body's protobuf `Snapshot` has its metadata first and its data (a partition's
+//! snapshot body) last, so the data is streamed in and out of the file: a replica keeps only
+//! the metadata in memory, and reads the data when it rebuilds its partition or a peer needs
+//! the snapshot. (Protobuf allows fields in any order; a body with its data first still reads.)
 
-use std::io;
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use protobuf::Message as _;
-use raft::prelude::{ConfState, Entry, HardState, Snapshot};
+use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, StorageError};
 use spindle_storage::{self as storage, LogPosition, LogWriter, ScanEnd, SegmentScanner};
@@ -36,12 +42,44 @@ const CONF_STATE: u8 = 3;
 /// still rebuild the state.
 const SNAPSHOTS_KEPT: usize = 2;
 
+/// The largest snapshot metadata read (a configuration: a few node ids).
+const MAX_METADATA_LEN: u64 = 1 << 20;
+
+/// A snapshot's data on its way to [`Store::install`]: in memory (a leader's, the metadata
+/// group's), or a file a capture wrote (a shard's partition body), deleted once installed.
+pub(crate) enum SnapshotData {
+    Bytes(Vec<u8>),
+    File(PathBuf),
+}
+
+/// The latest snapshot: its metadata, and the file holding its data (none yet: `None`).
+#[derive(Clone, Default)]
+struct Latest {
+    snapshot: Snapshot,
+    path: Option<PathBuf>,
+    data_len: u64,
+}
+
+impl Latest {
+    /// The snapshot with its data, read from its file (for a peer that needs it).
+    fn with_data(&self) -> io::Result<Snapshot> {
+        let mut snapshot = self.snapshot.clone();
+        if let Some(path) = &self.path {
+            let (_, mut data, len) = open_snapshot_file(path)?;
+            let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+            data.read_to_end(&mut bytes)?;
+            snapshot.set_data(bytes.into());
+        }
+        Ok(snapshot)
+    }
+}
+
 /// What raft-rs reads: the in-memory log, and the latest snapshot for peers that need the
 /// entries compacted away.
 #[derive(Clone)]
 pub(crate) struct RaftStorage {
     pub(crate) mem: MemStorage,
-    snapshot: Arc<RwLock<Snapshot>>,
+    latest: Arc<RwLock<Latest>>,
     /// A peer needs a newer snapshot than the latest (see `snapshot`).
     wanted: Arc<AtomicBool>,
 }
@@ -77,8 +115,8 @@ impl raft::Storage for RaftStorage {
     /// its configuration and would refuse it: a newer one is asked for, and raft-rs asks
     /// again later.
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
-        let snapshot = self.snapshot.read().unwrap_or_else(|e| e.into_inner());
-        let meta = snapshot.get_metadata();
+        let latest = self.latest.read().unwrap_or_else(|e| e.into_inner());
+        let meta = latest.snapshot.get_metadata();
         let conf = meta.get_conf_state();
         let member = [&conf.voters, &conf.learners, &conf.voters_outgoing, &conf.learners_next]
             .iter()
@@ -87,7 +125,12 @@ impl raft::Storage for RaftStorage {
             self.wanted.store(true, Ordering::Release);
             return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         }
-        Ok(snapshot.clone())
+        latest.with_data().map_err(|e| {
+            // Unreadable: a new snapshot is taken, and raft-rs asks again.
+            warn!("cannot read the snapshot for node {to}: {e} (taking a new one)");
+            self.wanted.store(true, Ordering::Release);
+            raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable)
+        })
     }
 }
 
@@ -96,7 +139,7 @@ impl raft::Storage for RaftStorage {
 /// in the order they were made.
 pub(crate) struct Store {
     pub(crate) mem: MemStorage,
-    snapshot: Arc<RwLock<Snapshot>>,
+    latest: Arc<RwLock<Latest>>,
     wanted: Arc<AtomicBool>,
     dir: PathBuf,
     group: u32,
@@ -111,7 +154,10 @@ impl Store {
     pub(crate) fn open(dir: &Path, group: u32) -> io::Result<Store> {
         std::fs::create_dir_all(dir)?;
         let mem = MemStorage::new();
-        let (found, rejected) = storage::load_latest_snapshot(dir, group)?;
+        // A capture a crash interrupted.
+        let _ = std::fs::remove_file(capture_file(dir, group));
+        // Checked whole (streaming), then only its metadata is read.
+        let (found, rejected) = storage::latest_valid_snapshot(dir, group)?;
         for r in rejected {
             warn!(
                 shard = group,
@@ -120,16 +166,15 @@ impl Store {
                 r.reason
             );
         }
-        let mut snapshot = Snapshot::default();
+        let mut latest = Latest::default();
         let mut from_seq = storage::FIRST_SEGMENT_SEQ;
-        if let Some((info, body)) = found {
-            snapshot = Snapshot::parse_from_bytes(&body).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("snapshot {} does not decode: {e}", info.path.display()),
-                )
-            })?;
-            mem.wl().apply_snapshot(snapshot.clone()).map_err(io::Error::other)?;
+        if let Some(info) = found {
+            let (metadata, _, data_len) = open_snapshot_file(&info.path)?;
+            latest.snapshot.set_metadata(metadata);
+            (latest.path, latest.data_len) = (Some(info.path), data_len);
+            mem.wl()
+                .apply_snapshot(latest.snapshot.clone())
+                .map_err(io::Error::other)?;
             from_seq = info.position.seq;
         }
         let segments: Vec<_> = storage::list_segments(dir, group)?
@@ -163,7 +208,7 @@ impl Store {
         };
         Ok(Store {
             mem,
-            snapshot: Arc::new(RwLock::new(snapshot)),
+            latest: Arc::new(RwLock::new(latest)),
             wanted: Arc::new(AtomicBool::new(false)),
             dir: dir.to_path_buf(),
             group,
@@ -177,7 +222,7 @@ impl Store {
     pub(crate) fn storage(&self) -> RaftStorage {
         RaftStorage {
             mem: self.mem.clone(),
-            snapshot: self.snapshot.clone(),
+            latest: self.latest.clone(),
             wanted: self.wanted.clone(),
         }
     }
@@ -192,9 +237,33 @@ impl Store {
         self.mem.rl().hard_state().term == 0 && last_index(&self.mem) == 0
     }
 
-    /// The latest snapshot (empty metadata and data: none yet).
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone()
+    fn latest(&self) -> std::sync::RwLockReadGuard<'_, Latest> {
+        self.latest.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The latest snapshot's metadata (index 0: none yet).
+    pub(crate) fn snapshot_metadata(&self) -> SnapshotMetadata {
+        self.latest().snapshot.get_metadata().clone()
+    }
+
+    /// Bytes of the latest snapshot's data.
+    pub(crate) fn snapshot_len(&self) -> u64 {
+        self.latest().data_len
+    }
+
+    /// The latest snapshot's data, read from its file as it is consumed (`None`: no
+    /// snapshot yet).
+    pub(crate) fn snapshot_data(&self) -> io::Result<Option<impl Read>> {
+        match &self.latest().path {
+            Some(path) => Ok(Some(open_snapshot_file(path)?.1)),
+            None => Ok(None),
+        }
+    }
+
+    /// Where a capture writes the body of this group's next snapshot (a temp file: one
+    /// left by a crash is removed at start).
+    pub(crate) fn capture_path(&self) -> PathBuf {
+        capture_file(&self.dir, self.group)
     }
 
     /// Bytes of entries written since the last snapshot.
@@ -249,9 +318,13 @@ impl Store {
     /// Install `snapshot` (its metadata names the entry it covers), on disk and then in
     /// memory. A snapshot this replica took keeps the entries after it; one a leader sent
     /// (`from_leader`) replaces the whole log, as raft-rs expects.
-    pub(crate) fn install(&mut self, snapshot: Snapshot, from_leader: bool) -> io::Result<()> {
-        let meta = snapshot.get_metadata();
-        let index = meta.index;
+    pub(crate) fn install(
+        &mut self,
+        metadata: SnapshotMetadata,
+        data: SnapshotData,
+        from_leader: bool,
+    ) -> io::Result<()> {
+        let index = metadata.index;
         // The current segment complete before the log moves on.
         self.sync()?;
         // The new segment keeps the current hard state (its vote above all): the snapshot
@@ -272,9 +345,27 @@ impl Store {
         records.extend(kept.iter().map(|e| encode(ENTRY, e)));
         file.append_batch(&records)?;
         file.sync()?;
-        let body = snapshot.write_to_bytes().map_err(io::Error::other)?;
-        let written = storage::write_snapshot(&self.dir, self.group, LogPosition::segment_start(seq), &body)?;
-        drop(body);
+        let position = LogPosition::segment_start(seq);
+        let (written, data_len) = match &data {
+            SnapshotData::Bytes(bytes) => {
+                let len = bytes.len() as u64;
+                let written = write_snapshot_file(&self.dir, self.group, position, &metadata, &mut &bytes[..], len)?;
+                (written, len)
+            }
+            SnapshotData::File(path) => {
+                let mut file = File::open(path)?;
+                let len = file.metadata()?.len();
+                (
+                    write_snapshot_file(&self.dir, self.group, position, &metadata, &mut file, len)?,
+                    len,
+                )
+            }
+        };
+        if let SnapshotData::File(path) = &data {
+            let _ = std::fs::remove_file(path);
+        }
+        let mut snapshot = Snapshot::default();
+        snapshot.set_metadata(metadata);
         {
             let mut core = self.mem.wl();
             core.apply_snapshot(snapshot.clone()).map_err(io::Error::other)?;
@@ -284,7 +375,11 @@ impl Store {
                 core.set_conf_state(conf);
             }
         }
-        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = snapshot;
+        *self.latest.write().unwrap_or_else(|e| e.into_inner()) = Latest {
+            snapshot,
+            data_len,
+            path: Some(written.path.clone()),
+        };
         self.file = file;
         self.since_snapshot = 0;
         // Behind the older of the two kept only: if the newest is ever damaged, the older one
@@ -308,6 +403,110 @@ impl Store {
         raft::Storage::entries(&self.mem, first, last + 1, None, raft::GetEntriesContext::empty(false))
             .unwrap_or_default()
     }
+}
+
+fn capture_file(dir: &Path, group: u32) -> PathBuf {
+    dir.join(format!("snap-{group}-capture.tmp"))
+}
+
+/// Write snapshot file `pos` of `group`: a protobuf `Snapshot`, `metadata` first, then the
+/// `len` bytes of `data`, streamed.
+fn write_snapshot_file(
+    dir: &Path,
+    group: u32,
+    pos: LogPosition,
+    metadata: &SnapshotMetadata,
+    data: &mut dyn Read,
+    len: u64,
+) -> io::Result<storage::SnapshotInfo> {
+    let mut head = Vec::new();
+    {
+        let mut out = protobuf::CodedOutputStream::vec(&mut head);
+        let metadata = metadata.write_to_bytes().map_err(io::Error::other)?;
+        out.write_bytes(2, &metadata).map_err(io::Error::other)?;
+        out.write_tag(1, protobuf::wire_format::WireTypeLengthDelimited)
+            .map_err(io::Error::other)?;
+        out.write_raw_varint64(len).map_err(io::Error::other)?;
+        out.flush().map_err(io::Error::other)?;
+    }
+    let mut file = storage::begin_snapshot(dir, group, pos)?;
+    file.write_all(&head)?;
+    let copied = io::copy(&mut data.take(len), &mut file)?;
+    if copied != len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("a snapshot's data ended after {copied} of {len} bytes"),
+        ));
+    }
+    file.finish()
+}
+
+/// Open snapshot file `path`: its metadata, and its data as a reader with the data's length
+/// (checked against the file's checksum once read to the end).
+fn open_snapshot_file(path: &Path) -> io::Result<(SnapshotMetadata, Box<dyn Read + Send>, u64)> {
+    let invalid = |why: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("snapshot {}: {why}", path.display()),
+        )
+    };
+    let mut body = storage::SnapshotReader::open(path)?;
+    let mut metadata = None;
+    let mut data: Option<Vec<u8>> = None;
+    loop {
+        let tag = match read_varint(&mut body) {
+            Ok(tag) => tag,
+            // The end of the body: a body written data first (read whole above).
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && data.is_some() => break,
+            Err(e) => return Err(e),
+        };
+        if tag & 7 != 2 {
+            return Err(invalid(format!("a field of wire type {} in the Snapshot", tag & 7)));
+        }
+        let len = read_varint(&mut body)?;
+        match (tag >> 3, &metadata) {
+            (2, _) if len <= MAX_METADATA_LEN => {
+                let mut bytes = vec![0; len as usize];
+                body.read_exact(&mut bytes)?;
+                metadata = Some(SnapshotMetadata::parse_from_bytes(&bytes).map_err(|e| invalid(e.to_string()))?);
+                if data.is_some() {
+                    break;
+                }
+            }
+            // The data last: streamed from here.
+            (1, Some(metadata)) => return Ok((metadata.clone(), Box::new(body.take(len)), len)),
+            (1, None) => {
+                let mut bytes = Vec::new();
+                body.by_ref().take(len).read_to_end(&mut bytes)?;
+                data = Some(bytes);
+            }
+            (field, _) => return Err(invalid(format!("an unexpected field {field} of {len} bytes"))),
+        }
+    }
+    match (metadata, data) {
+        (Some(metadata), Some(data)) => {
+            let len = data.len() as u64;
+            Ok((metadata, Box::new(io::Cursor::new(data)), len))
+        }
+        _ => Err(invalid("no metadata or no data".into())),
+    }
+}
+
+/// A protobuf varint.
+fn read_varint(r: &mut impl Read) -> io::Result<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let mut byte = [0u8];
+        r.read_exact(&mut byte)?;
+        value |= u64::from(byte[0] & 0x7f) << shift;
+        if byte[0] & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        "a varint longer than 10 bytes",
+    ))
 }
 
 fn last_index(mem: &MemStorage) -> u64 {
@@ -379,13 +578,23 @@ mod tests {
         dir
     }
 
-    fn snapshot_at(index: u64, term: u64, voters: Vec<u64>, data: &[u8]) -> Snapshot {
-        let mut snapshot = Snapshot::default();
-        snapshot.mut_metadata().index = index;
-        snapshot.mut_metadata().term = term;
-        snapshot.mut_metadata().mut_conf_state().voters = voters;
-        snapshot.set_data(data.to_vec().into());
-        snapshot
+    fn metadata(index: u64, term: u64, voters: Vec<u64>) -> SnapshotMetadata {
+        let mut metadata = SnapshotMetadata::default();
+        (metadata.index, metadata.term) = (index, term);
+        metadata.mut_conf_state().voters = voters;
+        metadata
+    }
+
+    fn install(store: &mut Store, index: u64, term: u64, voters: Vec<u64>, data: &[u8], from_leader: bool) {
+        let data = SnapshotData::Bytes(data.to_vec());
+        store.install(metadata(index, term, voters), data, from_leader).unwrap();
+    }
+
+    /// The latest snapshot's data, read from its file.
+    fn data(store: &Store) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        store.snapshot_data().unwrap().unwrap().read_to_end(&mut bytes).unwrap();
+        bytes
     }
 
     /// Entries 1..=10 of term 1, committed to 8, voted for node 2, voters [1, 2].
@@ -423,9 +632,7 @@ mod tests {
         let dir = temp_dir("compact");
         let mut store = ten_entries(&dir);
         for (at, name) in [(4, "first"), (6, "second"), (8, "third")] {
-            store
-                .install(snapshot_at(at, 1, vec![1, 2], name.as_bytes()), false)
-                .unwrap();
+            install(&mut store, at, 1, vec![1, 2], name.as_bytes(), false);
         }
         assert_eq!(data_of(&store.entries(1, 100)), ["e9", "e10"]);
         assert_eq!(store.since_snapshot(), 0, "the count starts again");
@@ -436,7 +643,8 @@ mod tests {
         assert_eq!(first_segment, snaps[0].0.seq);
         drop(store);
         let store = Store::open(&dir, 0).unwrap();
-        assert_eq!(store.snapshot().get_data(), b"third");
+        assert_eq!(data(&store), b"third");
+        assert_eq!(store.snapshot_len(), 5);
         assert_eq!(data_of(&store.entries(1, 100)), ["e9", "e10"]);
         let state = raft::Storage::initial_state(&store.storage()).unwrap();
         assert_eq!(
@@ -452,14 +660,15 @@ mod tests {
     fn a_crash_before_the_snapshot_file_is_written_recovers_the_whole_log() {
         let dir = temp_dir("crash");
         let mut store = ten_entries(&dir);
-        store.install(snapshot_at(6, 1, vec![1, 2], b"s"), false).unwrap();
+        install(&mut store, 6, 1, vec![1, 2], b"s", false);
         drop(store);
         // As if the process died after the new segment and before the snapshot file.
         for (_, path) in storage::list_snapshots(&dir, 0).unwrap() {
             std::fs::remove_file(path).unwrap();
         }
         let store = Store::open(&dir, 0).unwrap();
-        assert_eq!(store.snapshot().get_metadata().index, 0);
+        assert_eq!(store.snapshot_metadata().index, 0);
+        assert!(store.snapshot_data().unwrap().is_none());
         assert_eq!(data_of(&store.entries(1, 100)).len(), 10);
         assert_eq!(store.mem.rl().hard_state().commit, 8);
         std::fs::remove_dir_all(&dir).unwrap();
@@ -469,10 +678,8 @@ mod tests {
     fn a_leaders_snapshot_replaces_the_log_and_keeps_the_vote() {
         let dir = temp_dir("received");
         let mut store = ten_entries(&dir);
-        store.install(snapshot_at(4, 1, vec![1, 2], b"own"), false).unwrap();
-        store
-            .install(snapshot_at(20, 3, vec![1, 2, 3], b"leader's"), true)
-            .unwrap();
+        install(&mut store, 4, 1, vec![1, 2], b"own", false);
+        install(&mut store, 20, 3, vec![1, 2, 3], b"leader's", true);
         assert!(store.entries(1, 100).is_empty());
         // The log before a leader's snapshot has a gap: no older snapshot or segment is kept.
         let snaps = storage::list_snapshots(&dir, 0).unwrap();
@@ -482,7 +689,7 @@ mod tests {
         store.sync().unwrap();
         drop(store);
         let store = Store::open(&dir, 0).unwrap();
-        assert_eq!(store.snapshot().get_data(), b"leader's");
+        assert_eq!(data(&store), b"leader's");
         assert_eq!(data_of(&store.entries(1, 100)), ["e21"]);
         let state = raft::Storage::initial_state(&store.storage()).unwrap();
         // The commit index and term are at least the snapshot's; the vote is kept.
@@ -491,7 +698,7 @@ mod tests {
             (3, 2, 20)
         );
         // (A group's start takes its configuration from the snapshot and the changes after it.)
-        assert_eq!(store.snapshot().get_metadata().get_conf_state().voters, vec![1, 2, 3]);
+        assert_eq!(store.snapshot_metadata().get_conf_state().voters, vec![1, 2, 3]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -502,7 +709,7 @@ mod tests {
         let storage = store.storage();
         assert!(raft::Storage::snapshot(&storage, 0, 2).is_err(), "no snapshot yet");
         assert!(store.take_wanted());
-        store.install(snapshot_at(8, 1, vec![1, 2], b"s"), false).unwrap();
+        install(&mut store, 8, 1, vec![1, 2], b"s", false);
         assert_eq!(raft::Storage::snapshot(&storage, 0, 2).unwrap().get_data(), b"s");
         assert!(!store.take_wanted());
         assert!(
@@ -510,6 +717,31 @@ mod tests {
             "node 3 was added after it"
         );
         assert!(store.take_wanted());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_captured_file_is_streamed_in_and_a_body_with_its_data_first_still_reads() {
+        let dir = temp_dir("stream");
+        let mut store = ten_entries(&dir);
+        let capture = store.capture_path();
+        let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&capture, &body).unwrap();
+        store
+            .install(metadata(8, 1, vec![1, 2]), SnapshotData::File(capture.clone()), false)
+            .unwrap();
+        assert!(!capture.exists(), "the capture is moved into the snapshot file");
+        assert_eq!((store.snapshot_len(), data(&store) == body), (body.len() as u64, true));
+        // A body written by protobuf itself (data first, then metadata) reads the same.
+        let mut whole = Snapshot::default();
+        whole.set_metadata(metadata(9, 1, vec![1, 2]));
+        whole.set_data(b"old layout".to_vec().into());
+        let position = LogPosition::segment_start(store.file.header().seq + 1);
+        storage::write_snapshot(&dir, 0, position, &whole.write_to_bytes().unwrap()).unwrap();
+        drop(store);
+        let store = Store::open(&dir, 0).unwrap();
+        assert_eq!(store.snapshot_metadata().index, 9);
+        assert_eq!(data(&store), b"old layout");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
