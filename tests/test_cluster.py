@@ -576,9 +576,9 @@ def test_snapshots_compact_the_log_and_new_and_restarted_nodes_recover_from_them
         cluster.stop()
 
 
-def test_a_snapshot_larger_than_a_frame_reaches_a_new_node_in_parts(tmp_path):
-    # 1 MiB frames, and a shard state of several MiB: snapshots (and batches of entries)
-    # travel to the new node in parts.
+def test_a_snapshot_larger_than_a_frame_streams_to_a_new_node_through_files(tmp_path):
+    # 1 MiB frames, and a shard state of several MiB: snapshots stream from the leader's
+    # file to one on the new node in chunks (and batches of entries travel in parts).
     cluster = Cluster(tmp_path, extra=("--max-frame", str(1 << 20), *SMALL_SNAPSHOTS))
     client = Client(cluster.addresses)
     try:
@@ -591,6 +591,8 @@ def test_a_snapshot_larger_than_a_frame_reaches_a_new_node_in_parts(tmp_path):
         assert "installed the leader's snapshot" in newcomer.log.read_text()
         sizes = [p.stat().st_size for p in (newcomer.data_dir / "raft").glob("snap-*.sps")]
         assert max(sizes) > 1 << 20, sizes
+        # The files the snapshots were received into went into the snapshots.
+        assert not list((newcomer.data_dir / "raft").glob("*.tmp"))
         for key, data in blobs.items():
             assert client.call("Blob", key, "get", []) == data
     finally:

@@ -131,6 +131,19 @@ pub enum Request {
         /// Names this move: the sending node and the object's old key.
         origin: String,
     },
+    /// A Raft snapshot on its way to a peer (one-way: never answered): the first frame
+    /// carries the `MsgSnapshot` (without its data) and the data's first chunk, the frames
+    /// after it on the connection the next chunks, the last without `more`.
+    Snapshot {
+        id: u64,
+        from: u64,
+        address: String,
+        group: u64,
+        /// The protobuf-encoded message, in the first frame only.
+        message: Option<Vec<u8>>,
+        chunk: Vec<u8>,
+        more: bool,
+    },
     /// Raft messages between the nodes of a cluster (one-way: never answered).
     Raft {
         id: u64,
@@ -167,6 +180,7 @@ impl Request {
             | Request::Join { id, .. }
             | Request::Leave { id, .. }
             | Request::Adopt { id, .. }
+            | Request::Snapshot { id, .. }
             | Request::Raft { id, .. } => *id,
         }
     }
@@ -191,6 +205,7 @@ impl Request {
             Request::Join { .. } => "join",
             Request::Leave { .. } => "leave",
             Request::Adopt { .. } => "adopt",
+            Request::Snapshot { .. } => "snapshot",
             Request::Raft { .. } => "raft",
         }
     }
@@ -368,6 +383,24 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 name: p.string("name")?,
                 state: p.next(),
                 origin: p.string("origin")?,
+            }
+        }
+        "snapshot" => {
+            p.arity("[id, \"snapshot\", from, address, shard, message, chunk, more]", 6)?;
+            let (from, address, group) = (p.uint("from")?, p.string("address")?, p.uint("shard")?);
+            let message = match p.next() {
+                Value::Nil => None,
+                Value::Binary(b) => Some(b),
+                other => return Err(p.error("message", "bin or nil", &other)),
+            };
+            Request::Snapshot {
+                id,
+                from,
+                address,
+                group,
+                message,
+                chunk: p.binary("chunk")?,
+                more: p.boolean("more")?,
             }
         }
         "raft" => {
@@ -887,6 +920,46 @@ mod tests {
                 origin: "1:~s.1".into()
             }
         );
+        let first = v(vec![
+            12.into(),
+            s("snapshot"),
+            2.into(),
+            s("h:1"),
+            3.into(),
+            Value::Binary(vec![8]),
+            Value::Binary(vec![1, 2]),
+            true.into(),
+        ]);
+        assert_eq!(
+            parse_request(first).unwrap(),
+            Request::Snapshot {
+                id: 12,
+                from: 2,
+                address: "h:1".into(),
+                group: 3,
+                message: Some(vec![8]),
+                chunk: vec![1, 2],
+                more: true
+            }
+        );
+        let next = v(vec![
+            13.into(),
+            s("snapshot"),
+            2.into(),
+            s("h:1"),
+            3.into(),
+            Value::Nil,
+            Value::Binary(vec![3]),
+            false.into(),
+        ]);
+        assert!(matches!(
+            parse_request(next).unwrap(),
+            Request::Snapshot {
+                message: None,
+                more: false,
+                ..
+            }
+        ));
         let short = parse_request(v(vec![11.into(), s("adopt"), s("Counter"), s("c")])).unwrap_err();
         assert!(
             short.message.contains("[id, \"adopt\", type, name, state, origin]"),

@@ -68,6 +68,62 @@ struct Connection {
     host: Option<HostId>,
     /// A peer's Raft message arriving in parts: its shard and the bytes so far.
     raft_part: Option<(u64, Vec<u8>)>,
+    /// A snapshot a peer is streaming to this node.
+    incoming: Option<IncomingSnapshot>,
+}
+
+/// A snapshot arriving in `snapshot` frames: its message, and the file its data goes to
+/// (deleted unless the whole snapshot came and went to its group).
+struct IncomingSnapshot {
+    group: u64,
+    message: Vec<u8>,
+    path: std::path::PathBuf,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+}
+
+impl IncomingSnapshot {
+    fn create(group: u64, message: Vec<u8>, path: std::path::PathBuf) -> std::io::Result<Self> {
+        let file = std::fs::File::create(&path)?;
+        Ok(IncomingSnapshot {
+            group,
+            message,
+            path,
+            file: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+        })
+    }
+
+    fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        use std::io::Write as _;
+        match &mut self.file {
+            Some(file) => file.write_all(chunk),
+            None => Err(std::io::Error::other("the snapshot was finished")),
+        }
+    }
+
+    /// The whole snapshot came: its message, naming the file that holds its data (the
+    /// file is the group's from now on).
+    fn finish(mut self) -> Result<Vec<u8>, String> {
+        use protobuf::Message as _;
+        use std::io::Write as _;
+        let file = self.file.take().ok_or("finished twice")?;
+        file.into_inner()
+            .map_err(|e| e.to_string())
+            .and_then(|mut f| f.flush().map_err(|e| e.to_string()))?;
+        let mut message = raft::prelude::Message::parse_from_bytes(&self.message).map_err(|e| e.to_string())?;
+        let data = crate::cluster::snapshot_file_data(&self.path);
+        message.mut_snapshot().set_data(data.into());
+        let bytes = message.write_to_bytes().map_err(|e| e.to_string())?;
+        self.path = std::path::PathBuf::new();
+        Ok(bytes)
+    }
+}
+
+impl Drop for IncomingSnapshot {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Serve one accepted connection until it closes.
@@ -95,6 +151,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         worker: None,
         host: None,
         raft_part: None,
+        incoming: None,
     };
     let end = conn.read_loop(&mut reader).await;
     match &end {
@@ -344,6 +401,15 @@ impl Connection {
                 };
                 self.reply(id, reply)
             }
+            Request::Snapshot {
+                id,
+                from,
+                address,
+                group,
+                message,
+                chunk,
+                more,
+            } => self.snapshot_frame(id, from, &address, group, message, &chunk, more),
             Request::Raft {
                 id,
                 from,
@@ -358,6 +424,8 @@ impl Connection {
                 if self.shared.cluster.is_none() {
                     return self.reply(id, Err(not_clustered()));
                 }
+                // A snapshot's stream broke off (its link started over).
+                self.incoming = None;
                 // Never answered: Raft messages are one-way.
                 if let Some(messages) = self.assemble(group, messages, more) {
                     if let Some(cluster) = &self.shared.cluster {
@@ -365,6 +433,48 @@ impl Connection {
                     }
                 }
             }
+        }
+    }
+
+    /// A frame of a snapshot a peer streams (see [`IncomingSnapshot`]); never answered.
+    #[allow(clippy::too_many_arguments)]
+    fn snapshot_frame(
+        &mut self,
+        id: u64,
+        from: u64,
+        address: &str,
+        group: u64,
+        message: Option<Vec<u8>>,
+        chunk: &[u8],
+        more: bool,
+    ) {
+        if !self.authorized {
+            return self.reply(id, Err(unauthorized("sending Raft snapshots")));
+        }
+        let Some(cluster) = self.shared.cluster.as_ref() else {
+            return self.reply(id, Err(not_clustered()));
+        };
+        if let Some(message) = message {
+            self.incoming = IncomingSnapshot::create(group, message, cluster.incoming_snapshot(group))
+                .map_err(|e| warn!(conn = self.id, "cannot receive a snapshot: {e}"))
+                .ok();
+        }
+        let Some(incoming) = self.incoming.as_mut().filter(|i| i.group == group) else {
+            self.incoming = None;
+            return; // the rest of a snapshot this node could not receive: Raft sends again
+        };
+        if let Err(e) = incoming.write(chunk) {
+            warn!(conn = self.id, "cannot receive a snapshot: {e}");
+            self.incoming = None;
+            return;
+        }
+        if more {
+            return;
+        }
+        match self.incoming.take().map(IncomingSnapshot::finish) {
+            Some(Ok(message)) => cluster.receive(from, address, group, vec![message]),
+            Some(Err(e)) => warn!(conn = self.id, "dropped a snapshot that does not decode: {e}"),
+            None => {}
         }
     }
 

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
 use super::meta::{Command, Meta};
-use super::store::{RaftStorage, SnapshotData, Store};
+use super::store::{data_file, RaftStorage, SnapshotData, Store};
 use crate::config::Fsync;
 use crate::{hosts, sessions, Shared};
 
@@ -128,6 +128,8 @@ pub(crate) struct Driver {
     snapshot_waits: HashMap<u64, u32>,
     /// A partition that could not be rebuilt: the driver stops.
     broken: bool,
+    /// Files of snapshots received since the last `Ready` (see `handle`).
+    received: Vec<std::path::PathBuf>,
 }
 
 /// A snapshot being taken. The partition's state is captured as of one moment, which is
@@ -291,6 +293,7 @@ impl Driver {
             confs,
             snapshot_waits: HashMap::new(),
             broken: false,
+            received: Vec::new(),
         })
     }
 
@@ -345,7 +348,12 @@ impl Driver {
                     Err(_) => break,
                 }
             }
-            if let Err(e) = self.on_ready(&shared).and_then(|()| self.maybe_snapshot(&shared)) {
+            let ready = self.on_ready(&shared);
+            // Snapshots received and not installed (raft-rs had a newer state) are not kept.
+            for path in self.received.drain(..) {
+                let _ = std::fs::remove_file(path);
+            }
+            if let Err(e) = ready.and_then(|()| self.maybe_snapshot(&shared)) {
                 error!(
                     shard = self.index,
                     "the shard's Raft log cannot be written: {e}; this node leaves the shard's service"
@@ -371,6 +379,15 @@ impl Driver {
                         // and an empty one would make raft-rs panic.
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
                         Ok(m) => {
+                            // A snapshot's data arrives in a file its connection wrote; the
+                            // message may name no other (after `on_ready` it is gone).
+                            if let Some(path) = data_file(m.get_snapshot().get_data()) {
+                                if !self.store.is_incoming(&path) {
+                                    warn!(shard = self.index, "dropped a snapshot naming {}", path.display());
+                                    continue;
+                                }
+                                self.received.push(path);
+                            }
                             let _ = self.raw.step(m);
                         }
                         Err(e) => warn!(shard = self.index, "dropped a Raft message that does not decode: {e}"),
@@ -603,7 +620,18 @@ impl Driver {
     fn send(&self, shared: &Arc<Shared>, messages: Vec<Message>) {
         let Some(cluster) = shared.cluster.as_ref() else { return };
         let mut by_peer: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
-        for m in messages {
+        for mut m in messages {
+            // A snapshot names its file: the link streams the data after the message.
+            if let Some(path) = data_file(m.get_snapshot().get_data()) {
+                m.mut_snapshot().clear_data();
+                match m.write_to_bytes() {
+                    Ok(bytes) => cluster
+                        .peers
+                        .send_snapshot(shared, m.to, self.index as u64, bytes, path),
+                    Err(e) => warn!(shard = self.index, "a Raft message did not encode: {e}"),
+                }
+                continue;
+            }
             match m.write_to_bytes() {
                 Ok(bytes) if bytes.len() > super::MAX_RAFT_MESSAGE => warn!(
                     shard = self.index,
@@ -845,15 +873,24 @@ impl Driver {
         let conf = snapshot.get_metadata().get_conf_state().clone();
         let refused =
             |why: String| std::io::Error::other(format!("the leader's snapshot at {index} is refused: {why}"));
+        // Streamed to a file by the connection it came on (`handle` checked the name), or
+        // held whole by a peer that sends it so.
+        let data = match data_file(snapshot.get_data()) {
+            Some(path) => SnapshotData::File(path),
+            None => SnapshotData::Bytes(snapshot.take_data().into()),
+        };
         let (commands, partition) = match self.meta {
-            true => (Some(meta_commands(snapshot.get_data()).map_err(refused)?), None),
+            true => {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut data.reader()?, &mut bytes)?;
+                (Some(meta_commands(&bytes).map_err(refused)?), None)
+            }
             false => (
                 None,
-                Some(restored(Some(snapshot.get_data()), Instant::now()).map_err(refused)?),
+                Some(restored(Some(data.reader()?), Instant::now()).map_err(refused)?),
             ),
         };
         self.capture = None;
-        let data = SnapshotData::Bytes(snapshot.take_data().into());
         self.store.install(snapshot.take_metadata(), data, true)?;
         self.applied = index;
         self.confs = vec![(index, conf)];

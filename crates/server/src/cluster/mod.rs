@@ -51,8 +51,14 @@ pub struct ClusterConfig {
     pub replication_factor: usize,
 }
 
-/// The largest Raft message (a snapshot) a peer sends, in parts, or accepts.
+/// The largest Raft message (a batch of large entries) a peer sends, in parts, or accepts.
+/// Snapshots stream through files instead, with no limit.
 pub(crate) const MAX_RAFT_MESSAGE: usize = 1 << 30;
+
+/// The data of a Raft snapshot that stands for the data in file `path` (see `store`).
+pub(crate) fn snapshot_file_data(path: &std::path::Path) -> Vec<u8> {
+    store::file_data(path)
+}
 
 /// Replicas per shard unless `--replication-factor` says otherwise.
 pub const DEFAULT_REPLICATION_FACTOR: usize = 3;
@@ -74,6 +80,10 @@ pub(crate) struct Cluster {
     join: Option<String>,
     /// Objects other nodes moved here by `keep` lately (a resent `adopt` is recognized).
     adopted: moves::Adopted,
+    /// The groups' Raft logs and snapshots (`DIR/raft`).
+    raft_dir: PathBuf,
+    /// Snapshots received from peers so far (each is written to a file of its own).
+    received: AtomicU64,
 }
 
 /// What the rest of the server sees of one shard's Raft group.
@@ -212,6 +222,12 @@ impl Cluster {
             meta.apply(command);
         }
         *self.meta.lock().unwrap_or_else(|e| e.into_inner()) = meta;
+    }
+
+    /// A new file to receive a snapshot for `group` into.
+    pub(crate) fn incoming_snapshot(&self, group: u64) -> PathBuf {
+        let n = self.received.fetch_add(1, Ordering::Relaxed);
+        store::incoming_file(&self.raft_dir, group as u32, n)
     }
 
     pub(crate) fn address_of(&self, node: u64) -> Option<String> {
@@ -430,6 +446,8 @@ pub(crate) fn prepare(
         peers: peers::Peers::default(),
         join: config.join.clone(),
         adopted: moves::Adopted::default(),
+        raft_dir,
+        received: AtomicU64::new(0),
     };
     Ok(Prepared {
         cluster,

@@ -1,8 +1,11 @@
 //! Links between the nodes of a cluster: one outgoing TCP connection per peer, carrying Raft
-//! messages as `raft` requests on the peer's ordinary port. A link that fails drops what it
-//! held and reconnects; Raft resends whatever mattered.
+//! messages as `raft` requests on the peer's ordinary port, and snapshots as `snapshot`
+//! requests streamed from their files. A link that fails drops what it held and reconnects;
+//! Raft resends whatever mattered.
 
 use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,8 +17,13 @@ use tracing::{debug, info, warn};
 
 use crate::Shared;
 
-/// Messages of one shard for one peer.
-pub(crate) type Batch = (u64, Vec<Vec<u8>>);
+/// What a link sends to its peer.
+pub(crate) enum Outgoing {
+    /// Messages of one shard.
+    Messages(u64, Vec<Vec<u8>>),
+    /// A shard's `MsgSnapshot` (its data left out), and the snapshot file whose data follows.
+    Snapshot(u64, Vec<u8>, PathBuf),
+}
 
 /// Messages queued for a peer beyond this are dropped (Raft resends): a dead peer never
 /// grows memory without bound.
@@ -29,7 +37,7 @@ const RECONNECT_AFTER: Duration = Duration::from_millis(200);
 
 #[derive(Default)]
 pub(crate) struct Peers {
-    links: Mutex<HashMap<u64, mpsc::Sender<Batch>>>,
+    links: Mutex<HashMap<u64, mpsc::Sender<Outgoing>>>,
     /// Nodes whose link failed to connect last time (redirects avoid them).
     down: Mutex<std::collections::HashSet<u64>>,
 }
@@ -48,32 +56,46 @@ impl Peers {
         };
     }
 
-    /// Queue `messages` of shard `group` for node `to`, starting its link on first use.
-    pub(crate) fn send(&self, shared: &Arc<Shared>, to: u64, group: u64, messages: Vec<Vec<u8>>) {
+    /// The link to node `to`, started on first use.
+    fn link(&self, shared: &Arc<Shared>, to: u64) -> mpsc::Sender<Outgoing> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        let link = links.entry(to).or_insert_with(|| {
-            let (tx, rx) = mpsc::channel(QUEUE_LIMIT);
-            tokio::spawn(run_link(shared.clone(), to, rx));
-            tx
-        });
+        links
+            .entry(to)
+            .or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(QUEUE_LIMIT);
+                tokio::spawn(run_link(shared.clone(), to, rx));
+                tx
+            })
+            .clone()
+    }
+
+    /// Queue `messages` of shard `group` for node `to`.
+    pub(crate) fn send(&self, shared: &Arc<Shared>, to: u64, group: u64, messages: Vec<Vec<u8>>) {
+        let link = self.link(shared, to);
         // Full: the peer is not keeping up (or is down); Raft will retry.
         let mut batch = Vec::new();
         let mut bytes = 0;
         for m in messages {
             if bytes + m.len() > FRAME_BYTES && !batch.is_empty() {
-                let _ = link.try_send((group, std::mem::take(&mut batch)));
+                let _ = link.try_send(Outgoing::Messages(group, std::mem::take(&mut batch)));
                 bytes = 0;
             }
             bytes += m.len();
             batch.push(m);
         }
         if !batch.is_empty() {
-            let _ = link.try_send((group, batch));
+            let _ = link.try_send(Outgoing::Messages(group, batch));
         }
+    }
+
+    /// Queue shard `group`'s `MsgSnapshot` for node `to` (`message`, without its data), to
+    /// be followed by the data of snapshot file `path`.
+    pub(crate) fn send_snapshot(&self, shared: &Arc<Shared>, to: u64, group: u64, message: Vec<u8>, path: PathBuf) {
+        let _ = self.link(shared, to).try_send(Outgoing::Snapshot(group, message, path));
     }
 }
 
-async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
+async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>) {
     let Some(cluster) = shared.cluster.as_ref() else { return };
     let mut next_id = 1u64;
     loop {
@@ -124,7 +146,26 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
                 while let Some(first) = rx.recv().await {
                     // Whatever else the groups queued meanwhile goes in the same write.
                     let mut next = Some(first);
-                    while let Some((group, messages)) = next.take() {
+                    while let Some(outgoing) = next.take() {
+                        let (group, messages) = match outgoing {
+                            Outgoing::Messages(group, messages) => (group, messages),
+                            Outgoing::Snapshot(group, message, path) => {
+                                // What is queued goes first, in order.
+                                if let Err(e) = writer.write_all(&out).await {
+                                    return e.to_string();
+                                }
+                                out.clear();
+                                let header = |id: u64| -> Vec<Value> {
+                                    vec![id.into(), "snapshot".into(), cluster.node_id.into(),
+                                         cluster.address.as_str().into(), group.into()]
+                                };
+                                if let Err(e) = stream_snapshot(&mut writer, &path, message, part, &mut next_id, header).await {
+                                    return e;
+                                }
+                                next = rx.try_recv().ok();
+                                continue;
+                            }
+                        };
                         let request = |id: u64, messages: Vec<Value>, more: bool| {
                             let mut items = vec![
                                 id.into(),
@@ -194,8 +235,58 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Batch>) {
     }
 }
 
+/// Send snapshot file `path`'s data after `message` (a `MsgSnapshot` without its data) as
+/// `snapshot` frames of up to `part` bytes, read from the file as they go (`header` makes a
+/// frame's first items). A file that is gone (pruned meanwhile) sends nothing: Raft asks
+/// again. Fails, ending the link, when the file breaks off mid-way.
+async fn stream_snapshot(
+    writer: &mut (impl AsyncWriteExt + Unpin),
+    path: &Path,
+    message: Vec<u8>,
+    part: usize,
+    next_id: &mut u64,
+    header: impl Fn(u64) -> Vec<Value>,
+) -> Result<(), String> {
+    let (_, mut data, len) = match super::store::open_snapshot_file(path) {
+        Ok(opened) => opened,
+        Err(e) => {
+            warn!("a snapshot to send cannot be read: {e}");
+            return Ok(());
+        }
+    };
+    let mut message = Some(message);
+    let (mut sent, mut chunk) = (0u64, vec![0u8; part.max(1)]);
+    loop {
+        let mut filled = 0;
+        while filled < chunk.len() {
+            match data.read(&mut chunk[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) => return Err(format!("reading {}: {e}", path.display())),
+            }
+        }
+        sent += filled as u64;
+        if filled == 0 && sent < len {
+            return Err(format!("{} ended before its {len} bytes of data", path.display()));
+        }
+        let more = sent < len;
+        let mut items = header(*next_id);
+        items.push(message.take().map_or(Value::Nil, Value::Binary));
+        items.push(Value::Binary(chunk[..filled].to_vec()));
+        items.push(more.into());
+        *next_id += 1;
+        writer
+            .write_all(&frame(&Value::Array(items)))
+            .await
+            .map_err(|e| e.to_string())?;
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
 /// Drop queued messages for `wait`; true when the queue closed.
-async fn drop_until(rx: &mut mpsc::Receiver<Batch>, wait: Duration) -> bool {
+async fn drop_until(rx: &mut mpsc::Receiver<Outgoing>, wait: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {

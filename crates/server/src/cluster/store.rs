@@ -21,6 +21,10 @@
 //! snapshot body) last, so the data is streamed in and out of the file: a replica keeps only
 //! the metadata in memory, and reads the data when it rebuilds its partition or a peer needs
 //! the snapshot. (Protobuf allows fields in any order; a body with its data first still reads.)
+//!
+//! The snapshot raft-rs gets from [`RaftStorage`] names the file instead of holding the data
+//! ([`file_data`]): the peer link streams the file to the peer, which writes it to a file of
+//! its own and hands raft-rs a snapshot naming that one (see `peers` and `connection`).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -52,6 +56,16 @@ pub(crate) enum SnapshotData {
     File(PathBuf),
 }
 
+impl SnapshotData {
+    /// The data, read as it is consumed.
+    pub(crate) fn reader(&self) -> io::Result<Box<dyn Read + '_>> {
+        Ok(match self {
+            SnapshotData::Bytes(bytes) => Box::new(&bytes[..]),
+            SnapshotData::File(path) => Box::new(io::BufReader::with_capacity(1 << 20, File::open(path)?)),
+        })
+    }
+}
+
 /// The latest snapshot: its metadata, and the file holding its data (none yet: `None`).
 #[derive(Clone, Default)]
 struct Latest {
@@ -60,18 +74,32 @@ struct Latest {
     data_len: u64,
 }
 
-impl Latest {
-    /// The snapshot with its data, read from its file (for a peer that needs it).
-    fn with_data(&self) -> io::Result<Snapshot> {
-        let mut snapshot = self.snapshot.clone();
-        if let Some(path) = &self.path {
-            let (_, mut data, len) = open_snapshot_file(path)?;
-            let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-            data.read_to_end(&mut bytes)?;
-            snapshot.set_data(bytes.into());
-        }
-        Ok(snapshot)
-    }
+/// Starts the data of a Raft snapshot that names a file of this node instead of holding
+/// the data. Such a snapshot never leaves the node as it is: the link to a peer streams the
+/// file's data, and the peer's own snapshot names the file it wrote.
+const FILE_DATA: &[u8] = b"\0spindle snapshot file\0";
+
+/// The data of a Raft snapshot that stands for the snapshot data in file `path`.
+pub(crate) fn file_data(path: &Path) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    [FILE_DATA, path.as_os_str().as_bytes()].concat()
+}
+
+/// The file a Raft snapshot's `data` names ([`file_data`]), if it names one.
+pub(crate) fn data_file(data: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = data.strip_prefix(FILE_DATA)?;
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(path)))
+}
+
+/// Prefix of the files snapshots from the leader of `group` are received into.
+fn incoming_prefix(group: u32) -> String {
+    format!("snap-{group}-incoming-")
+}
+
+/// The file the `n`th snapshot received for `group` is written to.
+pub(crate) fn incoming_file(dir: &Path, group: u32, n: u64) -> PathBuf {
+    dir.join(format!("{}{n}.tmp", incoming_prefix(group)))
 }
 
 /// What raft-rs reads: the in-memory log, and the latest snapshot for peers that need the
@@ -125,12 +153,11 @@ impl raft::Storage for RaftStorage {
             self.wanted.store(true, Ordering::Release);
             return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         }
-        latest.with_data().map_err(|e| {
-            // Unreadable: a new snapshot is taken, and raft-rs asks again.
-            warn!("cannot read the snapshot for node {to}: {e} (taking a new one)");
-            self.wanted.store(true, Ordering::Release);
-            raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable)
-        })
+        let mut snapshot = latest.snapshot.clone();
+        if let Some(path) = &latest.path {
+            snapshot.set_data(file_data(path).into());
+        }
+        Ok(snapshot)
     }
 }
 
@@ -154,8 +181,13 @@ impl Store {
     pub(crate) fn open(dir: &Path, group: u32) -> io::Result<Store> {
         std::fs::create_dir_all(dir)?;
         let mem = MemStorage::new();
-        // A capture a crash interrupted.
+        // A capture a crash interrupted, and snapshots received and never installed.
         let _ = std::fs::remove_file(capture_file(dir, group));
+        for entry in std::fs::read_dir(dir)?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&incoming_prefix(group)) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
         // Checked whole (streaming), then only its metadata is read.
         let (found, rejected) = storage::latest_valid_snapshot(dir, group)?;
         for r in rejected {
@@ -258,6 +290,15 @@ impl Store {
             Some(path) => Ok(Some(open_snapshot_file(path)?.1)),
             None => Ok(None),
         }
+    }
+
+    /// Whether `path` is a file a snapshot for this group was received into (a peer's
+    /// snapshot may name no other file).
+    pub(crate) fn is_incoming(&self, path: &Path) -> bool {
+        path.parent() == Some(&self.dir)
+            && path
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with(&incoming_prefix(self.group)))
     }
 
     /// Where a capture writes the body of this group's next snapshot (a temp file: one
@@ -443,7 +484,7 @@ fn write_snapshot_file(
 
 /// Open snapshot file `path`: its metadata, and its data as a reader with the data's length
 /// (checked against the file's checksum once read to the end).
-fn open_snapshot_file(path: &Path) -> io::Result<(SnapshotMetadata, Box<dyn Read + Send>, u64)> {
+pub(crate) fn open_snapshot_file(path: &Path) -> io::Result<(SnapshotMetadata, Box<dyn Read + Send>, u64)> {
     let invalid = |why: String| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -710,7 +751,15 @@ mod tests {
         assert!(raft::Storage::snapshot(&storage, 0, 2).is_err(), "no snapshot yet");
         assert!(store.take_wanted());
         install(&mut store, 8, 1, vec![1, 2], b"s", false);
-        assert_eq!(raft::Storage::snapshot(&storage, 0, 2).unwrap().get_data(), b"s");
+        // The snapshot names its file (a link streams the data from there).
+        let sent = raft::Storage::snapshot(&storage, 0, 2).unwrap();
+        let path = data_file(sent.get_data()).expect("names a file");
+        let (metadata, mut data, _) = open_snapshot_file(&path).unwrap();
+        let mut bytes = Vec::new();
+        data.read_to_end(&mut bytes).unwrap();
+        assert_eq!((metadata.index, bytes), (8, b"s".to_vec()));
+        assert!(!store.is_incoming(&path) && store.is_incoming(&incoming_file(&dir, 0, 7)));
+        assert!(data_file(b"plain data").is_none());
         assert!(!store.take_wanted());
         assert!(
             raft::Storage::snapshot(&storage, 0, 3).is_err(),
