@@ -1387,8 +1387,13 @@ impl Partition {
         Ok(())
     }
 
-    /// Undo a detach whose attach failed.
-    pub fn restore(&mut self, key: &str, d: Detached) {
+    /// Undo a detach whose attach failed. False (and the object dropped) if `key` was made
+    /// anew meanwhile (only possible when the object was away from the shard's lock).
+    #[must_use]
+    pub fn restore(&mut self, key: &str, d: Detached) -> bool {
+        if self.objects.contains_key(key) {
+            return false;
+        }
         self.objects.insert(
             key.to_string(),
             Entry {
@@ -1398,6 +1403,7 @@ impl Partition {
                 epoch: self.snapshot_epoch,
             },
         );
+        true
     }
 
     /// Leave a forwarding note at an old key after `keep` moved its object.

@@ -128,8 +128,10 @@ pub enum Request {
         name: String,
         /// The object's snapshot (the format of `spindle_core::objects::snapshot`).
         state: Value,
-        /// Names this move: the sending node and the object's old key.
+        /// Names this move (unique per move): a resend is recognized by it.
         origin: String,
+        /// Unix time in milliseconds after which the move is off: refused.
+        expires: u64,
     },
     /// A Raft snapshot on its way to a peer (one-way: never answered): the first frame
     /// carries the `MsgSnapshot` (without its data) and the data's first chunk, the frames
@@ -376,13 +378,14 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             }
         }
         "adopt" => {
-            p.arity("[id, \"adopt\", type, name, state, origin]", 4)?;
+            p.arity("[id, \"adopt\", type, name, state, origin, expires]", 5)?;
             Request::Adopt {
                 id,
                 type_name: p.string("type")?,
                 name: p.string("name")?,
                 state: p.next(),
                 origin: p.string("origin")?,
+                expires: p.uint("expires")?,
             }
         }
         "snapshot" => {
@@ -909,6 +912,7 @@ mod tests {
             s("c"),
             state.clone(),
             s("1:~s.1"),
+            99.into(),
         ]);
         assert_eq!(
             parse_request(adopt).unwrap(),
@@ -917,7 +921,8 @@ mod tests {
                 type_name: "Counter".into(),
                 name: "c".into(),
                 state,
-                origin: "1:~s.1".into()
+                origin: "1:~s.1".into(),
+                expires: 99
             }
         );
         let first = v(vec![
@@ -962,7 +967,9 @@ mod tests {
         ));
         let short = parse_request(v(vec![11.into(), s("adopt"), s("Counter"), s("c")])).unwrap_err();
         assert!(
-            short.message.contains("[id, \"adopt\", type, name, state, origin]"),
+            short
+                .message
+                .contains("[id, \"adopt\", type, name, state, origin, expires]"),
             "{short}"
         );
     }

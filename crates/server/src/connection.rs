@@ -13,7 +13,7 @@ use spindle_proto::{decode_request, encode_reply, split_frame, Request, Split, P
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::cluster::{moves, MembershipChange};
 use crate::gateway::{self, WorkerId};
@@ -79,6 +79,8 @@ struct IncomingSnapshot {
     message: Vec<u8>,
     path: std::path::PathBuf,
     file: Option<std::io::BufWriter<std::fs::File>>,
+    /// Bytes of data so far.
+    written: u64,
 }
 
 impl IncomingSnapshot {
@@ -89,11 +91,13 @@ impl IncomingSnapshot {
             message,
             path,
             file: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+            written: 0,
         })
     }
 
     fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
         use std::io::Write as _;
+        self.written += chunk.len() as u64;
         match &mut self.file {
             Some(file) => file.write_all(chunk),
             None => Err(std::io::Error::other("the snapshot was finished")),
@@ -389,11 +393,12 @@ impl Connection {
                 name,
                 state,
                 origin,
+                expires,
             } => {
                 if !self.authorized {
                     return self.reply(id, Err(unauthorized("moving objects between nodes")));
                 }
-                let reply = match moves::adopt(&self.shared, &type_name, &name, &state, &origin) {
+                let reply = match moves::adopt(&self.shared, &type_name, &name, &state, &origin, expires) {
                     Err(e) if e.kind == ErrorKind::NotLeader => {
                         Err(redirect(&self.shared, self.shared.shards.index_of(&name)))
                     }
@@ -429,7 +434,7 @@ impl Connection {
                 // Never answered: Raft messages are one-way.
                 if let Some(messages) = self.assemble(group, messages, more) {
                     if let Some(cluster) = &self.shared.cluster {
-                        cluster.receive(from, &address, group, messages);
+                        let _ = cluster.receive(from, &address, group, messages);
                     }
                 }
             }
@@ -454,7 +459,7 @@ impl Connection {
         let Some(cluster) = self.shared.cluster.as_ref() else {
             return self.reply(id, Err(not_clustered()));
         };
-        if let Some(message) = message {
+        if let Some(message) = message.filter(|_| cluster.has_group(group)) {
             self.incoming = IncomingSnapshot::create(group, message, cluster.incoming_snapshot(group))
                 .map_err(|e| warn!(conn = self.id, "cannot receive a snapshot: {e}"))
                 .ok();
@@ -463,7 +468,8 @@ impl Connection {
             self.incoming = None;
             return; // the rest of a snapshot this node could not receive: Raft sends again
         };
-        if let Err(e) = incoming.write(chunk) {
+        // File writes of up to a frame: off the async workers' duty meanwhile.
+        if let Err(e) = tokio::task::block_in_place(|| incoming.write(chunk)) {
             warn!(conn = self.id, "cannot receive a snapshot: {e}");
             self.incoming = None;
             return;
@@ -471,10 +477,23 @@ impl Connection {
         if more {
             return;
         }
-        match self.incoming.take().map(IncomingSnapshot::finish) {
-            Some(Ok(message)) => cluster.receive(from, address, group, vec![message]),
-            Some(Err(e)) => warn!(conn = self.id, "dropped a snapshot that does not decode: {e}"),
-            None => {}
+        let Some(incoming) = self.incoming.take() else { return };
+        let (path, bytes) = (incoming.path.clone(), incoming.written);
+        match tokio::task::block_in_place(|| incoming.finish()) {
+            Ok(message) => {
+                if cluster.receive(from, address, group, vec![message]) {
+                    info!(
+                        shard = group,
+                        bytes,
+                        "received a snapshot from node {from} into {}",
+                        path.display()
+                    );
+                } else {
+                    // No group to take it: the file is not kept.
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            Err(e) => warn!(conn = self.id, "dropped a snapshot that does not decode: {e}"),
         }
     }
 

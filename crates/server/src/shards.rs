@@ -137,13 +137,17 @@ impl Shards {
                         Ok(Value::from(name))
                     }
                     Err((e, detached)) => {
-                        s.partition.restore(key, detached);
+                        // Under the same hold of the lock as the detach: the key is free.
+                        let _ = s.partition.restore(key, detached);
                         Err(e)
                     }
                 }
             })?;
         }
-        let detached = match self.with(source, |s| detach(&mut s.partition, type_name, key, name))?? {
+        let detached = match self.with(source, |s| match s.serving() {
+            true => detach(&mut s.partition, type_name, key, name),
+            false => Err(not_serving()),
+        })?? {
             Detach::Taken(d) => d,
             Detach::AlreadyKept => return Ok(Value::from(name)),
         };
@@ -156,12 +160,22 @@ impl Shards {
             s.calls += 1;
             s.partition.attach(name, detached)
         })? {
+            // A shard this node stopped leading meanwhile was rebuilt from its log: no note
+            // to leave, no object to put back.
             Ok(()) => {
-                self.with(source, |s| s.partition.set_moved(key, name, owner))?;
+                self.with(source, |s| {
+                    if s.serving() {
+                        s.partition.set_moved(key, name, owner)
+                    }
+                })?;
                 Ok(Value::from(name))
             }
             Err((e, detached)) => {
-                self.with(source, |s| s.partition.restore(key, detached))?;
+                self.with(source, |s| {
+                    if s.serving() && !s.partition.restore(key, detached) {
+                        tracing::warn!("'{key}' was made anew while its object was away: the object is dropped");
+                    }
+                })?;
                 Err(e)
             }
         }

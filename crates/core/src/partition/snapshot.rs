@@ -181,9 +181,8 @@ impl Partition {
                 Ok(_) => Err(format!("{what} is not an array")),
                 Err(e) => match e.kind() {
                     std::io::ErrorKind::UnexpectedEof => Err(format!("the body ends before {what}")),
-                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::Other => {
-                        Err(format!("{what} is not MessagePack: {e}"))
-                    }
+                    std::io::ErrorKind::Other => Err(format!("{what} is not MessagePack: {e}")),
+                    // A damaged file (its checksum), or a read that failed.
                     _ => Err(format!("reading {what}: {e}")),
                 },
             }

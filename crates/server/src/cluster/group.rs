@@ -432,7 +432,8 @@ impl Driver {
                     warn!(shard = self.index, "a snapshot was not taken (the log is kept): {why}");
                     self.capture = None;
                 }
-                _ => {} // a capture given up meanwhile
+                (_, Ok(body)) => discard(Some(body)), // a capture given up meanwhile
+                _ => {}                               // a capture given up meanwhile
             },
         }
     }
@@ -828,7 +829,7 @@ impl Driver {
     fn rebuild(&mut self, shared: &Arc<Shared>, error: Option<&Error>) -> Result<(), String> {
         let now = Instant::now();
         let data = self.store.snapshot_data().map_err(|e| e.to_string())?;
-        let rebuilt = restored(data, now).map(|mut partition| {
+        let rebuilt = tokio::task::block_in_place(|| restored(data, now)).map(|mut partition| {
             for e in &self.store.entries(1, self.applied) {
                 replay(&mut partition, self.index, e, now);
             }
@@ -879,19 +880,22 @@ impl Driver {
             Some(path) => SnapshotData::File(path),
             None => SnapshotData::Bytes(snapshot.take_data().into()),
         };
-        let (commands, partition) = match self.meta {
-            true => {
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(&mut data.reader()?, &mut bytes)?;
-                (Some(meta_commands(&bytes).map_err(refused)?), None)
-            }
-            false => (
-                None,
-                Some(restored(Some(data.reader()?), Instant::now()).map_err(refused)?),
-            ),
-        };
+        // Reading and copying a large file: off the async workers' duty meanwhile.
+        let (commands, partition) = tokio::task::block_in_place(|| -> std::io::Result<_> {
+            Ok(match self.meta {
+                true => {
+                    let mut bytes = Vec::new();
+                    std::io::Read::read_to_end(&mut data.reader()?, &mut bytes)?;
+                    (Some(meta_commands(&bytes).map_err(refused)?), None)
+                }
+                false => (
+                    None,
+                    Some(restored(Some(data.reader()?), Instant::now()).map_err(refused)?),
+                ),
+            })
+        })?;
         self.capture = None;
-        self.store.install(snapshot.take_metadata(), data, true)?;
+        tokio::task::block_in_place(|| self.store.install(snapshot.take_metadata(), data, true))?;
         self.applied = index;
         self.confs = vec![(index, conf)];
         if let Some(commands) = commands {
@@ -923,7 +927,8 @@ impl Driver {
             return Ok(());
         };
         if index <= self.store.snapshot_metadata().index {
-            return Ok(()); // a leader's snapshot overtook it
+            discard(capture.body); // a leader's snapshot overtook it
+            return Ok(());
         }
         let term = self.raw.raft.raft_log.term(index).map_err(std::io::Error::other)?;
         if capture.term.is_some_and(|ours| ours != term) {
@@ -931,6 +936,7 @@ impl Driver {
                 shard = self.index,
                 index, "dropped a snapshot of entries a later leader replaced"
             );
+            discard(capture.body);
             return Ok(());
         }
         let Some(data) = capture.body else { return Ok(()) };
@@ -941,7 +947,7 @@ impl Driver {
         (metadata.index, metadata.term) = (index, term);
         metadata.set_conf_state(conf);
         let started = Instant::now();
-        self.store.install(metadata, data, false)?;
+        tokio::task::block_in_place(|| self.store.install(metadata, data, false))?;
         let bytes = self.store.snapshot_len();
         self.confs.drain(..base.unwrap_or(0));
         info!(
@@ -997,7 +1003,7 @@ impl Driver {
         );
         let capturing = self.capturing.clone();
         capturing.store(true, Ordering::Release);
-        let path = self.store.capture_path();
+        let path = self.store.capture_path(id);
         let spawned = std::thread::Builder::new()
             .name(format!("raft-snapshot-{group}"))
             .spawn(move || {
@@ -1132,9 +1138,24 @@ fn meta_snapshot(meta: &Meta) -> Vec<u8> {
     out
 }
 
+/// Delete a capture's file (one that will not be installed).
+fn discard(body: Option<SnapshotData>) {
+    if let Some(SnapshotData::File(path)) = body {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// Write the body of a snapshot of shard `group` to `path`: `header`, then the objects a
 /// chunk per hold of the shard lock (calls go on between chunks).
 fn capture_to(shared: &Shared, group: usize, header: Vec<u8>, path: &std::path::Path) -> Result<(), String> {
+    let written = write_capture(shared, group, header, path);
+    if written.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    written
+}
+
+fn write_capture(shared: &Shared, group: usize, header: Vec<u8>, path: &std::path::Path) -> Result<(), String> {
     use std::io::Write as _;
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(failed)?);

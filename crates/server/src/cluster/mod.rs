@@ -227,7 +227,7 @@ impl Cluster {
     /// A new file to receive a snapshot for `group` into.
     pub(crate) fn incoming_snapshot(&self, group: u64) -> PathBuf {
         let n = self.received.fetch_add(1, Ordering::Relaxed);
-        store::incoming_file(&self.raft_dir, group as u32, n)
+        store::incoming_file(&self.raft_dir, u32::try_from(group).unwrap_or(u32::MAX), n)
     }
 
     pub(crate) fn address_of(&self, node: u64) -> Option<String> {
@@ -287,11 +287,19 @@ impl Cluster {
     }
 
     /// Raft messages from node `from` for shard `group`.
-    pub(crate) fn receive(&self, from: u64, address: &str, group: u64, messages: Vec<Vec<u8>>) {
+    /// Hand `messages` of group `group` from node `from` to the group; false if there is no
+    /// such group here (or it stopped).
+    pub(crate) fn receive(&self, from: u64, address: &str, group: u64, messages: Vec<Vec<u8>>) -> bool {
         self.learn_address(from, address);
-        if let Some(g) = usize::try_from(group).ok().and_then(|g| self.groups.get(g)) {
-            let _ = g.events.send(Event::Messages(messages));
-        }
+        usize::try_from(group)
+            .ok()
+            .and_then(|g| self.groups.get(g))
+            .is_some_and(|g| g.events.send(Event::Messages(messages)).is_ok())
+    }
+
+    /// Whether `group` is one of this node's groups.
+    pub(crate) fn has_group(&self, group: u64) -> bool {
+        usize::try_from(group).is_ok_and(|g| g < self.groups.len())
     }
 
     /// Ask the metadata group (here: its leader) to add or remove a node.

@@ -7,15 +7,17 @@
 //! name's shard (`adopt`, following redirects), and, once that node has put it under the
 //! name, leaves a forwarding note at the old key. If the name is taken there, or that node
 //! cannot be reached, the object goes back under its key. An `adopt` resent after a lost
-//! answer is recognized by its origin and answered as the first was, so the object never
-//! ends up under both keys while the two nodes can talk. Should the name's leader adopt it
-//! and then be cut off before answering, the caller gets an error and the object is back
-//! under its key; the adopted copy goes with that node's leadership, as every ephemeral
-//! object there does.
+//! answer is recognized by its origin (unique per move) and answered as the first was. An
+//! `adopt` is valid until a time it carries ([`MOVE_DEADLINE`] after the move began), and
+//! the object goes back under its key only [`CLOCK_MARGIN`] after that: so it never ends up
+//! under both keys, as long as the nodes' clocks agree within the margin. While the object
+//! travels, calls on its old key find nothing; a node that adopts it and turns out to have
+//! lost its leadership loses it, as it loses every ephemeral object it held.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use spindle_core::{Detached, Error, ErrorKind, Value};
 
@@ -24,20 +26,44 @@ use crate::shards::{self, Detach};
 use crate::Shared;
 
 /// How long a move may look for the name's leader (an election, a node restarting).
-const MOVE_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const MOVE_DEADLINE: Duration = Duration::from_secs(10);
+/// How far apart the nodes' clocks may be (see the module documentation).
+pub(crate) const CLOCK_MARGIN: Duration = Duration::from_secs(1);
 /// Pause before asking again when no leader is known.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// How long an adoption is remembered for a resent `adopt` (well past the deadline).
 const REMEMBER: Duration = Duration::from_secs(60);
 
-/// Adoptions this node made lately: `(when, origin, name)`, oldest first.
-#[derive(Default)]
-pub(crate) struct Adopted(Mutex<VecDeque<(Instant, String, String)>>);
+/// Adoptions this node made lately: `(when, origin, name)`, oldest first; and the count of
+/// moves it started, which makes their origins unique.
+pub(crate) struct Adopted {
+    recent: Mutex<VecDeque<(Instant, String, String)>>,
+    moves: AtomicU64,
+}
+
+impl Default for Adopted {
+    fn default() -> Self {
+        // Counting from the start time: a restarted node's moves get other origins.
+        let start = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Adopted {
+            recent: Mutex::new(VecDeque::new()),
+            moves: AtomicU64::new(start),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 impl Adopted {
     /// Whether the move `origin` already put an object under `name` here.
     fn contains(&self, origin: &str, name: &str) -> bool {
-        let mut recent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         while recent.front().is_some_and(|(at, ..)| at.elapsed() > REMEMBER) {
             recent.pop_front();
         }
@@ -45,7 +71,7 @@ impl Adopted {
     }
 
     fn insert(&self, origin: String, name: String) {
-        let mut recent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         recent.push_back((Instant::now(), origin, name));
     }
 }
@@ -69,6 +95,7 @@ pub(crate) async fn keep_elsewhere(
     let Some(cluster) = shared.cluster.as_ref() else {
         return Err(Error::new(ErrorKind::Internal, "not a cluster"));
     };
+    let (started, began) = (Instant::now(), SystemTime::now());
     let source = shared.shards.index_of(key);
     let detached = shared.shards.with(source, |s| match s.serving() {
         true => shards::detach(&mut s.partition, type_name, key, name),
@@ -86,17 +113,22 @@ pub(crate) async fn keep_elsewhere(
              leads: create the {type_name} with name='{name}' instead"
         )));
     };
-    let origin = format!("{}:{key}", cluster.node_id);
+    let origin = format!(
+        "{}:{}:{key}",
+        cluster.node_id,
+        cluster.adopted.moves.fetch_add(1, Ordering::Relaxed)
+    );
     let request = vec![
         "adopt".into(),
         type_name.into(),
         name.into(),
         state,
         origin.as_str().into(),
+        unix_ms(began + MOVE_DEADLINE).into(),
     ];
     let token = shared.config.functions.token.clone();
     let target = shared.shards.index_of(name);
-    let deadline = Instant::now() + MOVE_DEADLINE;
+    let deadline = started + MOVE_DEADLINE;
     let mut address = None;
     let mut last: Option<Error> = None;
     while Instant::now() < deadline {
@@ -104,7 +136,12 @@ pub(crate) async fn keep_elsewhere(
             tokio::time::sleep(RETRY_AFTER).await;
             continue;
         };
-        match peers::request(&to, &cluster.name(), token.as_deref(), request.clone()).await {
+        let client = cluster.name();
+        let sent = peers::request(&to, &client, token.as_deref(), request.clone());
+        let answer = tokio::time::timeout_at(deadline.into(), sent)
+            .await
+            .unwrap_or_else(|_| Err(Error::new(ErrorKind::Busy, format!("{to} did not answer in time"))));
+        match answer {
             Ok(_) => {
                 let _ = shared.shards.with(source, |s| {
                     // A node that stopped leading meanwhile rebuilt its partition from the
@@ -134,6 +171,8 @@ pub(crate) async fn keep_elsewhere(
             }
         }
     }
+    // An adopt sent may still be read by its node before it expires there.
+    tokio::time::sleep_until((deadline + CLOCK_MARGIN).into()).await;
     put_back(shared, source, key, detached);
     let why = last.map_or_else(String::new, |e| format!(": {}", e.message));
     Err(Error::new(
@@ -150,15 +189,22 @@ pub(crate) async fn keep_elsewhere(
 /// shard meanwhile, which took the shard's ephemeral objects with it).
 fn put_back(shared: &Shared, source: usize, key: &str, detached: Detached) {
     let _ = shared.shards.with(source, |s| {
-        if s.serving() {
-            s.partition.restore(key, detached);
+        if s.serving() && !s.partition.restore(key, detached) {
+            tracing::warn!("'{key}' was made anew while its object was away: the object is dropped");
         }
     });
 }
 
 /// `adopt`: put the object moved by `origin` under `name`, in the name's shard, which this
 /// node must serve (`NotLeader` otherwise).
-pub(crate) fn adopt(shared: &Shared, type_name: &str, name: &str, state: &Value, origin: &str) -> Result<Value, Error> {
+pub(crate) fn adopt(
+    shared: &Shared,
+    type_name: &str,
+    name: &str,
+    state: &Value,
+    origin: &str,
+    expires: u64,
+) -> Result<Value, Error> {
     let Some(cluster) = shared.cluster.as_ref() else {
         return Err(Error::value(
             "this server is not part of a cluster (start it with --node-id)",
@@ -171,6 +217,12 @@ pub(crate) fn adopt(shared: &Shared, type_name: &str, name: &str, state: &Value,
         }
         if cluster.adopted.contains(origin, name) {
             return Ok(Value::from(name));
+        }
+        if unix_ms(SystemTime::now()) > expires {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("the move to '{name}' expired before it arrived (the object stays where it was)"),
+            ));
         }
         let detached = Detached::decode(type_name, state)?;
         s.partition.attach(name, detached).map_err(|(e, _)| e)?;

@@ -13,7 +13,7 @@ use spindle_core::{Error, ErrorKind, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::Shared;
 
@@ -257,14 +257,23 @@ async fn stream_snapshot(
     let mut message = Some(message);
     let (mut sent, mut chunk) = (0u64, vec![0u8; part.max(1)]);
     loop {
-        let mut filled = 0;
-        while filled < chunk.len() {
-            match data.read(&mut chunk[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        // Reading up to a frame from the file: off the async workers' duty meanwhile.
+        let filled = tokio::task::block_in_place(|| {
+            let mut filled = 0;
+            while filled < chunk.len() {
+                match data.read(&mut chunk[filled..]) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) => return Err(e),
+                }
             }
-        }
+            Ok(filled)
+        })
+        .map_err(|e| {
+            // A damaged snapshot file: the peer gets nothing (a new snapshot replaces it).
+            error!("cannot send the snapshot {}: {e}", path.display());
+            format!("reading {}: {e}", path.display())
+        })?;
         sent += filled as u64;
         if filled == 0 && sent < len {
             return Err(format!("{} ended before its {len} bytes of data", path.display()));
@@ -329,11 +338,14 @@ async fn open(address: &str, client: &str, token: Option<&str>) -> Result<TcpStr
     if let Some(token) = token {
         hello.push((Value::from("token"), Value::from(token)));
     }
-    roundtrip(
+    let hello = roundtrip(
         &mut stream,
         Value::Array(vec![0.into(), "hello".into(), Value::Map(hello)]),
-    )
-    .await?;
+    );
+    // A paused peer's kernel still accepts the connection: the hello must answer in time.
+    tokio::time::timeout(REPLY_TIMEOUT, hello)
+        .await
+        .map_err(|_| unavailable("no answer to hello within 5 s".into()))??;
     Ok(stream)
 }
 

@@ -181,10 +181,10 @@ impl Store {
     pub(crate) fn open(dir: &Path, group: u32) -> io::Result<Store> {
         std::fs::create_dir_all(dir)?;
         let mem = MemStorage::new();
-        // A capture a crash interrupted, and snapshots received and never installed.
-        let _ = std::fs::remove_file(capture_file(dir, group));
+        // Captures a crash interrupted, and snapshots received and never installed.
         for entry in std::fs::read_dir(dir)?.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&incoming_prefix(group)) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&incoming_prefix(group)) || name.starts_with(&capture_prefix(group)) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
@@ -301,10 +301,10 @@ impl Store {
                 .is_some_and(|name| name.to_string_lossy().starts_with(&incoming_prefix(self.group)))
     }
 
-    /// Where a capture writes the body of this group's next snapshot (a temp file: one
-    /// left by a crash is removed at start).
-    pub(crate) fn capture_path(&self) -> PathBuf {
-        capture_file(&self.dir, self.group)
+    /// Where capture `id` writes the body of a snapshot of this group (a temp file: one left
+    /// by a crash is removed at start).
+    pub(crate) fn capture_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("{}{id}.tmp", capture_prefix(self.group)))
     }
 
     /// Bytes of entries written since the last snapshot.
@@ -446,8 +446,9 @@ impl Store {
     }
 }
 
-fn capture_file(dir: &Path, group: u32) -> PathBuf {
-    dir.join(format!("snap-{group}-capture.tmp"))
+/// Prefix of the files snapshots of `group` are captured into (one per capture).
+fn capture_prefix(group: u32) -> String {
+    format!("snap-{group}-capture-")
 }
 
 /// Write snapshot file `pos` of `group`: a protobuf `Snapshot`, `metadata` first, then the
@@ -497,8 +498,9 @@ pub(crate) fn open_snapshot_file(path: &Path) -> io::Result<(SnapshotMetadata, B
     loop {
         let tag = match read_varint(&mut body) {
             Ok(tag) => tag,
-            // The end of the body: a body written data first (read whole above).
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && data.is_some() => break,
+            // The end of the body: a body written data first (read whole above), or with no
+            // data at all (protobuf leaves empty bytes out).
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && metadata.is_some() => break,
             Err(e) => return Err(e),
         };
         if tag & 7 != 2 {
@@ -521,16 +523,15 @@ pub(crate) fn open_snapshot_file(path: &Path) -> io::Result<(SnapshotMetadata, B
                 body.by_ref().take(len).read_to_end(&mut bytes)?;
                 data = Some(bytes);
             }
+            (2, _) => return Err(invalid(format!("metadata of {len} bytes (at most {MAX_METADATA_LEN})"))),
             (field, _) => return Err(invalid(format!("an unexpected field {field} of {len} bytes"))),
         }
     }
-    match (metadata, data) {
-        (Some(metadata), Some(data)) => {
-            let len = data.len() as u64;
-            Ok((metadata, Box::new(io::Cursor::new(data)), len))
-        }
-        _ => Err(invalid("no metadata or no data".into())),
-    }
+    let (Some(metadata), data) = (metadata, data.unwrap_or_default()) else {
+        return Err(invalid("no metadata".into()));
+    };
+    let len = data.len() as u64;
+    Ok((metadata, Box::new(io::Cursor::new(data)), len))
 }
 
 /// A protobuf varint.
@@ -773,7 +774,7 @@ mod tests {
     fn a_captured_file_is_streamed_in_and_a_body_with_its_data_first_still_reads() {
         let dir = temp_dir("stream");
         let mut store = ten_entries(&dir);
-        let capture = store.capture_path();
+        let capture = store.capture_path(1);
         let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&capture, &body).unwrap();
         store
