@@ -378,6 +378,41 @@ def test_keep_moves_an_object_to_a_name_whose_shard_another_node_leads(cluster):
         client.close()
 
 
+def test_a_keep_whose_target_leader_is_paused_follows_the_name_to_its_new_leader(cluster):
+    """A move to a name whose shard's leader is paused (`SIGSTOP`: its kernel still accepts
+    connections, nothing answers) does not wait on it: the move goes on to the leader the
+    shard elects meanwhile, and the object is there."""
+    leaders = cluster.leaders()
+    client = Client(cluster.addresses)
+    key = client.unnamed_key()
+    client.create("Counter", key, [], True)
+    client.call("Counter", key, "add", [5])
+    name = next(f"far{i}" for i in range(1000)
+                if leaders[shard_of(f"far{i}", SHARDS)] != leaders[shard_of(key, SHARDS)])
+    target = next(n for n in cluster.nodes if n.node_id == leaders[shard_of(name, SHARDS)])
+    outcome: list = []
+
+    def keep() -> None:
+        try:
+            outcome.append(client.keep("Counter", key, name))
+        except Exception as exc:  # noqa: BLE001 - the outcome is checked below
+            outcome.append(exc)
+
+    os.kill(target.server.process.pid, signal.SIGSTOP)
+    try:
+        keeper = threading.Thread(target=keep)
+        keeper.start()
+        keeper.join(60)
+        assert not keeper.is_alive(), "keep never answered"
+        assert outcome == [name], outcome
+        assert client.call("Counter", name, "get", []) == 5
+        with pytest.raises(spindle.errors.Moved):
+            client.call("Counter", key, "get", [])
+    finally:
+        os.kill(target.server.process.pid, signal.SIGCONT)
+        client.close()
+
+
 def test_killing_the_busiest_leader_under_load_loses_and_repeats_nothing(cluster, tmp_path):
     victim = cluster.busiest_leader()
 

@@ -401,3 +401,20 @@ pub(crate) async fn request(
         .await
         .map_err(|_| Error::new(ErrorKind::Busy, format!("{address} did not answer within 5 s")))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_peer_that_accepts_and_never_answers_fails_the_hello_in_time() {
+        // Like a paused node: the kernel completes the connection, nobody reads it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let opened = tokio::time::timeout(Duration::from_secs(60), open(&address, "test", None)).await;
+        let error = opened.expect("open waited on a peer that never answers").unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Busy);
+        assert!(error.message.contains("no answer to hello"), "{}", error.message);
+        drop(listener);
+    }
+}
