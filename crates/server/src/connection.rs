@@ -481,6 +481,7 @@ impl Connection {
         let (path, bytes) = (incoming.path.clone(), incoming.written);
         match tokio::task::block_in_place(|| incoming.finish()) {
             Ok(message) => {
+                cluster.snapshot_finished(path.clone());
                 if cluster.receive(from, address, group, vec![message]) {
                     info!(
                         shard = group,
@@ -488,7 +489,7 @@ impl Connection {
                         "received a snapshot from node {from} into {}",
                         path.display()
                     );
-                } else {
+                } else if cluster.take_finished(&path) {
                     // No group to take it: the file is not kept.
                     let _ = std::fs::remove_file(&path);
                 }

@@ -379,10 +379,10 @@ impl Driver {
                         // and an empty one would make raft-rs panic.
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
                         Ok(m) => {
-                            // A snapshot's data arrives in a file its connection wrote; the
-                            // message may name no other (after `on_ready` it is gone).
+                            // A snapshot's data arrives in a file its connection wrote whole;
+                            // the message may name no other (after `on_ready` it is gone).
                             if let Some(path) = data_file(m.get_snapshot().get_data()) {
-                                if !self.store.is_incoming(&path) {
+                                if !cluster(shared).take_finished(&path) {
                                     warn!(shard = self.index, "dropped a snapshot naming {}", path.display());
                                     continue;
                                 }

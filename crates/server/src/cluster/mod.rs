@@ -84,6 +84,8 @@ pub(crate) struct Cluster {
     raft_dir: PathBuf,
     /// Snapshots received from peers so far (each is written to a file of its own).
     received: AtomicU64,
+    /// Files of snapshots received whole and not yet taken by their group.
+    finished: Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 /// What the rest of the server sees of one shard's Raft group.
@@ -228,6 +230,17 @@ impl Cluster {
     pub(crate) fn incoming_snapshot(&self, group: u64) -> PathBuf {
         let n = self.received.fetch_add(1, Ordering::Relaxed);
         store::incoming_file(&self.raft_dir, u32::try_from(group).unwrap_or(u32::MAX), n)
+    }
+
+    /// The snapshot received into `path` came whole (its group may take it).
+    pub(crate) fn snapshot_finished(&self, path: PathBuf) {
+        self.finished.lock().unwrap_or_else(|e| e.into_inner()).insert(path);
+    }
+
+    /// Take the snapshot received into `path`: false unless it came whole and nobody took it,
+    /// so a message can name no other file (not even one still being written).
+    pub(crate) fn take_finished(&self, path: &std::path::Path) -> bool {
+        self.finished.lock().unwrap_or_else(|e| e.into_inner()).remove(path)
     }
 
     pub(crate) fn address_of(&self, node: u64) -> Option<String> {
@@ -456,6 +469,7 @@ pub(crate) fn prepare(
         adopted: moves::Adopted::default(),
         raft_dir,
         received: AtomicU64::new(0),
+        finished: Mutex::default(),
     };
     Ok(Prepared {
         cluster,

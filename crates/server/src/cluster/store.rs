@@ -292,15 +292,6 @@ impl Store {
         }
     }
 
-    /// Whether `path` is a file a snapshot for this group was received into (a peer's
-    /// snapshot may name no other file).
-    pub(crate) fn is_incoming(&self, path: &Path) -> bool {
-        path.parent() == Some(&self.dir)
-            && path
-                .file_name()
-                .is_some_and(|name| name.to_string_lossy().starts_with(&incoming_prefix(self.group)))
-    }
-
     /// Where capture `id` writes the body of a snapshot of this group (a temp file: one left
     /// by a crash is removed at start).
     pub(crate) fn capture_path(&self, id: u64) -> PathBuf {
@@ -759,7 +750,6 @@ mod tests {
         let mut bytes = Vec::new();
         data.read_to_end(&mut bytes).unwrap();
         assert_eq!((metadata.index, bytes), (8, b"s".to_vec()));
-        assert!(!store.is_incoming(&path) && store.is_incoming(&incoming_file(&dir, 0, 7)));
         assert!(data_file(b"plain data").is_none());
         assert!(!store.take_wanted());
         assert!(
