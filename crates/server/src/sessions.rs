@@ -38,6 +38,11 @@ impl Sessions {
         self.lock().len()
     }
 
+    /// Whether session `client` is open, or waiting out its TTL (not ended).
+    pub(crate) fn is_known(&self, client: &str) -> bool {
+        self.lock().contains_key(client)
+    }
+
     /// A connection said hello. Returns the shared client id and whether the session was
     /// already known (`resumed`).
     pub(crate) fn open(&self, client: &str) -> (Arc<str>, bool) {

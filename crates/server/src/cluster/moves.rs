@@ -186,8 +186,12 @@ pub(crate) async fn keep_elsewhere(
 }
 
 /// A move failed: the object goes back under its key (unless this node stopped leading its
-/// shard meanwhile, which took the shard's ephemeral objects with it).
+/// shard meanwhile, which took the shard's ephemeral objects with it, or the session owning
+/// the object ended meanwhile, which would have ended it).
 fn put_back(shared: &Shared, source: usize, key: &str, detached: Detached) {
+    if detached.owner().is_some_and(|owner| !shared.sessions.is_known(&owner)) {
+        return;
+    }
     let _ = shared.shards.with(source, |s| {
         if s.serving() && !s.partition.restore(key, detached) {
             tracing::warn!("'{key}' was made anew while its object was away: the object is dropped");
