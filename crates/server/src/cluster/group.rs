@@ -432,8 +432,9 @@ impl Driver {
                     warn!(shard = self.index, "a snapshot was not taken (the log is kept): {why}");
                     self.capture = None;
                 }
-                (_, Ok(body)) => discard(Some(body)), // a capture given up meanwhile
-                _ => {}                               // a capture given up meanwhile
+                // A capture given up meanwhile: its file is not kept.
+                (_, Ok(body)) => discard(Some(body)),
+                _ => {}
             },
         }
     }
