@@ -171,14 +171,21 @@ impl Shards {
                 Ok(Value::from(name))
             }
             Err((e, detached)) => {
-                self.with(source, |s| {
-                    if s.serving() && !s.partition.restore(key, detached) {
-                        tracing::warn!("'{key}' was made anew while its object was away: the object is dropped");
-                    }
-                })?;
+                self.put_back(source, key, detached)?;
                 Err(e)
             }
         }
+    }
+
+    /// A move out of shard `index` failed: the object goes back under `key`, unless this
+    /// node stopped serving the shard meanwhile (its ephemeral objects went with that) or the
+    /// key was made anew while the object was away (the object is then dropped).
+    pub(crate) fn put_back(&self, index: usize, key: &str, detached: Detached) -> Result<(), Error> {
+        self.with(index, |s| {
+            if s.serving() && !s.partition.restore(key, detached) {
+                tracing::warn!("'{key}' was made anew while its object was away: the object is dropped");
+            }
+        })
     }
 }
 

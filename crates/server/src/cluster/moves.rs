@@ -192,11 +192,7 @@ fn put_back(shared: &Shared, source: usize, key: &str, detached: Detached) {
     if detached.owner().is_some_and(|owner| !shared.sessions.is_known(&owner)) {
         return;
     }
-    let _ = shared.shards.with(source, |s| {
-        if s.serving() && !s.partition.restore(key, detached) {
-            tracing::warn!("'{key}' was made anew while its object was away: the object is dropped");
-        }
-    });
+    let _ = shared.shards.put_back(source, key, detached);
 }
 
 /// `adopt`: put the object moved by `origin` under `name`, in the name's shard, which this
