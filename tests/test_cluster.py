@@ -369,6 +369,15 @@ def test_keep_moves_an_object_to_a_name_whose_shard_another_node_leads(cluster):
         assert taken[1] == 1 and "already a Counter" in taken[2][1], taken
         expired = adopt(5, "n9:3:~y.1", expires=int(time.time() * 1000) - 1)
         assert expired[1] == 1 and expired[2][0] == "Busy" and "expired" in expired[2][1], expired
+        # A state that is not a Counter's is refused (before the name is even looked at).
+        bad = conn.roundtrip(frame([6, "adopt", "Counter", name, {"v": 1, "value": "x"}, "n9:4", later]), 6)
+        assert bad[1] == 1 and bad[2][0] == "ValueError", bad
+        # Snapshot frames out of order or that do not decode are dropped (they are one-way):
+        # the connection goes on, and no received file is left behind.
+        conn.sock.sendall(frame([7, "snapshot", 9, "127.0.0.1:1", 0, None, b"orphan", False]))
+        conn.sock.sendall(frame([8, "snapshot", 9, "127.0.0.1:1", 0, b"\xff\xff not protobuf", b"data", False]))
+        assert conn.roundtrip(frame([9, "ping"]), 9) == [9, 0, "pong"]
+        assert not list((leader.data_dir / "raft").glob("snap-*-incoming-*.tmp"))
     finally:
         conn.close()
     client = Client(cluster.addresses)
