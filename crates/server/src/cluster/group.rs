@@ -379,6 +379,14 @@ impl Driver {
                         // and an empty one would make raft-rs panic.
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
                         Ok(m) => {
+                            // A candidate's request finds the lease of a leader known down
+                            // over (see `expire_dead_leader`), even before this node's tick.
+                            if matches!(m.get_msg_type(), MessageType::MsgRequestPreVote | MessageType::MsgRequestVote)
+                                && self.leader_is_down(shared)
+                            {
+                                let raft = &mut self.raw.raft;
+                                raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
+                            }
                             // A snapshot's data arrives in a file its connection wrote whole;
                             // the message may name no other (after `on_ready` it is gone).
                             if let Some(path) = data_file(m.get_snapshot().get_data()) {
@@ -485,14 +493,10 @@ impl Driver {
         if meta.nodes.is_empty() || meta.rf == 0 {
             return;
         }
-        let group = self.index as u64;
-        let (voters_wanted, members_wanted): (Vec<u64>, Vec<u64>) = match self.meta {
-            // Every node follows the metadata; a few of them vote.
-            true => (meta.meta_voters(group), meta.nodes.keys().copied().collect()),
-            false => {
-                let replicas = meta.shard_replicas(group);
-                (replicas.clone(), replicas)
-            }
+        let voters_wanted = self.placed_voters(&meta);
+        let members_wanted: Vec<u64> = match self.meta {
+            true => meta.nodes.keys().copied().collect(),
+            false => voters_wanted.clone(),
         };
         let conf = self.raw.raft.prs().conf();
         let voters: Vec<u64> = conf.voters().ids().iter().collect();
@@ -1021,20 +1025,55 @@ impl Driver {
     }
 
     /// A follower whose link found its leader's port closed (a crashed process: the kernel
-    /// refuses the connection at once) stops waiting out the leader's lease: the election
-    /// then starts after the shortest timeout plus this node's random part, instead of a
-    /// whole randomized timeout after the last heartbeat. Safe if the leader is in fact
+    /// refuses the connection at once) stops waiting out the leader's lease. The first
+    /// surviving voter in placement order stands at once; the others wait the shortest
+    /// timeout plus their random part (in case it cannot win: a log behind theirs), instead
+    /// of a whole randomized timeout after the last heartbeat. Safe if the leader is in fact
     /// alive: the other followers still in its lease refuse to pre-vote, and a heartbeat
     /// restarts the count.
     fn expire_dead_leader(&mut self, shared: &Arc<Shared>) {
+        if !self.leader_is_down(shared) {
+            return;
+        }
         let raft = &mut self.raw.raft;
-        let leader = raft.leader_id;
-        if raft.state == StateRole::Follower
-            && leader != 0
-            && leader != self.node_id
-            && cluster(shared).peers.is_down(leader)
-        {
-            raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
+        raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
+        if self.first_survivor(shared) == Some(self.node_id) {
+            info!(shard = self.index, "the leader is down: standing for election");
+            let _ = self.raw.campaign();
+        }
+    }
+
+    fn leader_is_down(&self, shared: &Arc<Shared>) -> bool {
+        let raft = &self.raw.raft;
+        raft.state == StateRole::Follower
+            && raft.leader_id != 0
+            && raft.leader_id != self.node_id
+            && cluster(shared).peers.is_down(raft.leader_id)
+    }
+
+    /// The voter that stands first when the leader is down: the first in placement order
+    /// (then by id) that is neither the leader nor down, as this node sees them.
+    fn first_survivor(&self, shared: &Arc<Shared>) -> Option<u64> {
+        let cluster = cluster(shared);
+        let voters = self.raw.raft.prs().conf().voters().ids();
+        let mut others: Vec<u64> = voters.iter().collect();
+        others.sort_unstable();
+        self.placed_voters(&cluster.meta())
+            .into_iter()
+            .chain(others)
+            .find(|&n| {
+                voters.contains(n)
+                    && n != self.raw.raft.leader_id
+                    && (n == self.node_id || !cluster.peers.is_down(n))
+            })
+    }
+
+    /// The voters placement gives this group, preferred leader first.
+    fn placed_voters(&self, meta: &Meta) -> Vec<u64> {
+        match self.meta {
+            // Every node follows the metadata; a few of them vote.
+            true => meta.meta_voters(self.index as u64),
+            false => meta.shard_replicas(self.index as u64),
         }
     }
 
