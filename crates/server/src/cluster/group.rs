@@ -30,6 +30,9 @@ const ELECTION_TICKS: usize = 10;
 const HEARTBEAT_TICKS: usize = 2;
 /// Events handled before the next `Ready` (a batch: many proposals, one fsync).
 const BATCH: usize = 1024;
+/// Record bytes of consecutive proposals merged into one entry, at most (far below a
+/// Raft message's limit, and a follower applies an entry under one hold of its lock).
+const ENTRY_BYTES: usize = 256 << 10;
 /// Ticks between two leadership transfers to a group's preferred leader (no ping-pong).
 const TRANSFER_COOLDOWN: u32 = 40;
 /// Ticks a peer may stay waiting for a snapshot before it is sent again (it was lost), plus
@@ -43,8 +46,8 @@ const SNAPSHOT_CHUNK: usize = 1 << 20;
 pub(crate) enum Event {
     /// Protobuf-encoded Raft messages from a peer.
     Messages(Vec<Vec<u8>>),
-    /// An entry to propose (see [`encode_entry`]): the epoch and proposal that made it.
-    Propose(u64, u64, Vec<u8>),
+    /// A serving leader's proposal: its epoch, its number, and its op-log records.
+    Propose(u64, u64, Vec<Vec<u8>>),
     /// The body of snapshot capture `id`, or why it failed.
     Captured(u64, Result<SnapshotData, String>),
     /// A change of the cluster's nodes (metadata group only), answered once proposed.
@@ -122,6 +125,8 @@ pub(crate) struct Driver {
     capturing: Arc<AtomicBool>,
     /// The last proposal of this serving epoch handed to raft-rs, and its entry's index.
     proposed: (u64, u64),
+    /// Consecutive proposals received and not yet handed to raft-rs: one entry for them all.
+    pending: Option<Pending>,
     /// The configuration as of the snapshot, then after each membership change applied since.
     confs: Vec<(u64, ConfState)>,
     /// Ticks each peer has been waiting for a snapshot.
@@ -136,6 +141,14 @@ pub(crate) struct Driver {
 /// that of entry `index`: on a follower the last applied entry; on a serving leader (whose
 /// partition runs ahead of the log) the entry carrying the last proposal made before the
 /// moment, known once it is handed to raft-rs. It is installed once that entry is applied.
+/// Proposals `epoch`'s serving leader made, up to `proposal`, to become one entry.
+struct Pending {
+    epoch: u64,
+    proposal: u64,
+    records: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
 struct Capture {
     id: u64,
     index: Option<u64>,
@@ -290,6 +303,7 @@ impl Driver {
             captures: 0,
             capturing: Arc::new(AtomicBool::new(false)),
             proposed: (0, 0),
+            pending: None,
             confs,
             snapshot_waits: HashMap::new(),
             broken: false,
@@ -348,6 +362,7 @@ impl Driver {
                     Err(_) => break,
                 }
             }
+            self.flush_proposals(&shared);
             let ready = self.on_ready(&shared);
             // Snapshots received and not installed (raft-rs had a newer state) are not kept.
             for path in self.received.drain(..) {
@@ -371,6 +386,10 @@ impl Driver {
     }
 
     fn handle(&mut self, shared: &Arc<Shared>, event: Event) {
+        if !matches!(event, Event::Propose(..)) {
+            // Proposals go to raft-rs before anything else may change its state.
+            self.flush_proposals(shared);
+        }
         match event {
             Event::Messages(messages) => {
                 for bytes in messages {
@@ -381,8 +400,10 @@ impl Driver {
                         Ok(m) => {
                             // A candidate's request finds the lease of a leader known down
                             // over (see `expire_dead_leader`), even before this node's tick.
-                            if matches!(m.get_msg_type(), MessageType::MsgRequestPreVote | MessageType::MsgRequestVote)
-                                && self.leader_is_down(shared)
+                            if matches!(
+                                m.get_msg_type(),
+                                MessageType::MsgRequestPreVote | MessageType::MsgRequestVote
+                            ) && self.leader_is_down(shared)
                             {
                                 let raft = &mut self.raw.raft;
                                 raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
@@ -402,33 +423,33 @@ impl Driver {
                     }
                 }
             }
-            Event::Propose(epoch, proposal, data) => {
+            Event::Propose(epoch, proposal, records) => {
                 // Only a serving leader proposes, and only what its current epoch applied:
                 // raft-rs would forward a follower's proposal to the new leader, which would
                 // apply it out of its partition's order.
                 if !self.serving || epoch != self.epoch {
                     return; // its reply was failed when serving stopped
                 }
-                let leading = self.raw.raft.state == StateRole::Leader;
-                if leading && self.raw.propose(Vec::new(), data).is_ok() {
-                    let index = self.raw.raft.raft_log.last_index();
-                    self.proposed = (proposal, index);
-                    if let Some(capture) = self
-                        .capture
-                        .as_mut()
-                        .filter(|c| c.index.is_none() && c.proposal == proposal)
-                    {
-                        capture.index = Some(index);
-                    }
-                } else {
-                    // The partition ran a call that is not in the log. Stop serving before
-                    // any later entry of this epoch commits (which would release its reply),
-                    // and rebuild from the log.
-                    warn!(
-                        shard = self.index,
-                        "a proposal was dropped; rebuilding the shard from its log"
-                    );
-                    self.demote(shared);
+                let bytes: usize = records.iter().map(Vec::len).sum();
+                if self.pending.as_ref().is_some_and(|p| p.bytes + bytes > ENTRY_BYTES) {
+                    self.flush_proposals(shared);
+                }
+                let pending = self.pending.get_or_insert_with(|| Pending {
+                    epoch,
+                    proposal,
+                    records: Vec::new(),
+                    bytes: 0,
+                });
+                pending.proposal = proposal;
+                pending.records.extend(records);
+                pending.bytes += bytes;
+                // A snapshot's moment ends an entry (the entry's index is the moment's).
+                if self
+                    .capture
+                    .as_ref()
+                    .is_some_and(|c| c.index.is_none() && c.proposal == proposal)
+                {
+                    self.flush_proposals(shared);
                 }
             }
             Event::Change(change, reply) => {
@@ -444,6 +465,37 @@ impl Driver {
                 (_, Ok(body)) => discard(Some(body)),
                 _ => {}
             },
+        }
+    }
+
+    /// Hand the pending proposals to raft-rs as one entry (their records in order; its
+    /// commit releases the replies of them all).
+    fn flush_proposals(&mut self, shared: &Arc<Shared>) {
+        let Some(p) = self.pending.take() else { return };
+        if !self.serving || p.epoch != self.epoch {
+            return; // their replies were failed when serving stopped
+        }
+        let data = encode_entry(self.node_id, p.epoch, p.proposal, p.records);
+        let leading = self.raw.raft.state == StateRole::Leader;
+        if leading && self.raw.propose(Vec::new(), data).is_ok() {
+            let index = self.raw.raft.raft_log.last_index();
+            self.proposed = (p.proposal, index);
+            if let Some(capture) = self
+                .capture
+                .as_mut()
+                .filter(|c| c.index.is_none() && c.proposal == p.proposal)
+            {
+                capture.index = Some(index);
+            }
+        } else {
+            // The partition ran calls that are not in the log. Stop serving before any
+            // later entry of this epoch commits (which would release their replies), and
+            // rebuild from the log.
+            warn!(
+                shard = self.index,
+                "a proposal was dropped; rebuilding the shard from its log"
+            );
+            self.demote(shared);
         }
     }
 
@@ -1062,9 +1114,7 @@ impl Driver {
             .into_iter()
             .chain(others)
             .find(|&n| {
-                voters.contains(n)
-                    && n != self.raw.raft.leader_id
-                    && (n == self.node_id || !cluster.peers.is_down(n))
+                voters.contains(n) && n != self.raw.raft.leader_id && (n == self.node_id || !cluster.peers.is_down(n))
             })
     }
 

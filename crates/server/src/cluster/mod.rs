@@ -132,10 +132,9 @@ impl Replica {
             return fail(deliveries, &not_leader(None));
         }
         self.proposed += 1;
-        let data = group::encode_entry(self.node_id, self.epoch, self.proposed, records);
         if self
             .events
-            .send(Event::Propose(self.epoch, self.proposed, data))
+            .send(Event::Propose(self.epoch, self.proposed, records))
             .is_err()
         {
             return fail(deliveries, &not_leader(None));
