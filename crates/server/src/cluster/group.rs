@@ -399,14 +399,19 @@ impl Driver {
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
                         Ok(m) => {
                             // A candidate's request finds the lease of a leader known down
-                            // over (see `expire_dead_leader`), even before this node's tick.
-                            if matches!(
+                            // over (see `expire_dead_leader`), even before this node's tick;
+                            // one whose log is behind this node's cannot win, so this node
+                            // stands at once instead.
+                            let vote = matches!(
                                 m.get_msg_type(),
                                 MessageType::MsgRequestPreVote | MessageType::MsgRequestVote
-                            ) && self.leader_is_down(shared)
-                            {
+                            );
+                            let mut stand = false;
+                            if vote && self.leader_is_down(shared) {
                                 let raft = &mut self.raw.raft;
                                 raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
+                                stand = m.get_msg_type() == MessageType::MsgRequestPreVote
+                                    && !raft.raft_log.is_up_to_date(m.index, m.log_term);
                             }
                             // A snapshot's data arrives in a file its connection wrote whole;
                             // the message may name no other (after `on_ready` it is gone).
@@ -418,6 +423,13 @@ impl Driver {
                                 self.received.push(path);
                             }
                             let _ = self.raw.step(m);
+                            if stand && self.raw.raft.state == StateRole::Follower {
+                                info!(
+                                    shard = self.index,
+                                    "the leader is down and a candidate is behind: standing"
+                                );
+                                let _ = self.raw.campaign();
+                            }
                         }
                         Err(e) => warn!(shard = self.index, "dropped a Raft message that does not decode: {e}"),
                     }
