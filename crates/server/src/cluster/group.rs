@@ -67,24 +67,29 @@ pub(crate) fn encode_entry(node: u64, epoch: u64, proposal: u64, records: Vec<Ve
     out
 }
 
-struct Proposed {
+struct Proposed<'a> {
     node: u64,
     epoch: u64,
     proposal: u64,
-    records: Vec<Vec<u8>>,
+    records: Vec<&'a [u8]>,
 }
 
-fn decode_entry(data: &[u8]) -> Result<Proposed, String> {
-    let value = rmpv::decode::read_value(&mut &data[..]).map_err(|e| e.to_string())?;
+/// Decode an entry, its records borrowed from it.
+fn decode_entry(data: &[u8]) -> Result<Proposed<'_>, String> {
+    use rmpv::ValueRef;
+    let mut rd = data;
+    let value = rmpv::decode::read_value_ref(&mut rd).map_err(|e| e.to_string())?;
     let bad = || "an entry that is not [node, epoch, proposal, records]".to_string();
-    let Value::Array(items) = value else { return Err(bad()) };
-    let [node, epoch, proposal, Value::Array(records)] = <[Value; 4]>::try_from(items).map_err(|_| bad())? else {
+    let ValueRef::Array(items) = value else {
+        return Err(bad());
+    };
+    let [node, epoch, proposal, ValueRef::Array(records)] = <[ValueRef; 4]>::try_from(items).map_err(|_| bad())? else {
         return Err(bad());
     };
     let records = records
         .into_iter()
         .map(|r| match r {
-            Value::Binary(b) => Ok(b),
+            ValueRef::Binary(b) => Ok(b),
             _ => Err(bad()),
         })
         .collect::<Result<_, _>>()?;
@@ -1337,7 +1342,7 @@ fn replay(partition: &mut Partition, index: usize, e: &Entry, now: Instant) {
     }
     match decode_entry(&e.data) {
         Ok(p) => {
-            for record in &p.records {
+            for record in p.records {
                 if let Err(why) = partition.replay(record, now) {
                     error!(
                         shard = index,
