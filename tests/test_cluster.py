@@ -438,6 +438,33 @@ def test_killing_the_busiest_leader_under_load_loses_and_repeats_nothing(cluster
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
 
 
+def test_a_crashed_leaders_shards_elect_their_first_surviving_replica_in_placement_order(cluster):
+    """The first surviving voter in a shard's placement stands as soon as its link finds
+    the leader's port closed; left to randomized timeouts, either survivor could win."""
+    victim = cluster.busiest_leader()
+    survivors = [n for n in cluster.nodes if n is not victim]
+    groups = [g for g in survivors[0].map()["groups"] if g["leader"] == victim.node_id]
+    # Shards whose preferred leader is the victim: no later handover picks the winner.
+    expected = {g["shard"]: next(n for n in g["placement"] if n != victim.node_id)
+                for g in groups if g["placement"][0] == victim.node_id}
+    assert expected, cluster.describe()
+    victim.kill()
+
+    def elected() -> Dict[int, int]:
+        out = {}
+        for node in survivors:
+            for g in node.map()["groups"]:
+                if g["shard"] in expected and g["serving_here"]:
+                    out[g["shard"]] = node.node_id
+        return out
+
+    assert wait_until(lambda: len(elected()) == len(expected), 20), cluster.describe()
+    assert elected() == expected
+    for node in survivors:
+        if node.node_id in expected.values():
+            assert "the leader is down: standing for election" in node.log.read_text()
+
+
 def test_a_stopped_leader_is_replaced_and_catches_up_after_it_resumes(cluster, tmp_path):
     victim = cluster.busiest_leader()
 

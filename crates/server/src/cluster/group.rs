@@ -349,7 +349,7 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
-                    self.expire_dead_leader(&shared);
+                    self.stand_if_leader_down(&shared);
                     self.raw.tick();
                     self.cooldown = self.cooldown.saturating_sub(1);
                     self.reconcile(&shared);
@@ -404,9 +404,8 @@ impl Driver {
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
                         Ok(m) => {
                             // A candidate's request finds the lease of a leader known down
-                            // over (see `expire_dead_leader`), even before this node's tick;
-                            // one whose log is behind this node's cannot win, so this node
-                            // stands at once instead.
+                            // over; one whose log is behind this node's cannot win, so this
+                            // node stands at once instead (see `stand_if_leader_down`).
                             let vote = matches!(
                                 m.get_msg_type(),
                                 MessageType::MsgRequestPreVote | MessageType::MsgRequestVote
@@ -1094,19 +1093,13 @@ impl Driver {
     }
 
     /// A follower whose link found its leader's port closed (a crashed process: the kernel
-    /// refuses the connection at once) stops waiting out the leader's lease. The first
-    /// surviving voter in placement order stands at once; the others wait the shortest
-    /// timeout plus their random part (in case it cannot win: a log behind theirs), instead
-    /// of a whole randomized timeout after the last heartbeat. Safe if the leader is in fact
-    /// alive: the other followers still in its lease refuse to pre-vote, and a heartbeat
-    /// restarts the count.
-    fn expire_dead_leader(&mut self, shared: &Arc<Shared>) {
-        if !self.leader_is_down(shared) {
-            return;
-        }
-        let raft = &mut self.raw.raft;
-        raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
-        if self.first_survivor(shared) == Some(self.node_id) {
+    /// refuses the connection at once) and that is the first surviving voter in placement
+    /// order stands at once, instead of waiting out a randomized timeout after the last
+    /// heartbeat. The other survivors keep their timers (a fallback if it cannot win), and
+    /// grant it their votes at once (see `handle`). Safe if the leader is in fact alive:
+    /// followers still hearing from it refuse to pre-vote.
+    fn stand_if_leader_down(&mut self, shared: &Arc<Shared>) {
+        if self.leader_is_down(shared) && self.first_survivor(shared) == Some(self.node_id) {
             info!(shard = self.index, "the leader is down: standing for election");
             let _ = self.raw.campaign();
         }
