@@ -448,6 +448,7 @@ def test_a_crashed_leaders_shards_elect_their_first_surviving_replica_in_placeme
     expected = {g["shard"]: next(n for n in g["placement"] if n != victim.node_id)
                 for g in groups if g["placement"][0] == victim.node_id}
     assert expected, cluster.describe()
+    # Idle: the survivors' logs are equal (one ahead of the first would stand instead).
     victim.kill()
 
     def elected() -> Dict[int, int]:

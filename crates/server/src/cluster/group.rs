@@ -140,12 +140,12 @@ pub(crate) struct Driver {
     broken: bool,
     /// Files of snapshots received since the last `Ready` (see `handle`).
     received: Vec<std::path::PathBuf>,
+    /// The term and leader for which this node last stood because the leader was down
+    /// (once for them: a link that keeps failing to a leader still heard from must not
+    /// make it stand at every heartbeat).
+    stood: (u64, u64),
 }
 
-/// A snapshot being taken. The partition's state is captured as of one moment, which is
-/// that of entry `index`: on a follower the last applied entry; on a serving leader (whose
-/// partition runs ahead of the log) the entry carrying the last proposal made before the
-/// moment, known once it is handed to raft-rs. It is installed once that entry is applied.
 /// Proposals `epoch`'s serving leader made, up to `proposal`, to become one entry.
 struct Pending {
     epoch: u64,
@@ -154,6 +154,10 @@ struct Pending {
     bytes: usize,
 }
 
+/// A snapshot being taken. The partition's state is captured as of one moment, which is
+/// that of entry `index`: on a follower the last applied entry; on a serving leader (whose
+/// partition runs ahead of the log) the entry carrying the last proposal made before the
+/// moment, known once it is handed to raft-rs. It is installed once that entry is applied.
 struct Capture {
     id: u64,
     index: Option<u64>,
@@ -309,6 +313,7 @@ impl Driver {
             capturing: Arc::new(AtomicBool::new(false)),
             proposed: (0, 0),
             pending: None,
+            stood: (0, 0),
             confs,
             snapshot_waits: HashMap::new(),
             broken: false,
@@ -404,8 +409,8 @@ impl Driver {
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
                         Ok(m) => {
                             // A candidate's request finds the lease of a leader known down
-                            // over; one whose log is behind this node's cannot win, so this
-                            // node stands at once instead (see `stand_if_leader_down`).
+                            // over. One whose log is behind this node's cannot win: the
+                            // first survivor after it stands at once instead.
                             let vote = matches!(
                                 m.get_msg_type(),
                                 MessageType::MsgRequestPreVote | MessageType::MsgRequestVote
@@ -415,7 +420,8 @@ impl Driver {
                                 let raft = &mut self.raw.raft;
                                 raft.election_elapsed = raft.election_elapsed.max(ELECTION_TICKS);
                                 stand = m.get_msg_type() == MessageType::MsgRequestPreVote
-                                    && !raft.raft_log.is_up_to_date(m.index, m.log_term);
+                                    && !raft.raft_log.is_up_to_date(m.index, m.log_term)
+                                    && self.first_survivor(shared, Some(m.from)) == Some(self.node_id);
                             }
                             // A snapshot's data arrives in a file its connection wrote whole;
                             // the message may name no other (after `on_ready` it is gone).
@@ -428,11 +434,7 @@ impl Driver {
                             }
                             let _ = self.raw.step(m);
                             if stand && self.raw.raft.state == StateRole::Follower {
-                                info!(
-                                    shard = self.index,
-                                    "the leader is down and a candidate is behind: standing"
-                                );
-                                let _ = self.raw.campaign();
+                                self.stand("the leader is down and a candidate is behind: standing");
                             }
                         }
                         Err(e) => warn!(shard = self.index, "dropped a Raft message that does not decode: {e}"),
@@ -788,13 +790,14 @@ impl Driver {
         let outcome = shared.shards.with(self.index, |s| {
             let mut replies = Vec::new();
             for e in &run {
-                if let (Some(replica), Ok(p)) = (s.replica.as_mut(), decode_entry(&e.data)) {
+                let entry = decode_entry(&e.data);
+                if let (Some(replica), Ok(p)) = (s.replica.as_mut(), &entry) {
                     if let Some(released) = replica.committed(p.node, p.epoch, p.proposal) {
                         replies.extend(released);
                         continue;
                     }
                 }
-                replay(&mut s.partition, self.index, e, now);
+                replay_entry(&mut s.partition, self.index, e.index, entry, now);
             }
             replies
         });
@@ -1095,12 +1098,21 @@ impl Driver {
     /// A follower whose link found its leader's port closed (a crashed process: the kernel
     /// refuses the connection at once) and that is the first surviving voter in placement
     /// order stands at once, instead of waiting out a randomized timeout after the last
-    /// heartbeat. The other survivors keep their timers (a fallback if it cannot win), and
-    /// grant it their votes at once (see `handle`). Safe if the leader is in fact alive:
-    /// followers still hearing from it refuse to pre-vote.
+    /// heartbeat; the other survivors grant it their votes at once (see `handle`), their
+    /// timers a fallback. Safe if the leader is in fact alive: followers still hearing from
+    /// it refuse to pre-vote.
     fn stand_if_leader_down(&mut self, shared: &Arc<Shared>) {
-        if self.leader_is_down(shared) && self.first_survivor(shared) == Some(self.node_id) {
-            info!(shard = self.index, "the leader is down: standing for election");
+        if self.leader_is_down(shared) && self.first_survivor(shared, None) == Some(self.node_id) {
+            self.stand("the leader is down: standing for election");
+        }
+    }
+
+    /// Campaign, once per term and leader.
+    fn stand(&mut self, why: &str) {
+        let now = (self.raw.raft.term, self.raw.raft.leader_id);
+        if self.stood != now {
+            self.stood = now;
+            info!(shard = self.index, "{why}");
             let _ = self.raw.campaign();
         }
     }
@@ -1114,8 +1126,8 @@ impl Driver {
     }
 
     /// The voter that stands first when the leader is down: the first in placement order
-    /// (then by id) that is neither the leader nor down, as this node sees them.
-    fn first_survivor(&self, shared: &Arc<Shared>) -> Option<u64> {
+    /// (then by id) that is neither the leader nor down nor `except`, as this node sees them.
+    fn first_survivor(&self, shared: &Arc<Shared>, except: Option<u64>) -> Option<u64> {
         let cluster = cluster(shared);
         let voters = self.raw.raft.prs().conf().voters().ids();
         let mut others: Vec<u64> = voters.iter().collect();
@@ -1124,7 +1136,10 @@ impl Driver {
             .into_iter()
             .chain(others)
             .find(|&n| {
-                voters.contains(n) && n != self.raw.raft.leader_id && (n == self.node_id || !cluster.peers.is_down(n))
+                voters.contains(n)
+                    && n != self.raw.raft.leader_id
+                    && Some(n) != except
+                    && (n == self.node_id || !cluster.peers.is_down(n))
             })
     }
 
@@ -1330,25 +1345,21 @@ fn added_node(cc: &ConfChange) -> Option<(u64, String)> {
 
 /// Apply a committed entry proposed elsewhere (or before a restart) to `partition`.
 fn replay(partition: &mut Partition, index: usize, e: &Entry, now: Instant) {
-    if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
-        return;
+    if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
+        replay_entry(partition, index, e.index, decode_entry(&e.data), now);
     }
-    match decode_entry(&e.data) {
+}
+
+/// Apply the records of entry `entry` (decoded) to `partition`.
+fn replay_entry(partition: &mut Partition, index: usize, entry: u64, decoded: Result<Proposed, String>, now: Instant) {
+    match decoded {
         Ok(p) => {
             for record in p.records {
                 if let Err(why) = partition.replay(record, now) {
-                    error!(
-                        shard = index,
-                        entry = e.index,
-                        "a replicated record was not applied: {why}"
-                    );
+                    error!(shard = index, entry, "a replicated record was not applied: {why}");
                 }
             }
         }
-        Err(why) => error!(
-            shard = index,
-            entry = e.index,
-            "a replicated entry does not decode: {why}"
-        ),
+        Err(why) => error!(shard = index, entry, "a replicated entry does not decode: {why}"),
     }
 }
