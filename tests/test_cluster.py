@@ -9,10 +9,12 @@ import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
@@ -694,6 +696,87 @@ def test_a_snapshot_larger_than_a_frame_streams_to_a_new_node_through_files(tmp_
         assert not list((newcomer.data_dir / "raft").glob("snap-*-incoming-*.tmp"))
         for key, data in blobs.items():
             assert client.call("Blob", key, "get", []) == data
+    finally:
+        client.close()
+        cluster.stop()
+
+
+def damage_snapshot(path: Path, keep_checksums: bool) -> None:
+    """Make the partition data in Raft snapshot file ``path`` undecodable, its length kept:
+    with ``keep_checksums`` the file's checksums are recomputed (it reads back, and only
+    restoring it fails), else they no longer match (reading it fails)."""
+    raw = bytearray(path.read_bytes())
+    header, body = raw[:48], raw[48:]
+
+    def varint(at: int) -> tuple:
+        value, shift = 0, 0
+        while True:
+            byte = body[at]
+            value, shift, at = value | (byte & 0x7F) << shift, shift + 7, at + 1
+            if byte < 0x80:
+                return value, at
+
+    at = 0
+    while True:  # protobuf fields of `Snapshot`: metadata (2), data (1)
+        tag = body[at]
+        size, at = varint(at + 1)
+        if tag == 0x0A:
+            break
+        at += size
+    assert size > 16, size
+    body[at:at + 16] = b"\xc1" * 16  # a byte MessagePack never uses
+    if keep_checksums:
+        header[40:44] = struct.pack("<I", zlib.crc32(body))
+        header[44:48] = struct.pack("<I", zlib.crc32(header[:44]))
+    path.write_bytes(bytes(header + body))
+
+
+def test_a_damaged_snapshot_on_the_leaders_is_replaced_by_a_fresh_one(tmp_path):
+    # A node down while the leaders compact their logs needs their snapshots when it comes
+    # back. Each leader's is damaged on disk: on half the shards it no longer reads (its
+    # checksum), on the others it reads but does not restore. The returning node refuses
+    # the latter without leaving the shard; after two failed sends each leader takes a
+    # fresh snapshot, and the node catches up.
+    cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
+    victim = cluster.nodes[2]
+    victim.kill()
+    others = cluster.nodes[:2]
+    assert wait_until(lambda: set(cluster.leaders(via=others[0]).values()) <= {n.node_id for n in others}
+                      and all(cluster.leaders(via=others[0]).values()), 20), cluster.describe()
+    client = Client(",".join(n.address for n in others))
+    try:
+        keys = [f"damaged.k{i}" for i in range(24)]  # spread over every shard
+        for key in keys:
+            client.create("Counter", key, [], False, persistent=True)
+        for _ in range(60):
+            for key in keys:
+                client.call("Counter", key, "add", [1])
+        leaders = cluster.leaders(via=others[0])
+        nodes = {n.node_id: n for n in others}
+
+        def compacted(shard: int) -> bool:  # the leader's first log segment is gone
+            leader = nodes[leaders[shard]]
+            logs = raft_files(leader, "log").get(shard, [])
+            return bool(raft_files(leader, "snap").get(shard)) and not any(
+                name.endswith("-00000000000000000001.spl") for name in logs
+            )
+
+        assert wait_until(lambda: all(compacted(s) for s in range(SHARDS)), 20), [
+            (raft_files(n, "snap"), raft_files(n, "log")) for n in others
+        ]
+        for shard in range(SHARDS):
+            leader = nodes[leaders[shard]]
+            newest = raft_files(leader, "snap")[shard][-1]
+            damage_snapshot(leader.data_dir / "raft" / newest, keep_checksums=shard % 2 == 1)
+
+        victim.start()
+        assert wait_until(lambda: cluster.caught_up(victim), 60), cluster.describe()
+        log = victim.log.read_text()
+        assert "refused the leader's snapshot" in log
+        assert "installed the leader's snapshot" in log
+        assert any("taking a fresh one" in n.log.read_text() for n in others)
+        for key in keys:
+            assert client.call("Counter", key, "add", [1]) == 61
     finally:
         client.close()
         cluster.stop()

@@ -136,14 +136,23 @@ pub(crate) struct Driver {
     confs: Vec<(u64, ConfState)>,
     /// Ticks each peer has been waiting for a snapshot.
     snapshot_waits: HashMap<u64, u32>,
+    /// Snapshots each waiting peer failed to take so far.
+    snapshot_failures: HashMap<u64, u32>,
     /// A partition that could not be rebuilt: the driver stops.
     broken: bool,
-    /// Files of snapshots received since the last `Ready` (see `handle`).
-    received: Vec<std::path::PathBuf>,
+    /// Files of snapshots received since the last `Ready` (see `handle`), with the state
+    /// each restores.
+    received: Vec<(std::path::PathBuf, Restored)>,
     /// The term and leader for which this node last stood because the leader was down
     /// (once for them: a link that keeps failing to a leader still heard from must not
     /// make it stand at every heartbeat).
     stood: (u64, u64),
+}
+
+/// What a leader's snapshot restores: a shard's partition, or the metadata's commands.
+enum Restored {
+    Partition(Box<Partition>),
+    Meta(Vec<Command>),
 }
 
 /// Proposals `epoch`'s serving leader made, up to `proposal`, to become one entry.
@@ -316,6 +325,7 @@ impl Driver {
             stood: (0, 0),
             confs,
             snapshot_waits: HashMap::new(),
+            snapshot_failures: HashMap::new(),
             broken: false,
             received: Vec::new(),
         })
@@ -375,7 +385,7 @@ impl Driver {
             self.flush_proposals(&shared);
             let ready = self.on_ready(&shared);
             // Snapshots received and not installed (raft-rs had a newer state) are not kept.
-            for path in self.received.drain(..) {
+            for (path, _) in self.received.drain(..) {
                 let _ = std::fs::remove_file(path);
             }
             if let Err(e) = ready.and_then(|()| self.maybe_snapshot(&shared)) {
@@ -430,7 +440,17 @@ impl Driver {
                                     warn!(shard = self.index, "dropped a snapshot naming {}", path.display());
                                     continue;
                                 }
-                                self.received.push(path);
+                                // Restored before raft-rs sees it: one that does not restore
+                                // is refused here (raft-rs could not take it back).
+                                let data = SnapshotData::File(path.clone());
+                                match tokio::task::block_in_place(|| self.restore(&data)) {
+                                    Ok(restored) => self.received.push((path, restored)),
+                                    Err(why) => {
+                                        warn!(shard = self.index, "refused the leader's snapshot: {why}");
+                                        let _ = std::fs::remove_file(&path);
+                                        continue;
+                                    }
+                                }
                             }
                             let _ = self.raw.step(m);
                             if stand && self.raw.raft.state == StateRole::Follower {
@@ -956,33 +976,45 @@ impl Driver {
             Some(path) => SnapshotData::File(path),
             None => SnapshotData::Bytes(snapshot.take_data().into()),
         };
-        // Reading and copying a large file: off the async workers' duty meanwhile.
-        let (commands, partition) = tokio::task::block_in_place(|| -> std::io::Result<_> {
-            Ok(match self.meta {
-                true => {
-                    let mut bytes = Vec::new();
-                    std::io::Read::read_to_end(&mut data.reader()?, &mut bytes)?;
-                    (Some(meta_commands(&bytes).map_err(refused)?), None)
-                }
-                false => (
-                    None,
-                    Some(restored(Some(data.reader()?), Instant::now()).map_err(refused)?),
-                ),
-            })
-        })?;
+        // Restored when it came in, if streamed (else now: reading and copying a large file,
+        // off the async workers' duty meanwhile).
+        let prepared = match &data {
+            SnapshotData::File(path) => self
+                .received
+                .iter()
+                .position(|(p, _)| p == path)
+                .map(|i| self.received.swap_remove(i).1),
+            SnapshotData::Bytes(_) => None,
+        };
+        let restored = match prepared {
+            Some(restored) => restored,
+            None => tokio::task::block_in_place(|| self.restore(&data)).map_err(refused)?,
+        };
         self.capture = None;
         tokio::task::block_in_place(|| self.store.install(snapshot.take_metadata(), data, true))?;
         self.applied = index;
         self.confs = vec![(index, conf)];
-        if let Some(commands) = commands {
-            cluster(shared).restore_meta(commands);
-        }
-        if let Some(partition) = partition {
-            self.replace_partition(shared, None, Ok(partition))
-                .map_err(std::io::Error::other)?;
+        match restored {
+            Restored::Meta(commands) => cluster(shared).restore_meta(commands),
+            Restored::Partition(partition) => self
+                .replace_partition(shared, None, Ok(*partition))
+                .map_err(std::io::Error::other)?,
         }
         info!(shard = self.index, index, "installed the leader's snapshot");
         Ok(())
+    }
+
+    /// The state a leader's snapshot `data` restores, for this group.
+    fn restore(&self, data: &SnapshotData) -> Result<Restored, String> {
+        let mut reader = data.reader().map_err(|e| e.to_string())?;
+        Ok(match self.meta {
+            true => {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut reader, &mut bytes).map_err(|e| e.to_string())?;
+                Restored::Meta(meta_commands(&bytes)?)
+            }
+            false => Restored::Partition(Box::new(restored(Some(reader), Instant::now())?)),
+        })
     }
 
     /// Take a snapshot once `--snapshot-after` bytes of log were written since the last (or
@@ -1168,6 +1200,7 @@ impl Driver {
             .map(|(id, _)| *id)
             .collect();
         self.snapshot_waits.retain(|id, _| waiting.contains(id));
+        self.snapshot_failures.retain(|id, _| waiting.contains(id));
         if waiting.is_empty() {
             return;
         }
@@ -1179,6 +1212,22 @@ impl Driver {
             if *ticks >= patience {
                 *ticks = 0;
                 self.raw.report_snapshot(id, SnapshotStatus::Failure);
+                // Lost once, it is sent again; lost twice, it may be damaged (unreadable
+                // here, or refused by the peer): a fresh one is taken, after an entry of its
+                // own if nothing was applied since.
+                let failures = self.snapshot_failures.entry(id).or_insert(0);
+                *failures += 1;
+                if *failures >= 2 && !self.store.latest_refused() {
+                    warn!(
+                        shard = self.index,
+                        peer = id,
+                        "a peer failed to take the snapshot twice: taking a fresh one"
+                    );
+                    self.store.refuse_latest();
+                    if self.applied <= self.store.snapshot_metadata().index {
+                        let _ = self.raw.propose(Vec::new(), Vec::new());
+                    }
+                }
             }
         }
     }

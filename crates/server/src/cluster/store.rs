@@ -72,6 +72,8 @@ struct Latest {
     snapshot: Snapshot,
     path: Option<PathBuf>,
     data_len: u64,
+    /// Peers failed to take it again and again (a damaged file?): a newer one is needed.
+    refused: bool,
 }
 
 /// Starts the data of a Raft snapshot that names a file of this node instead of holding
@@ -149,7 +151,7 @@ impl raft::Storage for RaftStorage {
         let member = [&conf.voters, &conf.learners, &conf.voters_outgoing, &conf.learners_next]
             .iter()
             .any(|ids| ids.contains(&to));
-        if meta.index == 0 || meta.index < request_index || !member {
+        if meta.index == 0 || meta.index < request_index || !member || latest.refused {
             self.wanted.store(true, Ordering::Release);
             return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         }
@@ -257,6 +259,16 @@ impl Store {
             latest: self.latest.clone(),
             wanted: self.wanted.clone(),
         }
+    }
+
+    /// Send peers no more of the latest snapshot: they get a newer one, asked for here.
+    pub(crate) fn refuse_latest(&self) {
+        self.latest.write().unwrap_or_else(|e| e.into_inner()).refused = true;
+        self.wanted.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn latest_refused(&self) -> bool {
+        self.latest.read().unwrap_or_else(|e| e.into_inner()).refused
     }
 
     /// Whether a peer asked for a newer snapshot than the latest (the request is taken).
@@ -411,6 +423,7 @@ impl Store {
             snapshot,
             data_len,
             path: Some(written.path.clone()),
+            refused: false,
         };
         self.file = file;
         self.since_snapshot = 0;
