@@ -616,29 +616,36 @@ def raft_files(node: Node, pattern: str) -> Dict[int, List[str]]:
     return out
 
 
+def count_on_every_shard(client: Client, prefix: str, rounds: int = 60) -> List[str]:
+    """Persistent counters spread over every shard, each added to ``rounds`` times: log
+    enough for ``SMALL_SNAPSHOTS`` to take snapshots and compact behind them."""
+    keys = [f"{prefix}.k{i}" for i in range(24)]
+    for key in keys:
+        client.create("Counter", key, [], False, persistent=True)
+    for _ in range(rounds):
+        for key in keys:
+            client.call("Counter", key, "add", [1])
+    return keys
+
+
+def compacted(node: Node, shard: int) -> bool:
+    """``node`` took snapshots of ``shard`` and deleted its first log segment."""
+    logs = raft_files(node, "log").get(shard, [])
+    return bool(raft_files(node, "snap").get(shard)) and not any(
+        name.endswith("-00000000000000000001.spl") for name in logs
+    )
+
+
 def test_snapshots_compact_the_log_and_new_and_restarted_nodes_recover_from_them(tmp_path):
     cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
     client = Client(cluster.addresses)
     try:
-        keys = [f"snap.k{i}" for i in range(24)]  # spread over every shard
-        for key in keys:
-            client.create("Counter", key, [], False, persistent=True)
-        for round_ in range(60):
-            for key in keys:
-                client.call("Counter", key, "add", [1])
+        keys = count_on_every_shard(client, "snap")
         client.create("Dict", "snap.d", [], False, persistent=True)
         client.call("Dict", "snap.d", "setitem", ["big", "x" * 50_000])  # a record larger than a snapshot's due
         expected = {key: 60 for key in keys}
 
-        def compacted(node: Node) -> bool:
-            # Every shard took snapshots on this node, and its first segments are gone.
-            snaps, logs = raft_files(node, "snap"), raft_files(node, "log")
-            return all(
-                snaps.get(g) and not any(name.endswith("-00000000000000000001.spl") for name in logs.get(g, []))
-                for g in range(SHARDS)
-            )
-
-        assert wait_until(lambda: all(compacted(n) for n in cluster.nodes), 20), [
+        assert wait_until(lambda: all(compacted(n, g) for n in cluster.nodes for g in range(SHARDS)), 20), [
             (raft_files(n, "snap"), raft_files(n, "log")) for n in cluster.nodes
         ]
         # Two snapshots are kept (a third exists only between its writing and the pruning).
@@ -745,23 +752,10 @@ def test_a_damaged_snapshot_on_the_leaders_is_replaced_by_a_fresh_one(tmp_path):
                       and all(cluster.leaders(via=others[0]).values()), 20), cluster.describe()
     client = Client(",".join(n.address for n in others))
     try:
-        keys = [f"damaged.k{i}" for i in range(24)]  # spread over every shard
-        for key in keys:
-            client.create("Counter", key, [], False, persistent=True)
-        for _ in range(60):
-            for key in keys:
-                client.call("Counter", key, "add", [1])
+        keys = count_on_every_shard(client, "damaged")
         leaders = cluster.leaders(via=others[0])
         nodes = {n.node_id: n for n in others}
-
-        def compacted(shard: int) -> bool:  # the leader's first log segment is gone
-            leader = nodes[leaders[shard]]
-            logs = raft_files(leader, "log").get(shard, [])
-            return bool(raft_files(leader, "snap").get(shard)) and not any(
-                name.endswith("-00000000000000000001.spl") for name in logs
-            )
-
-        assert wait_until(lambda: all(compacted(s) for s in range(SHARDS)), 20), [
+        assert wait_until(lambda: all(compacted(nodes[leaders[s]], s) for s in range(SHARDS)), 20), [
             (raft_files(n, "snap"), raft_files(n, "log")) for n in others
         ]
         for shard in range(SHARDS):
