@@ -776,6 +776,47 @@ def test_a_damaged_snapshot_on_the_leaders_is_replaced_by_a_fresh_one(tmp_path):
         cluster.stop()
 
 
+def test_a_leader_whose_latest_snapshot_is_damaged_rebuilds_from_the_one_before(tmp_path):
+    # A leader that loses its leadership rebuilds its partition from its latest snapshot and
+    # the log. That snapshot is damaged on disk (a bad checksum on half the shards, data that
+    # does not restore on the others): it falls back to the one before and the log kept
+    # behind it, and goes on following the shard with the same state.
+    cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
+    client = Client(cluster.addresses)
+    try:
+        keys = count_on_every_shard(client, "older")
+        victim = cluster.busiest_leader()
+        led = [s for s, leader in cluster.leaders().items() if leader == victim.node_id]
+        assert wait_until(lambda: all(len(raft_files(victim, "snap").get(s, [])) == 2 for s in led), 20), (
+            raft_files(victim, "snap")
+        )
+        for shard in led:
+            newest = raft_files(victim, "snap")[shard][-1]
+            damage_snapshot(victim.data_dir / "raft" / newest, keep_checksums=shard % 2 == 1)
+        # Paused, it loses its shards to the others; resumed, it steps down and rebuilds.
+        os.kill(victim.server.process.pid, signal.SIGSTOP)
+        try:
+            others = [n for n in cluster.nodes if n is not victim]
+            assert wait_until(lambda: not set(led) & {s for s, l in cluster.leaders(via=others[0]).items()
+                                                     if l == victim.node_id}, 20)
+        finally:
+            os.kill(victim.server.process.pid, signal.SIGCONT)
+        for key in keys:
+            assert client.call("Counter", key, "add", [1]) == 61
+        assert wait_until(lambda: cluster.caught_up(victim), 30), cluster.describe()
+        assert "cannot be rebuilt" not in victim.log.read_text()
+        assert "trying the one before" in victim.log.read_text()
+        # It leads again (its shards' preferred leader) and serves the same state.
+        assert wait_until(lambda: all(cluster.leaders().get(s) == victim.node_id for s in led), 30), (
+            cluster.describe()
+        )
+        for key in keys:
+            assert client.call("Counter", key, "get", []) == 61
+    finally:
+        client.close()
+        cluster.stop()
+
+
 def test_leaders_killed_under_load_while_snapshots_are_taken_lose_and_repeat_nothing(tmp_path):
     cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
     try:

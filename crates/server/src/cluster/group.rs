@@ -924,13 +924,31 @@ impl Driver {
     /// are answered with it.
     fn rebuild(&mut self, shared: &Arc<Shared>, error: Option<&Error>) -> Result<(), String> {
         let now = Instant::now();
-        let data = self.store.snapshot_data().map_err(|e| e.to_string())?;
-        let rebuilt = tokio::task::block_in_place(|| restored(data, now)).map(|mut partition| {
+        let data = self.store.snapshot_data().map_err(|e| e.to_string());
+        let mut rebuilt = tokio::task::block_in_place(|| restored(data?, now)).map(|mut partition| {
             for e in &self.store.entries(1, self.applied) {
                 replay(&mut partition, self.index, e, now);
             }
             partition
         });
+        if let Err(why) = &rebuilt {
+            // A snapshot damaged since it was written: the older one and the log kept behind
+            // it hold the same state.
+            warn!(
+                shard = self.index,
+                "the latest snapshot does not restore ({why}); trying the one before"
+            );
+            let applied = self.applied;
+            let older = tokio::task::block_in_place(|| self.store.older_state(applied)).map_err(|e| e.to_string());
+            if let Ok(Some((data, entries))) = older {
+                rebuilt = tokio::task::block_in_place(|| restored(Some(data), now)).map(|mut partition| {
+                    for e in &entries {
+                        replay(&mut partition, self.index, e, now);
+                    }
+                    partition
+                });
+            }
+        }
         self.replace_partition(shared, error, rebuilt)
     }
 

@@ -304,6 +304,44 @@ impl Store {
         }
     }
 
+    /// For a rebuild whose latest snapshot does not restore (damaged since it was written):
+    /// the newest other snapshot that passes its checks, and the entries after it up to
+    /// `to`, read back from the log kept on disk behind it. `None` without one.
+    pub(crate) fn older_state(&mut self, to: u64) -> io::Result<Option<(DataReader, Vec<Entry>)>> {
+        self.flush()?;
+        let latest = self.latest().path.clone();
+        let mut older = storage::list_snapshots(&self.dir, self.group)?;
+        older.retain(|(_, path)| Some(path) != latest.as_ref());
+        let Some((position, path)) = older
+            .into_iter()
+            .rev()
+            .find(|(_, path)| storage::verify_snapshot(path).is_ok())
+        else {
+            return Ok(None);
+        };
+        let (metadata, data, _) = open_snapshot_file(&path)?;
+        let from = metadata.index + 1;
+        let mem = MemStorage::new();
+        let mut snapshot = Snapshot::default();
+        snapshot.set_metadata(metadata);
+        mem.wl().apply_snapshot(snapshot).map_err(io::Error::other)?;
+        for segment in storage::list_segments(&self.dir, self.group)?
+            .into_iter()
+            .filter(|s| s.seq >= position.seq)
+        {
+            let mut scan = SegmentScanner::open(&segment.path)?;
+            while let Some((_, record)) = scan.next_record()? {
+                load(&mem, record).map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
+            }
+        }
+        if last_index(&mem) < to {
+            return Ok(None); // the log behind it is gone (a leader's snapshot was installed)
+        }
+        let entries = raft::Storage::entries(&mem, from, to + 1, None, GetEntriesContext::empty(false))
+            .map_err(io::Error::other)?;
+        Ok(Some((data, entries)))
+    }
+
     /// Where capture `id` writes the body of a snapshot of this group (a temp file: one left
     /// by a crash is removed at start).
     pub(crate) fn capture_path(&self, id: u64) -> PathBuf {
@@ -487,9 +525,12 @@ fn write_snapshot_file(
     file.finish()
 }
 
+/// A snapshot's data, read from its file as it is consumed.
+pub(crate) type DataReader = Box<dyn Read + Send>;
+
 /// Open snapshot file `path`: its metadata, and its data as a reader with the data's length
 /// (checked against the file's checksum once read to the end).
-pub(crate) fn open_snapshot_file(path: &Path) -> io::Result<(SnapshotMetadata, Box<dyn Read + Send>, u64)> {
+pub(crate) fn open_snapshot_file(path: &Path) -> io::Result<(SnapshotMetadata, DataReader, u64)> {
     let invalid = |why: String| {
         io::Error::new(
             io::ErrorKind::InvalidData,
