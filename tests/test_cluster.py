@@ -708,6 +708,22 @@ def test_a_snapshot_larger_than_a_frame_streams_to_a_new_node_through_files(tmp_
         cluster.stop()
 
 
+def newest_snapshot_once_settled(node: Node, shard: int) -> Path:
+    """``node``'s newest snapshot of ``shard`` once no capture is under way and none came
+    for a second (a snapshot installed later would make it the older one)."""
+    def listing() -> tuple:
+        raft = node.data_dir / "raft"
+        return tuple(raft_files(node, "snap").get(shard, [])), tuple(raft.glob(f"snap-{shard}-capture-*"))
+
+    last, since = listing(), time.monotonic()
+    while time.monotonic() - since < 1.0 or last[1]:
+        time.sleep(0.1)
+        now = listing()
+        if now != last:
+            last, since = now, time.monotonic()
+    return node.data_dir / "raft" / last[0][-1]
+
+
 def damage_snapshot(path: Path, keep_checksums: bool) -> None:
     """Make the partition data in Raft snapshot file ``path`` undecodable, its length kept:
     with ``keep_checksums`` the file's checksums are recomputed (it reads back, and only
@@ -759,9 +775,7 @@ def test_a_damaged_snapshot_on_the_leaders_is_replaced_by_a_fresh_one(tmp_path):
             (raft_files(n, "snap"), raft_files(n, "log")) for n in others
         ]
         for shard in range(SHARDS):
-            leader = nodes[leaders[shard]]
-            newest = raft_files(leader, "snap")[shard][-1]
-            damage_snapshot(leader.data_dir / "raft" / newest, keep_checksums=shard % 2 == 1)
+            damage_snapshot(newest_snapshot_once_settled(nodes[leaders[shard]], shard), keep_checksums=shard % 2 == 1)
 
         victim.start()
         assert wait_until(lambda: cluster.caught_up(victim), 60), cluster.describe()
@@ -786,13 +800,15 @@ def test_a_leader_whose_latest_snapshot_is_damaged_rebuilds_from_the_one_before(
     try:
         keys = count_on_every_shard(client, "older")
         victim = cluster.busiest_leader()
-        led = [s for s, leader in cluster.leaders().items() if leader == victim.node_id]
+        # Shards it leads as their preferred leader (it leads them again once back).
+        led = [g["shard"] for g in victim.map()["groups"]
+               if g["leader"] == victim.node_id and g["placement"][0] == victim.node_id and g["shard"] < SHARDS]
+        assert led, cluster.describe()
         assert wait_until(lambda: all(len(raft_files(victim, "snap").get(s, [])) == 2 for s in led), 20), (
             raft_files(victim, "snap")
         )
         for shard in led:
-            newest = raft_files(victim, "snap")[shard][-1]
-            damage_snapshot(victim.data_dir / "raft" / newest, keep_checksums=shard % 2 == 1)
+            damage_snapshot(newest_snapshot_once_settled(victim, shard), keep_checksums=shard % 2 == 1)
         # Paused, it loses its shards to the others; resumed, it steps down and rebuilds.
         os.kill(victim.server.process.pid, signal.SIGSTOP)
         try:

@@ -136,13 +136,14 @@ pub(crate) struct Driver {
     confs: Vec<(u64, ConfState)>,
     /// Ticks each peer has been waiting for a snapshot.
     snapshot_waits: HashMap<u64, u32>,
-    /// Snapshots each waiting peer failed to take so far.
-    snapshot_failures: HashMap<u64, u32>,
+    /// For a peer that failed to take a snapshot and does not replicate yet: that
+    /// snapshot's index, and how many times it failed.
+    snapshot_failures: HashMap<u64, (u64, u32)>,
     /// A partition that could not be rebuilt: the driver stops.
     broken: bool,
     /// Files of snapshots received since the last `Ready` (see `handle`), with the state
     /// each restores.
-    received: Vec<(std::path::PathBuf, Restored)>,
+    received: Vec<(std::path::PathBuf, Option<Restored>)>,
     /// The term and leader for which this node last stood because the leader was down
     /// (once for them: a link that keeps failing to a leader still heard from must not
     /// make it stand at every heartbeat).
@@ -440,12 +441,17 @@ impl Driver {
                                     warn!(shard = self.index, "dropped a snapshot naming {}", path.display());
                                     continue;
                                 }
-                                // Restored before raft-rs sees it: one that does not restore
-                                // is refused here (raft-rs could not take it back).
+                                // Restored before raft-rs sees it, if raft-rs may take it: one
+                                // that does not restore is refused here (raft-rs could not
+                                // take it back).
+                                let raft = &self.raw.raft;
+                                let current = m.term >= raft.term
+                                    && m.get_snapshot().get_metadata().index > raft.raft_log.committed;
                                 let data = SnapshotData::File(path.clone());
-                                match tokio::task::block_in_place(|| self.restore(&data)) {
-                                    Ok(restored) => self.received.push((path, restored)),
-                                    Err(why) => {
+                                match current.then(|| tokio::task::block_in_place(|| self.restore(&data))) {
+                                    Some(Ok(restored)) => self.received.push((path, Some(restored))),
+                                    None => self.received.push((path, None)),
+                                    Some(Err(why)) => {
                                         warn!(shard = self.index, "refused the leader's snapshot: {why}");
                                         let _ = std::fs::remove_file(&path);
                                         continue;
@@ -1001,7 +1007,7 @@ impl Driver {
                 .received
                 .iter()
                 .position(|(p, _)| p == path)
-                .map(|i| self.received.swap_remove(i).1),
+                .and_then(|i| self.received.swap_remove(i).1),
             SnapshotData::Bytes(_) => None,
         };
         let restored = match prepared {
@@ -1207,18 +1213,26 @@ impl Driver {
     fn retry_snapshots(&mut self) {
         if self.raw.raft.state != StateRole::Leader {
             self.snapshot_waits.clear();
+            self.snapshot_failures.clear();
             return;
         }
-        let waiting: Vec<u64> = self
-            .raw
-            .raft
-            .prs()
+        let prs = self.raw.raft.prs();
+        let waiting: Vec<u64> = prs
             .iter()
             .filter(|(_, pr)| pr.state == ProgressState::Snapshot)
             .map(|(id, _)| *id)
             .collect();
         self.snapshot_waits.retain(|id, _| waiting.contains(id));
-        self.snapshot_failures.retain(|id, _| waiting.contains(id));
+        // A failed peer is probed before it waits for a snapshot again: its count goes only
+        // once it replicates.
+        self.snapshot_failures
+            .retain(|id, _| prs.get(*id).is_some_and(|pr| pr.state != ProgressState::Replicate));
+        let snapshot = self.store.snapshot_metadata().index;
+        if self.store.latest_refused() && self.raw.raft.raft_log.last_index() <= snapshot {
+            // A fresh snapshot needs an entry after the refused one (retried until proposed:
+            // raft-rs drops proposals during a leadership transfer).
+            let _ = self.raw.propose(Vec::new(), Vec::new());
+        }
         if waiting.is_empty() {
             return;
         }
@@ -1231,20 +1245,19 @@ impl Driver {
                 *ticks = 0;
                 self.raw.report_snapshot(id, SnapshotStatus::Failure);
                 // Lost once, it is sent again; lost twice, it may be damaged (unreadable
-                // here, or refused by the peer): a fresh one is taken, after an entry of its
-                // own if nothing was applied since.
-                let failures = self.snapshot_failures.entry(id).or_insert(0);
-                *failures += 1;
-                if *failures >= 2 && !self.store.latest_refused() {
+                // here, or refused by the peer): a fresh one is taken instead.
+                let failures = self.snapshot_failures.entry(id).or_insert((snapshot, 0));
+                if failures.0 != snapshot {
+                    *failures = (snapshot, 0);
+                }
+                failures.1 += 1;
+                if failures.1 >= 2 && !self.store.latest_refused() {
                     warn!(
                         shard = self.index,
                         peer = id,
                         "a peer failed to take the snapshot twice: taking a fresh one"
                     );
                     self.store.refuse_latest();
-                    if self.applied <= self.store.snapshot_metadata().index {
-                        let _ = self.raw.propose(Vec::new(), Vec::new());
-                    }
                 }
             }
         }

@@ -334,11 +334,16 @@ impl Store {
                 load(&mem, record).map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
             }
         }
-        if last_index(&mem) < to {
-            return Ok(None); // the log behind it is gone (a leader's snapshot was installed)
+        // Up to the latest snapshot, the log behind the older one must be the log the latest
+        // covers (the same entry at its index: the same log before it); after it, the
+        // entries are this replica's own.
+        let covered = self.snapshot_metadata();
+        if raft::Storage::term(&mem, covered.index).ok() != Some(covered.term) {
+            return Ok(None); // gone, or another log (a leader's snapshot was installed)
         }
-        let entries = raft::Storage::entries(&mem, from, to + 1, None, GetEntriesContext::empty(false))
+        let mut entries = raft::Storage::entries(&mem, from, covered.index + 1, None, GetEntriesContext::empty(false))
             .map_err(io::Error::other)?;
+        entries.extend(self.entries(covered.index + 1, to));
         Ok(Some((data, entries)))
     }
 
