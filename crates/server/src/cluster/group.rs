@@ -369,7 +369,7 @@ impl Driver {
                     self.raw.tick();
                     self.cooldown = self.cooldown.saturating_sub(1);
                     self.reconcile(&shared);
-                    self.retry_snapshots();
+                    self.retry_snapshots(&shared);
                     self.publish_view(&shared);
                 }
                 event = self.events.recv() => match event {
@@ -1210,7 +1210,7 @@ impl Driver {
 
     /// A peer sent a snapshot that never arrived (a lost message, a restarted peer) waits
     /// forever in raft-rs: after a while, report it failed so that it is sent again.
-    fn retry_snapshots(&mut self) {
+    fn retry_snapshots(&mut self, shared: &Arc<Shared>) {
         if self.raw.raft.state != StateRole::Leader {
             self.snapshot_waits.clear();
             self.snapshot_failures.clear();
@@ -1244,8 +1244,12 @@ impl Driver {
             if *ticks >= patience {
                 *ticks = 0;
                 self.raw.report_snapshot(id, SnapshotStatus::Failure);
-                // Lost once, it is sent again; lost twice, it may be damaged (unreadable
-                // here, or refused by the peer): a fresh one is taken instead.
+                // Lost once, it is sent again; lost twice by a peer this node reaches, it may
+                // be damaged (unreadable here, or refused by the peer): a fresh one is taken
+                // instead. (A peer that is down is no reason for a new snapshot.)
+                if cluster(shared).peers.is_down(id) {
+                    continue;
+                }
                 let failures = self.snapshot_failures.entry(id).or_insert((snapshot, 0));
                 if failures.0 != snapshot {
                     *failures = (snapshot, 0);
