@@ -716,7 +716,9 @@ def newest_snapshot_once_settled(node: Node, shard: int) -> Path:
         return tuple(raft_files(node, "snap").get(shard, [])), tuple(raft.glob(f"snap-{shard}-capture-*"))
 
     last, since = listing(), time.monotonic()
+    deadline = since + 30
     while time.monotonic() - since < 1.0 or last[1]:
+        assert time.monotonic() < deadline, f"snapshots of shard {shard} still changing: {last}"
         time.sleep(0.1)
         now = listing()
         if now != last:
