@@ -253,8 +253,9 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
     rate = [c / BUCKET for c in counts]
     before = statistics.median(rate[int(1.0 / BUCKET):int(events["kill"] / BUCKET)])
     k, j = int(events["kill"] / BUCKET), int(events["join"] / BUCKET)
+    # Every 100 ms below 70% between the crash and the join counts, as after the join.
     low = [i for i in range(k, j) if rate[i] < (1 - GOAL_DIP) * before]
-    dip_s = (max(low) - k + 1) * BUCKET if low else 0.0
+    dip_s = len(low) * BUCKET
     worst = min(rate[k:j]) / before if j > k else 1.0
     # The seed reports its dip over seconds: the lowest one-second window after the crash.
     second = int(1.0 / BUCKET)
@@ -265,7 +266,7 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
     # a second. Replicas and leadership keep moving for a while after it: every later dip
     # below 70% is counted too.
     hold = int(1.0 / BUCKET)
-    recovered_s = float("nan")
+    recovered_s = float("inf")  # not within the run (a median over runs then sorts it last)
     for i in range(j, buckets - hold):
         if all(r >= 0.9 * before for r in rate[i:i + hold]):
             recovered_s = (i - j) * BUCKET
@@ -400,8 +401,11 @@ def main() -> None:
     def over_runs(name: str) -> float:
         return statistics.median(r[name] for r in runs)
 
+    def shown(value: float, fmt: str) -> str:
+        return "not within the run" if value == float("inf") else fmt.format(value)
+
     def each(name: str, fmt: str) -> str:
-        return "" if len(runs) == 1 else " (runs: " + ", ".join(fmt.format(r[name]) for r in runs) + ")"
+        return "" if len(runs) == 1 else " (runs: " + ", ".join(shown(r[name], fmt) for r in runs) + ")"
 
     worst_second, dip_s, recovered_s = over_runs("worst_second"), over_runs("dip_s"), over_runs("recovered_s")
     dip_ok = worst_second >= 1 - GOAL_DIP and dip_s < GOAL_DIP_SECONDS
@@ -413,10 +417,10 @@ def main() -> None:
         ["lowest 1 s window after the crash", f"{worst_second * 100:.0f}% of before"
          + each("worst_second", "{:.0%}"),
          f"≥ {(1 - GOAL_DIP) * 100:.0f}%", "yes" if worst_second >= 1 - GOAL_DIP else "**no**"],
-        ["time below 70% of before after the crash", f"{dip_s:.1f} s" + each("dip_s", "{:.1f} s"),
+        ["time below 70% of before after the crash (summed until the join)", f"{dip_s:.1f} s" + each("dip_s", "{:.1f} s"),
          f"< {GOAL_DIP_SECONDS:g} s", "yes" if dip_s < GOAL_DIP_SECONDS else "**no**"],
         ["reads/s on 2 nodes (median, 3 s after the crash)", f"{avail['after_crash']:,.0f}", "", ""],
-        ["from the join to 90% of before, held 1 s", f"{recovered_s:.1f} s" + each("recovered_s", "{:.1f} s"),
+        ["from the join to 90% of before, held 1 s", shown(recovered_s, "{:.1f} s") + each("recovered_s", "{:.1f} s"),
          f"≤ {GOAL_RECOVERY_SECONDS:g} s", "yes" if rec_ok else "**no**"],
         ["dips below 70% after the join (count, total time)",
          f"{avail['join_dips']}, {avail['join_dip_s']:.1f} s", "", ""],
@@ -426,7 +430,7 @@ def main() -> None:
     claims.append(Claim("availability: a node crash (lowest 1 s; time below 70%)",
                         f"{worst_second * 100:.0f}%; {dip_s:.1f} s", "seed: -30%",
                         worst_second / (1 - GOAL_DIP), f"≥ 70%, < {GOAL_DIP_SECONDS:g} s", dip_ok))
-    claims.append(Claim("availability: recovery after a node join", f"{recovered_s:.1f} s",
+    claims.append(Claim("availability: recovery after a node join", shown(recovered_s, "{:.1f} s"),
                         "seed: 20 s", 20.0 / max(recovered_s, 0.1), f"≤ {GOAL_RECOVERY_SECONDS:g} s",
                         rec_ok))
     ratios = {conns: [med("spindle-never", rf, conns) / med("redis", rf, conns) for rf in RFS]
