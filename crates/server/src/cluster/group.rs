@@ -931,12 +931,8 @@ impl Driver {
     fn rebuild(&mut self, shared: &Arc<Shared>, error: Option<&Error>) -> Result<(), String> {
         let now = Instant::now();
         let data = self.store.snapshot_data().map_err(|e| e.to_string());
-        let mut rebuilt = tokio::task::block_in_place(|| restored(data?, now)).map(|mut partition| {
-            for e in &self.store.entries(1, self.applied) {
-                replay(&mut partition, self.index, e, now);
-            }
-            partition
-        });
+        let entries = self.store.entries(1, self.applied);
+        let mut rebuilt = tokio::task::block_in_place(|| replayed(data?, &entries, self.index, now));
         if let Err(why) = &rebuilt {
             // A snapshot damaged since it was written: the older one and the log kept behind
             // it hold the same state.
@@ -947,12 +943,7 @@ impl Driver {
             let applied = self.applied;
             let older = tokio::task::block_in_place(|| self.store.older_state(applied)).map_err(|e| e.to_string());
             if let Ok(Some((data, entries))) = older {
-                rebuilt = tokio::task::block_in_place(|| restored(Some(data), now)).map(|mut partition| {
-                    for e in &entries {
-                        replay(&mut partition, self.index, e, now);
-                    }
-                    partition
-                });
+                rebuilt = tokio::task::block_in_place(|| replayed(Some(data), &entries, self.index, now));
             }
         }
         self.replace_partition(shared, error, rebuilt)
@@ -1425,6 +1416,20 @@ fn added_node(cc: &ConfChange) -> Option<(u64, String)> {
         ConfChangeType::AddNode | ConfChangeType::AddLearnerNode
     );
     (adds && !cc.context.is_empty()).then(|| (cc.node_id, String::from_utf8_lossy(&cc.context).into_owned()))
+}
+
+/// A partition restored from snapshot `data`, then `entries` replayed on it.
+fn replayed(
+    data: Option<impl std::io::Read>,
+    entries: &[Entry],
+    index: usize,
+    now: Instant,
+) -> Result<Partition, String> {
+    let mut partition = restored(data, now)?;
+    for e in entries {
+        replay(&mut partition, index, e, now);
+    }
+    Ok(partition)
 }
 
 /// Apply a committed entry proposed elsewhere (or before a restart) to `partition`.

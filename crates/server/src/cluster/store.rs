@@ -211,31 +211,15 @@ impl Store {
                 .map_err(io::Error::other)?;
             from_seq = info.position.seq;
         }
-        let segments: Vec<_> = storage::list_segments(dir, group)?
-            .into_iter()
-            .filter(|s| s.seq >= from_seq)
-            .collect();
-        let mut since_snapshot = 0;
-        for segment in &segments {
-            let mut scan = SegmentScanner::open(&segment.path)?;
-            while let Some((offset, record)) = scan.next_record()? {
-                since_snapshot += record.len() as u64;
-                load(&mem, record).map_err(|why| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{} at byte offset {offset}: {why}", segment.path.display()),
-                    )
-                })?;
-            }
-            if let Some(ScanEnd::Torn(tail)) = scan.end() {
-                let cut = storage::truncate_torn_tail(&segment.path, tail.offset)?;
-                warn!(
-                    shard = group,
-                    "cut a torn record of {cut} bytes at the end of {} (a write the crash interrupted)",
-                    segment.path.display()
-                );
-            }
-        }
+        let (segments, since_snapshot) = load_segments(&mem, dir, group, from_seq, |path, offset| {
+            let cut = storage::truncate_torn_tail(path, offset)?;
+            warn!(
+                shard = group,
+                "cut a torn record of {cut} bytes at the end of {} (a write the crash interrupted)",
+                path.display()
+            );
+            Ok(())
+        })?;
         let file = match segments.last() {
             Some(segment) => LogWriter::open(&segment.path)?,
             None => LogWriter::create(dir, group, from_seq)?,
@@ -325,15 +309,8 @@ impl Store {
         let mut snapshot = Snapshot::default();
         snapshot.set_metadata(metadata);
         mem.wl().apply_snapshot(snapshot).map_err(io::Error::other)?;
-        for segment in storage::list_segments(&self.dir, self.group)?
-            .into_iter()
-            .filter(|s| s.seq >= position.seq)
-        {
-            let mut scan = SegmentScanner::open(&segment.path)?;
-            while let Some((_, record)) = scan.next_record()? {
-                load(&mem, record).map_err(|why| io::Error::new(io::ErrorKind::InvalidData, why))?;
-            }
-        }
+        // (A torn tail is this replica's live segment being written: left as it is.)
+        load_segments(&mem, &self.dir, self.group, position.seq, |_, _| Ok(()))?;
         // Up to the latest snapshot, the log behind the older one must be the log the latest
         // covers (the same entry at its index: the same log before it); after it, the
         // entries are this replica's own.
@@ -610,6 +587,39 @@ fn encode(tag: u8, message: &dyn protobuf::Message) -> Vec<u8> {
     // Writing a well-formed message to a Vec cannot fail.
     message.write_to_vec(&mut out).expect("protobuf encoding to memory");
     out
+}
+
+/// Load the records of `group`'s log segments from sequence `from_seq` on into `mem`, in
+/// order; `torn` is told of each segment whose last record is torn (path, offset). Returns
+/// the segments and the bytes of records loaded.
+fn load_segments(
+    mem: &MemStorage,
+    dir: &Path,
+    group: u32,
+    from_seq: u64,
+    mut torn: impl FnMut(&Path, u64) -> io::Result<()>,
+) -> io::Result<(Vec<storage::SegmentInfo>, u64)> {
+    let segments: Vec<_> = storage::list_segments(dir, group)?
+        .into_iter()
+        .filter(|s| s.seq >= from_seq)
+        .collect();
+    let mut bytes = 0;
+    for segment in &segments {
+        let mut scan = SegmentScanner::open(&segment.path)?;
+        while let Some((offset, record)) = scan.next_record()? {
+            bytes += record.len() as u64;
+            load(mem, record).map_err(|why| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} at byte offset {offset}: {why}", segment.path.display()),
+                )
+            })?;
+        }
+        if let Some(ScanEnd::Torn(tail)) = scan.end() {
+            torn(&segment.path, tail.offset)?;
+        }
+    }
+    Ok((segments, bytes))
 }
 
 fn load(mem: &MemStorage, record: &[u8]) -> Result<(), String> {
