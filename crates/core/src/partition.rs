@@ -428,7 +428,7 @@ impl Partition {
     pub fn replay(&mut self, record: &[u8], now: Instant) -> Result<(), String> {
         match Record::decode(record)? {
             Record::Apply { caller, token, seq, op } => {
-                self.apply(&caller, token, seq, op, now);
+                self.apply_as(&caller, token, seq, op, now, Some(record));
             }
             // Forced: the replayed call's deadline was computed from the replay's clock.
             Record::Expire { key, token } => {
@@ -547,6 +547,20 @@ impl Partition {
     /// Apply one call. `seq` is the caller's sequence number (0: do not deduplicate).
     /// Returns the caller's reply (unless the call parked) and any woken waiters' replies.
     pub fn apply(&mut self, caller: &Caller, token: Token, seq: u64, op: Op, now: Instant) -> Vec<Delivery> {
+        self.apply_as(caller, token, seq, op, now, None)
+    }
+
+    /// [`apply`](Self::apply), with the call's `record` when it is replayed from one (it is
+    /// kept as it is, not encoded again).
+    fn apply_as(
+        &mut self,
+        caller: &Caller,
+        token: Token,
+        seq: u64,
+        op: Op,
+        now: Instant,
+        record: Option<&[u8]>,
+    ) -> Vec<Delivery> {
         let mut out = Vec::new();
         let persistent = match &op {
             Op::Create { persistent: true, .. } => self.storage != Storage::None,
@@ -616,7 +630,7 @@ impl Partition {
             }
         }
         if logged {
-            let record = encode_apply(caller, token, seq, &op);
+            let record = record.map_or_else(|| encode_apply(caller, token, seq, &op), <[u8]>::to_vec);
             if record.len() > MAX_RECORD_LEN {
                 let e = Error::value(format!(
                     "this change to persistent object '{}' would be an op-log record of {} bytes, more than \

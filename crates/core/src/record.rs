@@ -129,46 +129,69 @@ pub fn encode_class(type_name: &str, version: &str, code: &[u8]) -> Vec<u8> {
     ])
 }
 
-/// Encode an `apply` record without taking `op` (it is applied right after).
+/// Encode an `apply` record without taking `op` (it is applied right after). Written
+/// field by field: it is the record of every logged call, on every replica.
 pub fn encode_apply(caller: &Caller, token: Token, seq: u64, op: &Op) -> Vec<u8> {
-    let op = match op {
+    let mut w = Writer(Vec::with_capacity(64));
+    w.array(8).uint(RECORD_VERSION).str("apply");
+    w.uint(caller.conn)
+        .str(&caller.client)
+        .uint(caller.thread)
+        .uint(token.req)
+        .uint(seq);
+    match op {
         Op::Create {
             type_name,
             key,
             args,
             owned,
             persistent,
-        } => Value::Array(vec![
-            "create".into(),
-            type_name.as_str().into(),
-            key.as_str().into(),
-            Value::Array(args.clone()),
-            Value::Boolean(*owned),
-            Value::Boolean(*persistent),
-        ]),
+        } => w
+            .array(6)
+            .str("create")
+            .str(type_name)
+            .str(key)
+            .values(args)
+            .bool(*owned)
+            .bool(*persistent),
         Op::Call {
             type_name,
             key,
             method,
             args,
-        } => Value::Array(vec![
-            "call".into(),
-            type_name.as_str().into(),
-            key.as_str().into(),
-            method.as_str().into(),
-            Value::Array(args.clone()),
-        ]),
-        Op::Delete { key } => Value::Array(vec!["delete".into(), key.as_str().into()]),
+        } => w.array(5).str("call").str(type_name).str(key).str(method).values(args),
+        Op::Delete { key } => w.array(2).str("delete").str(key),
     };
-    to_bytes(vec![
-        "apply".into(),
-        caller.conn.into(),
-        (*caller.client).into(),
-        caller.thread.into(),
-        token.req.into(),
-        seq.into(),
-        op,
-    ])
+    w.0
+}
+
+/// MessagePack written straight into a `Vec` (which cannot fail: the results are unused).
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn array(&mut self, len: usize) -> &mut Self {
+        let _ = rmp::encode::write_array_len(&mut self.0, len as u32);
+        self
+    }
+    fn uint(&mut self, n: u64) -> &mut Self {
+        let _ = rmp::encode::write_uint(&mut self.0, n);
+        self
+    }
+    fn str(&mut self, s: &str) -> &mut Self {
+        let _ = rmp::encode::write_str(&mut self.0, s);
+        self
+    }
+    fn bool(&mut self, b: bool) -> &mut Self {
+        let _ = rmp::encode::write_bool(&mut self.0, b);
+        self
+    }
+    fn values(&mut self, values: &[Value]) -> &mut Self {
+        self.array(values.len());
+        for v in values {
+            let _ = rmpv::encode::write_value(&mut self.0, v);
+        }
+        self
+    }
 }
 
 fn to_bytes(mut items: Vec<Value>) -> Vec<u8> {
@@ -464,6 +487,73 @@ mod tests {
         ];
         for r in records {
             assert_eq!(Record::decode(&r.encode()), Ok(r));
+        }
+    }
+
+    #[test]
+    fn apply_records_are_the_msgpack_of_their_fields() {
+        let caller = Caller {
+            conn: 300,
+            client: Arc::from("client-1"),
+            thread: 70_000,
+        };
+        let token = Token {
+            conn: 300,
+            req: 1 << 40,
+        };
+        let args = vec![Value::from(-5), Value::from("x"), Value::Binary(vec![0; 300])];
+        let cases = [
+            (
+                Op::Create {
+                    type_name: "Blob".into(),
+                    key: "k".into(),
+                    args: args.clone(),
+                    owned: true,
+                    persistent: false,
+                },
+                Value::Array(vec![
+                    "create".into(),
+                    "Blob".into(),
+                    "k".into(),
+                    Value::Array(args.clone()),
+                    true.into(),
+                    false.into(),
+                ]),
+            ),
+            (
+                Op::Call {
+                    type_name: "Blob".into(),
+                    key: "k".into(),
+                    method: "set".into(),
+                    args: args.clone(),
+                },
+                Value::Array(vec![
+                    "call".into(),
+                    "Blob".into(),
+                    "k".into(),
+                    "set".into(),
+                    Value::Array(args),
+                ]),
+            ),
+            (
+                Op::Delete { key: "k".into() },
+                Value::Array(vec!["delete".into(), "k".into()]),
+            ),
+        ];
+        for (op, expected) in cases {
+            let fields = Value::Array(vec![
+                RECORD_VERSION.into(),
+                "apply".into(),
+                300.into(),
+                "client-1".into(),
+                70_000.into(),
+                (1u64 << 40).into(),
+                9.into(),
+                expected,
+            ]);
+            let mut bytes = Vec::new();
+            rmpv::encode::write_value(&mut bytes, &fields).unwrap();
+            assert_eq!(encode_apply(&caller, token, 9, &op), bytes);
         }
     }
 

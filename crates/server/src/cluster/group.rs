@@ -373,7 +373,13 @@ impl Driver {
                     self.publish_view(&shared);
                 }
                 event = self.events.recv() => match event {
-                    Some(event) => self.handle(&shared, event),
+                    Some(event) => {
+                        let propose = matches!(event, Event::Propose(..));
+                        self.handle(&shared, event);
+                        if propose {
+                            tokio::task::yield_now().await;
+                        }
+                    }
                     None => return,
                 },
             }
