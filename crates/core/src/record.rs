@@ -26,6 +26,8 @@
 
 use std::sync::Arc;
 
+use rmp::Marker;
+
 use crate::partition::Op;
 use crate::{Caller, ConnId, Error, ErrorKind, Reply, Token, Value};
 
@@ -245,32 +247,22 @@ impl Record {
 
     pub fn decode(bytes: &[u8]) -> Result<Record, String> {
         let mut rest = bytes;
-        let value = rmpv::decode::read_value(&mut rest).map_err(|e| format!("not MessagePack: {e}"))?;
-        if !rest.is_empty() {
-            return Err(format!("{} bytes after the record", rest.len()));
-        }
-        let Value::Array(items) = value else {
-            return Err("not an array".into());
-        };
-        let mut f = Fields(items.into_iter());
+        let mut f = Fields::open(&mut rest, "the record")?;
         let version = f.uint("version")?;
         if version != RECORD_VERSION {
             return Err(format!(
                 "record format version {version}, this server knows {RECORD_VERSION}"
             ));
         }
-        let record = match f.string("tag")?.as_str() {
+        let record = match f.str("tag")? {
             "apply" => {
                 let conn = f.uint("conn")?;
-                let client: Arc<str> = Arc::from(f.string("client")?);
+                let client: Arc<str> = Arc::from(f.str("client")?);
                 let thread = f.uint("thread")?;
                 let req = f.uint("req")?;
                 let seq = f.uint("seq")?;
-                let Value::Array(op) = f.next("op")? else {
-                    return Err("op is not an array".into());
-                };
-                let mut o = Fields(op.into_iter());
-                let op = match o.string("op")?.as_str() {
+                let mut o = f.nested("op")?;
+                let op = match o.str("op")? {
                     "create" => Op::Create {
                         type_name: o.string("type")?,
                         key: o.string("key")?,
@@ -317,11 +309,8 @@ impl Record {
                 };
                 let client = f.opt_string("client")?;
                 let seq = f.uint("seq")?;
-                let Value::Array(reply) = f.next("reply")? else {
-                    return Err("reply is not an array".into());
-                };
-                let mut r = Fields(reply.into_iter());
-                let reply = match r.string("reply status")?.as_str() {
+                let mut r = f.nested("reply")?;
+                let reply = match r.str("reply status")? {
                     "ok" => Ok(r.next("reply value")?),
                     "err" => {
                         let kind = r.string("error kind")?;
@@ -352,60 +341,109 @@ impl Record {
             other => return Err(format!("unknown record '{other}'")),
         };
         f.end()?;
+        if !rest.is_empty() {
+            return Err(format!("{} bytes after the record", rest.len()));
+        }
         Ok(record)
     }
 }
 
-struct Fields(std::vec::IntoIter<Value>);
+/// The items of one MessagePack array, read in order straight from the record's bytes
+/// (nothing is decoded that the record does not keep).
+struct Fields<'r, 'a> {
+    rest: &'r mut &'a [u8],
+    left: u32,
+}
 
-impl Fields {
-    fn next(&mut self, name: &str) -> Result<Value, String> {
-        self.0.next().ok_or_else(|| format!("{name} is missing"))
+impl<'r, 'a> Fields<'r, 'a> {
+    fn open(rest: &'r mut &'a [u8], name: &str) -> Result<Self, String> {
+        let left = rmp::decode::read_array_len(rest).map_err(|_| format!("{name} is not an array"))?;
+        Ok(Fields { rest, left })
     }
 
-    fn uint(&mut self, name: &str) -> Result<u64, String> {
-        self.next(name)?
-            .as_u64()
-            .ok_or_else(|| format!("{name} is not a non-negative integer"))
+    /// The array in the next item (read it whole before reading on here).
+    fn nested(&mut self, name: &str) -> Result<Fields<'_, 'a>, String> {
+        self.take(name)?;
+        Fields::open(self.rest, name)
     }
 
-    fn string(&mut self, name: &str) -> Result<String, String> {
-        match self.next(name)? {
-            Value::String(s) => s.into_str().ok_or_else(|| format!("{name} is not UTF-8")),
-            _ => Err(format!("{name} is not a string")),
+    fn take(&mut self, name: &str) -> Result<(), String> {
+        match self.left.checked_sub(1) {
+            Some(left) => {
+                self.left = left;
+                Ok(())
+            }
+            None => Err(format!("{name} is missing")),
         }
     }
 
+    fn next(&mut self, name: &str) -> Result<Value, String> {
+        self.take(name)?;
+        rmpv::decode::read_value(self.rest).map_err(|e| format!("{name} is not MessagePack: {e}"))
+    }
+
+    fn uint(&mut self, name: &str) -> Result<u64, String> {
+        self.take(name)?;
+        rmp::decode::read_int(self.rest).map_err(|_| format!("{name} is not a non-negative integer"))
+    }
+
+    fn str(&mut self, name: &str) -> Result<&'a str, String> {
+        self.take(name)?;
+        self.read_str(name)
+    }
+
+    fn read_str(&mut self, name: &str) -> Result<&'a str, String> {
+        match rmp::decode::read_str_from_slice(*self.rest) {
+            Ok((s, rest)) => {
+                *self.rest = rest;
+                Ok(s)
+            }
+            Err(rmp::decode::DecodeStringError::InvalidUtf8(..)) => Err(format!("{name} is not UTF-8")),
+            Err(_) => Err(format!("{name} is not a string")),
+        }
+    }
+
+    fn string(&mut self, name: &str) -> Result<String, String> {
+        self.str(name).map(str::to_owned)
+    }
+
     fn opt_string(&mut self, name: &str) -> Result<Option<String>, String> {
-        match self.next(name)? {
-            Value::Nil => Ok(None),
-            Value::String(s) => s.into_str().map(Some).ok_or_else(|| format!("{name} is not UTF-8")),
+        self.take(name)?;
+        match self.rest.first().copied().map(Marker::from_u8) {
+            Some(Marker::Null) => {
+                *self.rest = &self.rest[1..];
+                Ok(None)
+            }
+            Some(Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32) => {
+                self.read_str(name).map(|s| Some(s.to_owned()))
+            }
             _ => Err(format!("{name} is neither a string nor nil")),
         }
     }
 
     fn binary(&mut self, name: &str) -> Result<Vec<u8>, String> {
-        match self.next(name)? {
-            Value::Binary(b) => Ok(b),
-            _ => Err(format!("{name} is not binary")),
+        self.take(name)?;
+        let len = rmp::decode::read_bin_len(self.rest).map_err(|_| format!("{name} is not binary"))? as usize;
+        if self.rest.len() < len {
+            return Err(format!("{name} is cut short"));
         }
+        let (bytes, rest) = self.rest.split_at(len);
+        *self.rest = rest;
+        Ok(bytes.to_vec())
     }
 
     fn array(&mut self, name: &str) -> Result<Vec<Value>, String> {
-        match self.next(name)? {
-            Value::Array(items) => Ok(items),
-            _ => Err(format!("{name} is not an array")),
-        }
+        let mut items = self.nested(name)?;
+        (0..items.left).map(|_| items.next(name)).collect()
     }
 
     fn boolean(&mut self, name: &str) -> Result<bool, String> {
-        self.next(name)?
-            .as_bool()
-            .ok_or_else(|| format!("{name} is not a bool"))
+        self.take(name)?;
+        rmp::decode::read_bool(self.rest).map_err(|_| format!("{name} is not a bool"))
     }
 
     fn end(&mut self) -> Result<(), String> {
-        match self.0.len() {
+        match self.left {
             0 => Ok(()),
             n => Err(format!("{n} unexpected items at the end")),
         }
@@ -569,6 +607,39 @@ mod tests {
         assert!(Record::decode(&[0xc1]).is_err());
         assert!(Record::decode(&to_bytes(vec!["nope".into()])).is_err());
         assert!(Record::decode(&to_bytes(vec!["disconnect".into(), 1.into(), 2.into()])).is_err());
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert_eq!(Record::decode(&trailing), Err("1 bytes after the record".into()));
+        let apply = |conn: Value, client: Value, op: Value| {
+            to_bytes(vec!["apply".into(), conn, client, 1.into(), 2.into(), 3.into(), op])
+        };
+        let delete = || Value::Array(vec!["delete".into(), "k".into()]);
+        let mut not_utf8 = apply(1.into(), "\u{1}\u{2}".into(), delete());
+        let at = not_utf8.windows(2).position(|w| w == [1, 2]).unwrap();
+        not_utf8[at..at + 2].copy_from_slice(&[0xff, 0xfe]);
+        assert!(Record::decode(&apply(1.into(), "c".into(), delete())).is_ok());
+        for (bad, why) in [
+            (
+                apply((-1).into(), "c".into(), delete()),
+                "conn is not a non-negative integer",
+            ),
+            (not_utf8, "client is not UTF-8"),
+            (apply(1.into(), "c".into(), "delete".into()), "op is not an array"),
+            (
+                apply(1.into(), "c".into(), Value::Array(vec!["delete".into()])),
+                "key is missing",
+            ),
+            (
+                apply(
+                    1.into(),
+                    "c".into(),
+                    Value::Array(vec!["call".into(), "T".into(), "k".into(), "m".into(), 1.into()]),
+                ),
+                "args is not an array",
+            ),
+        ] {
+            assert_eq!(Record::decode(&bad), Err(why.to_string()));
+        }
     }
 
     #[test]
