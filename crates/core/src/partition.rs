@@ -15,6 +15,7 @@
 //! the very entry points that produced them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -97,8 +98,11 @@ pub struct Detached {
 #[derive(Default)]
 struct ReplyLog {
     /// Each reply, and whether its call is in the op log (only those go into snapshots:
-    /// a replay would not have recorded the others).
-    replies: HashMap<u64, (Reply, bool)>,
+    /// a replay would not have recorded the others). Ordered: a client's sequence numbers
+    /// mostly grow, so its new and oldest replies sit at the two ends of the tree, in cache
+    /// (a hash table would touch a random slot of every client's thousands for each call).
+    replies: BTreeMap<u64, (Reply, bool)>,
+    /// The sequence numbers in the order recorded (the oldest is forgotten first).
     order: VecDeque<u64>,
 }
 
