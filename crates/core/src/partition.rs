@@ -735,6 +735,15 @@ impl Partition {
     /// Book-keeping for answered calls: record the replies of parked mutating calls (for
     /// exactly-once retries) and drop their timers.
     fn settle(&mut self, out: &[Delivery]) {
+        // Most calls leave nothing to settle: no lookups while nothing is parked or hosted.
+        if self.timer_of.is_empty()
+            && self.hosted.is_empty()
+            && self.parked_records.is_empty()
+            && self.logged_hosted.is_empty()
+            && self.parked_seqs.is_empty()
+        {
+            return;
+        }
         for d in out {
             if let Some(at) = self.timer_of.remove(&d.token) {
                 self.timers.remove(&at);
