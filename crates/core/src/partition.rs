@@ -15,7 +15,6 @@
 //! the very entry points that produced them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-
 use std::sync::Arc;
 use std::time::Instant;
 

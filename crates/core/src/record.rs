@@ -26,6 +26,7 @@
 
 use std::sync::Arc;
 
+use rmp::decode::{DecodeStringError, NumValueReadError, ValueReadError};
 use rmp::Marker;
 
 use crate::partition::Op;
@@ -91,51 +92,35 @@ pub struct UserStateRef<'a> {
     pub state: &'a [u8],
 }
 
-fn opt_str(s: Option<&str>) -> Value {
-    s.map_or(Value::Nil, Value::from)
-}
-
 /// Encode a `user_state` record.
 pub fn encode_user_state(r: &UserStateRef<'_>) -> Vec<u8> {
-    let reply = match r.reply {
-        Ok(v) => Value::Array(vec!["ok".into(), v.clone()]),
-        Err(e) => Value::Array(vec![
-            "err".into(),
-            e.kind.as_str().into(),
-            e.message.as_str().into(),
-            e.data.clone(),
-        ]),
+    let mut w = Writer::record("user_state", 10, 64 + r.state.len());
+    w.str(r.key).str(r.type_name).str(r.version).opt_str(r.owner);
+    w.uint(r.token.conn).uint(r.token.req).opt_str(r.client).uint(r.seq);
+    match r.reply {
+        Ok(v) => w.array(2).str("ok").value(v),
+        Err(e) => w
+            .array(4)
+            .str("err")
+            .str(e.kind.as_str())
+            .str(&e.message)
+            .value(&e.data),
     };
-    to_bytes(vec![
-        "user_state".into(),
-        r.key.into(),
-        r.type_name.into(),
-        r.version.into(),
-        opt_str(r.owner),
-        r.token.conn.into(),
-        r.token.req.into(),
-        opt_str(r.client),
-        r.seq.into(),
-        reply,
-        Value::Binary(r.state.to_vec()),
-    ])
+    w.bin(r.state);
+    w.0
 }
 
 /// Encode a `class` record.
 pub fn encode_class(type_name: &str, version: &str, code: &[u8]) -> Vec<u8> {
-    to_bytes(vec![
-        "class".into(),
-        type_name.into(),
-        version.into(),
-        Value::Binary(code.to_vec()),
-    ])
+    let mut w = Writer::record("class", 3, 64 + code.len());
+    w.str(type_name).str(version).bin(code);
+    w.0
 }
 
 /// Encode an `apply` record without taking `op` (it is applied right after). Written
 /// field by field: it is the record of every logged call, on every replica.
 pub fn encode_apply(caller: &Caller, token: Token, seq: u64, op: &Op) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(64));
-    w.array(8).uint(RECORD_VERSION).str("apply");
+    let mut w = Writer::record("apply", 6, 64);
     w.uint(caller.conn)
         .str(&caller.client)
         .uint(caller.thread)
@@ -171,6 +156,14 @@ pub fn encode_apply(caller: &Caller, token: Token, seq: u64, op: &Op) -> Vec<u8>
 struct Writer(Vec<u8>);
 
 impl Writer {
+    /// A record's version and tag, the `fields` after them to follow (`capacity`: the
+    /// bytes expected in all).
+    fn record(tag: &str, fields: usize, capacity: usize) -> Writer {
+        let mut w = Writer(Vec::with_capacity(capacity));
+        w.array(fields + 2).uint(RECORD_VERSION).str(tag);
+        w
+    }
+
     fn array(&mut self, len: usize) -> &mut Self {
         let _ = rmp::encode::write_array_len(&mut self.0, len as u32);
         self
@@ -183,6 +176,23 @@ impl Writer {
         let _ = rmp::encode::write_str(&mut self.0, s);
         self
     }
+    fn opt_str(&mut self, s: Option<&str>) -> &mut Self {
+        match s {
+            Some(s) => self.str(s),
+            None => {
+                let _ = rmp::encode::write_nil(&mut self.0);
+                self
+            }
+        }
+    }
+    fn bin(&mut self, bytes: &[u8]) -> &mut Self {
+        let _ = rmp::encode::write_bin(&mut self.0, bytes);
+        self
+    }
+    fn value(&mut self, v: &Value) -> &mut Self {
+        let _ = rmpv::encode::write_value(&mut self.0, v);
+        self
+    }
     fn bool(&mut self, b: bool) -> &mut Self {
         let _ = rmp::encode::write_bool(&mut self.0, b);
         self
@@ -190,32 +200,31 @@ impl Writer {
     fn values(&mut self, values: &[Value]) -> &mut Self {
         self.array(values.len());
         for v in values {
-            let _ = rmpv::encode::write_value(&mut self.0, v);
+            self.value(v);
         }
         self
     }
-}
-
-fn to_bytes(mut items: Vec<Value>) -> Vec<u8> {
-    items.insert(0, RECORD_VERSION.into());
-    let mut buf = Vec::new();
-    // Writing to a Vec cannot fail.
-    let _ = rmpv::encode::write_value(&mut buf, &Value::Array(items));
-    buf
 }
 
 impl Record {
     pub fn encode(&self) -> Vec<u8> {
         match self {
             Record::Apply { caller, token, seq, op } => encode_apply(caller, *token, *seq, op),
-            Record::Expire { key, token } => to_bytes(vec![
-                "expire".into(),
-                key.as_str().into(),
-                token.conn.into(),
-                token.req.into(),
-            ]),
-            Record::Disconnect { conn } => to_bytes(vec!["disconnect".into(), (*conn).into()]),
-            Record::EndSession { client } => to_bytes(vec!["end_session".into(), client.as_str().into()]),
+            Record::Expire { key, token } => {
+                let mut w = Writer::record("expire", 3, 64);
+                w.str(key).uint(token.conn).uint(token.req);
+                w.0
+            }
+            Record::Disconnect { conn } => {
+                let mut w = Writer::record("disconnect", 1, 32);
+                w.uint(*conn);
+                w.0
+            }
+            Record::EndSession { client } => {
+                let mut w = Writer::record("end_session", 1, 64);
+                w.str(client);
+                w.0
+            }
             Record::UserState {
                 key,
                 type_name,
@@ -348,6 +357,10 @@ impl Record {
     }
 }
 
+fn cut_short(name: &str) -> String {
+    format!("the record is cut short at {name}")
+}
+
 /// The items of one MessagePack array, read in order straight from the record's bytes
 /// (nothing is decoded that the record does not keep).
 struct Fields<'r, 'a> {
@@ -357,7 +370,13 @@ struct Fields<'r, 'a> {
 
 impl<'r, 'a> Fields<'r, 'a> {
     fn open(rest: &'r mut &'a [u8], name: &str) -> Result<Self, String> {
-        let left = rmp::decode::read_array_len(rest).map_err(|_| format!("{name} is not an array"))?;
+        if rest.is_empty() {
+            return Err(cut_short(name));
+        }
+        let left = rmp::decode::read_array_len(rest).map_err(|e| match e {
+            ValueReadError::InvalidDataRead(_) => cut_short(name),
+            _ => format!("{name} is not an array"),
+        })?;
         Ok(Fields { rest, left })
     }
 
@@ -369,6 +388,7 @@ impl<'r, 'a> Fields<'r, 'a> {
 
     fn take(&mut self, name: &str) -> Result<(), String> {
         match self.left.checked_sub(1) {
+            Some(_) if self.rest.is_empty() => Err(cut_short(name)),
             Some(left) => {
                 self.left = left;
                 Ok(())
@@ -379,12 +399,18 @@ impl<'r, 'a> Fields<'r, 'a> {
 
     fn next(&mut self, name: &str) -> Result<Value, String> {
         self.take(name)?;
-        rmpv::decode::read_value(self.rest).map_err(|e| format!("{name} is not MessagePack: {e}"))
+        rmpv::decode::read_value(self.rest).map_err(|e| match e {
+            rmpv::decode::Error::InvalidMarkerRead(_) | rmpv::decode::Error::InvalidDataRead(_) => cut_short(name),
+            e => format!("{name} is not MessagePack: {e}"),
+        })
     }
 
     fn uint(&mut self, name: &str) -> Result<u64, String> {
         self.take(name)?;
-        rmp::decode::read_int(self.rest).map_err(|_| format!("{name} is not a non-negative integer"))
+        rmp::decode::read_int(self.rest).map_err(|e| match e {
+            NumValueReadError::InvalidDataRead(_) => cut_short(name),
+            _ => format!("{name} is not a non-negative integer"),
+        })
     }
 
     fn str(&mut self, name: &str) -> Result<&'a str, String> {
@@ -398,7 +424,10 @@ impl<'r, 'a> Fields<'r, 'a> {
                 *self.rest = rest;
                 Ok(s)
             }
-            Err(rmp::decode::DecodeStringError::InvalidUtf8(..)) => Err(format!("{name} is not UTF-8")),
+            Err(DecodeStringError::InvalidUtf8(..)) => Err(format!("{name} is not UTF-8")),
+            Err(DecodeStringError::InvalidDataRead(_) | DecodeStringError::BufferSizeTooSmall(_)) => {
+                Err(cut_short(name))
+            }
             Err(_) => Err(format!("{name} is not a string")),
         }
     }
@@ -423,9 +452,12 @@ impl<'r, 'a> Fields<'r, 'a> {
 
     fn binary(&mut self, name: &str) -> Result<Vec<u8>, String> {
         self.take(name)?;
-        let len = rmp::decode::read_bin_len(self.rest).map_err(|_| format!("{name} is not binary"))? as usize;
+        let len = rmp::decode::read_bin_len(self.rest).map_err(|e| match e {
+            ValueReadError::InvalidDataRead(_) => cut_short(name),
+            _ => format!("{name} is not binary"),
+        })? as usize;
         if self.rest.len() < len {
-            return Err(format!("{name} is cut short"));
+            return Err(cut_short(name));
         }
         let (bytes, rest) = self.rest.split_at(len);
         *self.rest = rest;
@@ -453,6 +485,14 @@ impl<'r, 'a> Fields<'r, 'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record built as a MessagePack value (the encoders' reference, and malformed ones).
+    fn to_bytes(mut items: Vec<Value>) -> Vec<u8> {
+        items.insert(0, RECORD_VERSION.into());
+        let mut buf = Vec::new();
+        rmpv::encode::write_value(&mut buf, &Value::Array(items)).unwrap();
+        buf
+    }
 
     #[test]
     fn records_round_trip() {
@@ -600,6 +640,22 @@ mod tests {
         let good = Record::Disconnect { conn: 1 }.encode();
         for cut in 0..good.len() {
             assert!(Record::decode(&good[..cut]).is_err());
+        }
+        let caller = Caller {
+            conn: 1,
+            client: Arc::from("client"),
+            thread: 300,
+        };
+        let op = Op::Call {
+            type_name: "Blob".into(),
+            key: "k".into(),
+            method: "set".into(),
+            args: vec![Value::Binary(vec![1; 40])],
+        };
+        let apply = encode_apply(&caller, Token { conn: 1, req: 70_000 }, 1 << 33, &op);
+        for cut in 0..apply.len() {
+            let why = Record::decode(&apply[..cut]).unwrap_err();
+            assert!(why.contains("cut short"), "cut at {cut}: {why}");
         }
         let mut wrong_version = good.clone();
         wrong_version[1] = 9;
