@@ -100,14 +100,15 @@ struct ReplyLog {
     /// a replay would not have recorded the others). Ordered: a client's sequence numbers
     /// mostly grow, so its new and oldest replies sit at the two ends of the tree, in cache
     /// (a hash table would touch a random slot of every client's thousands for each call).
-    replies: BTreeMap<u64, (Reply, bool)>,
+    /// Errors are boxed: most replies are values, and a busy client keeps thousands.
+    replies: BTreeMap<u64, (Result<Value, Box<Error>>, bool)>,
     /// The sequence numbers in the order recorded (the oldest is forgotten first).
     order: VecDeque<u64>,
 }
 
 impl ReplyLog {
     fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
-        if self.replies.insert(seq, (reply, durable)).is_none() {
+        if self.replies.insert(seq, (reply.map_err(Box::new), durable)).is_none() {
             self.order.push_back(seq);
             if self.order.len() > REPLY_LOG_LEN {
                 if let Some(old) = self.order.pop_front() {
@@ -115,6 +116,20 @@ impl ReplyLog {
                 }
             }
         }
+    }
+
+    /// The reply recorded for `seq`, and whether its call is in the op log.
+    fn get(&self, seq: u64) -> Option<(Reply, bool)> {
+        let (reply, durable) = self.replies.get(&seq)?;
+        Some((reply.clone().map_err(|e| *e), *durable))
+    }
+
+    /// The replies of logged calls, oldest first (what a snapshot carries).
+    fn durable(&self) -> impl Iterator<Item = (u64, Reply)> + '_ {
+        self.order.iter().filter_map(|&seq| match self.get(seq) {
+            Some((reply, true)) => Some((seq, reply)),
+            _ => None,
+        })
     }
 }
 
@@ -411,14 +426,7 @@ impl Partition {
         self.logs
             .iter()
             .map(|(client, log)| {
-                let replies = log
-                    .order
-                    .iter()
-                    .filter_map(|seq| match log.replies.get(seq) {
-                        Some((reply, true)) => Some((*seq, reply.clone())),
-                        _ => None,
-                    })
-                    .collect();
+                let replies = log.durable().collect();
                 (client.to_string(), replies)
             })
             .filter(|(_, replies): &(String, Vec<_>)| !replies.is_empty())
@@ -577,13 +585,13 @@ impl Partition {
             self.preserve(op.key());
         }
         if seq != 0 {
-            if let Some((reply, _)) = self.logs.get(&caller.client).and_then(|l| l.replies.get(&seq)) {
+            if let Some((reply, _)) = self.logs.get(&caller.client).and_then(|l| l.get(seq)) {
                 // A recorded reply may be about a change whose record is still being written
                 // (it waits like one), or whose write failed (then it is not durable).
                 self.touched_persistent |= durable;
                 let reply = match &self.storage {
                     Storage::Failed(why) if persistent => Err(storage_error(why)),
-                    _ => reply.clone(),
+                    _ => reply,
                 };
                 out.push(Delivery { token, reply });
                 return out;

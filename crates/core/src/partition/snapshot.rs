@@ -74,12 +74,8 @@ impl Partition {
         let mut replies = Vec::new();
         for (client, log) in &self.logs {
             let durable: Vec<Value> = log
-                .order
-                .iter()
-                .filter_map(|seq| match log.replies.get(seq) {
-                    Some((reply, true)) => Some(Value::Array(vec![(*seq).into(), encode_reply(reply)])),
-                    _ => None,
-                })
+                .durable()
+                .map(|(seq, reply)| Value::Array(vec![seq.into(), encode_reply(&reply)]))
                 .collect();
             if !durable.is_empty() {
                 replies.push(Value::Array(vec![(**client).into(), Value::Array(durable)]));
