@@ -255,6 +255,9 @@ impl Record {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Record, String> {
+        if bytes.is_empty() {
+            return Err("the record is empty".into());
+        }
         let mut rest = bytes;
         let mut f = Fields::open(&mut rest, "the record")?;
         let version = f.uint("version")?;
@@ -569,6 +572,73 @@ mod tests {
     }
 
     #[test]
+    fn other_records_are_the_msgpack_of_their_fields() {
+        let token = Token { conn: 4, req: 1 << 20 };
+        let reply_err = Error::new(ErrorKind::Raised, "ValueError: no").with_data(Value::from(-1));
+        let cases = [
+            (
+                Record::Expire { key: "q".into(), token },
+                to_bytes(vec!["expire".into(), "q".into(), 4.into(), (1 << 20).into()]),
+            ),
+            (
+                Record::Disconnect { conn: 70_000 },
+                to_bytes(vec!["disconnect".into(), 70_000.into()]),
+            ),
+            (
+                Record::EndSession { client: "c".into() },
+                to_bytes(vec!["end_session".into(), "c".into()]),
+            ),
+            (
+                Record::UserState {
+                    key: "k".into(),
+                    type_name: "py:m.C".into(),
+                    version: "v1".into(),
+                    owner: None,
+                    token,
+                    client: Some("c".into()),
+                    seq: 3,
+                    reply: Err(reply_err),
+                    state: vec![7; 300],
+                },
+                to_bytes(vec![
+                    "user_state".into(),
+                    "k".into(),
+                    "py:m.C".into(),
+                    "v1".into(),
+                    Value::Nil,
+                    4.into(),
+                    (1 << 20).into(),
+                    "c".into(),
+                    3.into(),
+                    Value::Array(vec![
+                        "err".into(),
+                        "Raised".into(),
+                        "ValueError: no".into(),
+                        (-1).into(),
+                    ]),
+                    Value::Binary(vec![7; 300]),
+                ]),
+            ),
+            (
+                Record::Class {
+                    type_name: "py:m.C".into(),
+                    version: "v1".into(),
+                    code: vec![1, 2, 3],
+                },
+                to_bytes(vec![
+                    "class".into(),
+                    "py:m.C".into(),
+                    "v1".into(),
+                    Value::Binary(vec![1, 2, 3]),
+                ]),
+            ),
+        ];
+        for (record, bytes) in cases {
+            assert_eq!(record.encode(), bytes, "{record:?}");
+        }
+    }
+
+    #[test]
     fn apply_records_are_the_msgpack_of_their_fields() {
         let caller = Caller {
             conn: 300,
@@ -653,7 +723,8 @@ mod tests {
             args: vec![Value::Binary(vec![1; 40])],
         };
         let apply = encode_apply(&caller, Token { conn: 1, req: 70_000 }, 1 << 33, &op);
-        for cut in 0..apply.len() {
+        assert_eq!(Record::decode(&[]), Err("the record is empty".into()));
+        for cut in 1..apply.len() {
             let why = Record::decode(&apply[..cut]).unwrap_err();
             assert!(why.contains("cut short"), "cut at {cut}: {why}");
         }

@@ -376,6 +376,9 @@ impl Driver {
                     Some(event) => {
                         let propose = matches!(event, Event::Propose(..));
                         self.handle(&shared, event);
+                        // tokio runs a woken task right after its waker: yielding lets the
+                        // other connection tasks ready to run go first, and their calls join
+                        // this one's entry.
                         if propose {
                             tokio::task::yield_now().await;
                         }
