@@ -35,6 +35,8 @@ const BATCH: usize = 1024;
 const ENTRY_BYTES: usize = 256 << 10;
 /// Ticks between two leadership transfers to a group's preferred leader (no ping-pong).
 const TRANSFER_COOLDOWN: u32 = 40;
+/// Ticks between two elections a node stands in for a leader that is down.
+const RESTAND_TICKS: u32 = 2;
 /// Ticks a peer may stay waiting for a snapshot before it is sent again (it was lost), plus
 /// one tick per this many bytes of snapshot (10 MiB/s: a large one takes time to travel and
 /// install, and resending it meanwhile would only add copies).
@@ -148,6 +150,8 @@ pub(crate) struct Driver {
     /// (once for them: a link that keeps failing to a leader still heard from must not
     /// make it stand at every heartbeat).
     stood: (u64, u64),
+    /// Ticks before standing again while no leader is heard of since (see `stand_again`).
+    restand: u32,
 }
 
 /// What a leader's snapshot restores: a shard's partition, or the metadata's commands.
@@ -324,6 +328,7 @@ impl Driver {
             proposed: (0, 0),
             pending: None,
             stood: (0, 0),
+            restand: 0,
             confs,
             snapshot_waits: HashMap::new(),
             snapshot_failures: HashMap::new(),
@@ -1158,9 +1163,30 @@ impl Driver {
     /// timers a fallback. Safe if the leader is in fact alive: followers still hearing from
     /// it refuse to pre-vote.
     fn stand_if_leader_down(&mut self, shared: &Arc<Shared>) {
+        self.restand = self.restand.saturating_sub(1);
         if self.leader_is_down(shared) && self.first_survivor(shared, None) == Some(self.node_id) {
             self.stand("the leader is down: standing for election");
+        } else if self.stand_again(shared) {
+            self.restand = RESTAND_TICKS;
+            let _ = self.raw.campaign();
         }
+    }
+
+    /// Whether to stand again: raft-rs forgets the leader when a node stands, and a
+    /// survivor that had not yet found the leader down refused the pre-vote (its lease);
+    /// its timer, or this node's, would end the wait only 0.5-1 s later. So while no leader
+    /// is heard of and the one this node stood against stays down, it stands again every
+    /// few ticks (pre-votes: the term stays).
+    fn stand_again(&self, shared: &Arc<Shared>) -> bool {
+        let raft = &self.raw.raft;
+        let (term, leader) = self.stood;
+        matches!(raft.state, StateRole::Follower | StateRole::PreCandidate)
+            && raft.leader_id == 0
+            && leader != 0
+            && term == raft.term
+            && self.restand == 0
+            && cluster(shared).peers.is_down(leader)
+            && self.first_survivor(shared, None) == Some(self.node_id)
     }
 
     /// Campaign, once per term and leader.
@@ -1168,6 +1194,7 @@ impl Driver {
         let now = (self.raw.raft.term, self.raw.raft.leader_id);
         if self.stood != now {
             self.stood = now;
+            self.restand = RESTAND_TICKS;
             info!(shard = self.index, "{why}");
             let _ = self.raw.campaign();
         }
