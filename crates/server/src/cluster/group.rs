@@ -152,6 +152,8 @@ pub(crate) struct Driver {
     stood: (u64, u64),
     /// Ticks before standing again while no leader is heard of since (see `stand_again`).
     restand: u32,
+    /// The metadata group's state read at start, for `run` to apply (see `stored_meta`).
+    stored_meta: Option<(Option<Vec<Command>>, Vec<Entry>)>,
 }
 
 /// What a leader's snapshot restores: a shard's partition, or the metadata's commands.
@@ -249,11 +251,13 @@ impl Driver {
         // The configuration is the snapshot's, then that of the committed membership changes
         // after it, replayed from the log: a stored configuration could lag the commit index.
         let base = store.snapshot_metadata();
-        if meta {
-            for command in stored_meta_commands(&store)? {
-                if let Command::AddNode { node, address } = command {
-                    nodes.insert(node, address);
-                }
+        let stored = match meta {
+            true => Some(stored_meta(&mut store, commit).map_err(std::io::Error::other)?),
+            false => None,
+        };
+        for command in stored.iter().flat_map(|(commands, _)| commands.iter().flatten()) {
+            if let Command::AddNode { node, address } = command {
+                nodes.insert(*node, address.clone());
             }
         }
         let mut confs = vec![(base.index, base.get_conf_state().clone())];
@@ -329,6 +333,7 @@ impl Driver {
             pending: None,
             stood: (0, 0),
             restand: 0,
+            stored_meta: stored,
             confs,
             snapshot_waits: HashMap::new(),
             snapshot_failures: HashMap::new(),
@@ -345,16 +350,11 @@ impl Driver {
             meta: self.meta,
         };
         if self.meta {
-            if self.store.snapshot_metadata().index > 0 {
-                match stored_meta_commands(&self.store) {
-                    Ok(commands) => cluster(&shared).restore_meta(commands),
-                    Err(why) => {
-                        error!("{why}");
-                        return;
-                    }
-                }
+            let (commands, entries) = self.stored_meta.take().unwrap_or_default();
+            if let Some(commands) = commands {
+                cluster(&shared).restore_meta(commands);
             }
-            for e in &self.store.entries(1, self.applied) {
+            for e in &entries {
                 apply_meta(cluster(&shared), e);
             }
         } else if let Err(why) = self.rebuild(&shared, None) {
@@ -1416,13 +1416,32 @@ fn restored(data: Option<impl std::io::Read>, now: Instant) -> Result<Partition,
     Ok(partition)
 }
 
-/// The commands of the metadata group's latest snapshot (none without one).
-fn stored_meta_commands(store: &Store) -> std::io::Result<Vec<Command>> {
-    let mut bytes = Vec::new();
-    if let Some(mut data) = store.snapshot_data()? {
-        std::io::Read::read_to_end(&mut data, &mut bytes)?;
+/// The metadata group's state on disk, up to entry `applied`: the commands of its latest
+/// snapshot (`None` without one) and the entries after it. A snapshot damaged since it was
+/// written falls back to the one before and the log kept behind it, as a shard's does.
+fn stored_meta(store: &mut Store, applied: u64) -> Result<(Option<Vec<Command>>, Vec<Entry>), String> {
+    if store.snapshot_metadata().index == 0 {
+        return Ok((None, store.entries(1, applied)));
     }
-    meta_commands(&bytes).map_err(std::io::Error::other)
+    let latest = store.snapshot_data().map_err(|e| e.to_string()).and_then(read_meta);
+    let why = match latest {
+        Ok(commands) => return Ok((Some(commands), store.entries(1, applied))),
+        Err(why) => why,
+    };
+    warn!("the metadata's latest snapshot does not restore ({why}); trying the one before");
+    match store.older_state(applied).map_err(|e| e.to_string())? {
+        Some((data, entries)) => Ok((Some(read_meta(Some(data))?), entries)),
+        None => Err(why),
+    }
+}
+
+/// The commands of a metadata snapshot's data (none without data).
+fn read_meta(data: Option<impl std::io::Read>) -> Result<Vec<Command>, String> {
+    let mut bytes = Vec::new();
+    if let Some(mut data) = data {
+        std::io::Read::read_to_end(&mut data, &mut bytes).map_err(|e| e.to_string())?;
+    }
+    meta_commands(&bytes)
 }
 
 /// The commands of a metadata snapshot (none in an empty one).
@@ -1486,5 +1505,100 @@ fn replay_entry(partition: &mut Partition, index: usize, entry: u64, decoded: Re
             }
         }
         Err(why) => error!(shard = index, entry, "a replicated entry does not decode: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use raft::prelude::{ConfState, HardState};
+
+    use super::*;
+
+    fn add(node: u64) -> Command {
+        Command::AddNode {
+            node,
+            address: format!("127.0.0.1:{}", 7000 + node),
+        }
+    }
+
+    fn entry(index: u64) -> Entry {
+        Entry {
+            index,
+            term: 1,
+            data: add(index).encode().into(),
+            ..Default::default()
+        }
+    }
+
+    fn snapshot(store: &mut Store, index: u64, data: Vec<u8>) {
+        let mut metadata = SnapshotMetadata::default();
+        (metadata.index, metadata.term) = (index, 1);
+        metadata.mut_conf_state().voters = vec![1];
+        store.install(metadata, SnapshotData::Bytes(data), false).unwrap();
+    }
+
+    fn nodes(commands: &[Command]) -> Vec<u64> {
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::AddNode { node, .. } => Some(*node),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_metadata_snapshot_that_does_not_decode_falls_back_to_the_one_before() {
+        let dir = std::env::temp_dir().join(format!("spindle-meta-fallback-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut store = Store::open(&dir, 0).unwrap();
+        store.append(&(1..=8).map(entry).collect::<Vec<_>>()).unwrap();
+        let hs = HardState {
+            term: 1,
+            vote: 1,
+            commit: 8,
+            ..Default::default()
+        };
+        store.set_hard_state(&hs).unwrap();
+        store
+            .set_conf_state(&ConfState {
+                voters: vec![1],
+                ..Default::default()
+            })
+            .unwrap();
+        let mut meta = Meta::default();
+        (1..=4).for_each(|n| meta.apply(add(n)));
+        snapshot(&mut store, 4, meta_snapshot(&meta));
+        // Written whole (its checksum holds) by a version that wrote something else.
+        snapshot(&mut store, 6, b"\xc1 not MessagePack".to_vec());
+
+        let (commands, entries) = stored_meta(&mut store, 8).unwrap();
+        assert_eq!(nodes(&commands.unwrap()), [1, 2, 3, 4]);
+        assert_eq!(entries.iter().map(|e| e.index).collect::<Vec<_>>(), [5, 6, 7, 8]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_latest_metadata_snapshot_is_taken_when_it_decodes() {
+        let dir = std::env::temp_dir().join(format!("spindle-meta-latest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut store = Store::open(&dir, 0).unwrap();
+        assert!(stored_meta(&mut store, 0).unwrap().0.is_none(), "no snapshot yet");
+        store.append(&(1..=8).map(entry).collect::<Vec<_>>()).unwrap();
+        let hs = HardState {
+            term: 1,
+            vote: 1,
+            commit: 8,
+            ..Default::default()
+        };
+        store.set_hard_state(&hs).unwrap();
+        let mut meta = Meta::default();
+        (1..=6).for_each(|n| meta.apply(add(n)));
+        snapshot(&mut store, 6, meta_snapshot(&meta));
+
+        let (commands, entries) = stored_meta(&mut store, 8).unwrap();
+        assert_eq!(nodes(&commands.unwrap()), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(entries.iter().map(|e| e.index).collect::<Vec<_>>(), [7, 8]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
