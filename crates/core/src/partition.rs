@@ -104,10 +104,14 @@ struct ReplyLog {
     replies: BTreeMap<u64, (Result<Value, Box<Error>>, bool)>,
     /// The sequence numbers in the order recorded (the oldest is forgotten first).
     order: VecDeque<u64>,
+    /// The highest sequence number recorded: a client's new call is above it, and is known
+    /// new without a walk down the tree.
+    highest: u64,
 }
 
 impl ReplyLog {
     fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
+        self.highest = self.highest.max(seq);
         if self.replies.insert(seq, (reply.map_err(Box::new), durable)).is_none() {
             self.order.push_back(seq);
             if self.order.len() > REPLY_LOG_LEN {
@@ -120,6 +124,9 @@ impl ReplyLog {
 
     /// The reply recorded for `seq`, and whether its call is in the op log.
     fn get(&self, seq: u64) -> Option<(Reply, bool)> {
+        if seq > self.highest {
+            return None;
+        }
         let (reply, durable) = self.replies.get(&seq)?;
         Some((reply.clone().map_err(|e| *e), *durable))
     }
