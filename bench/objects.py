@@ -17,6 +17,7 @@ under ``docs/img/``. Usage: ``python bench/objects.py [--ops N] [--seconds S] [-
 from __future__ import annotations
 
 import argparse
+import atexit
 import multiprocessing as mp
 import os
 import shutil
@@ -24,6 +25,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +101,15 @@ class Running:
 
 
 def redis_cmd(port: int) -> list[str]:
+    """A Redis server without persistence, in an empty directory of its own (a replica writes
+    the data it syncs to its directory, and a server loads what it finds there at start)."""
     redis = shutil.which("redis-server")
     if not redis:
         sys.exit("error: redis-server not found; `make bench` installs it (apt-get install redis-server)")
-    return [redis, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"]
+    workdir = tempfile.mkdtemp(prefix="spindle-bench-redis-")
+    atexit.register(shutil.rmtree, workdir, True)
+    return [redis, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
+            "--dir", workdir]
 
 
 def start(name: str, cmd_for_port) -> Server:

@@ -50,7 +50,9 @@ struct Args {
     /// The system to drive.
     #[arg(long, value_enum)]
     target: Target,
-    /// host:port (default 127.0.0.1:7070 for spindle, 127.0.0.1:6379 for redis).
+    /// host:port (default 127.0.0.1:7070 for spindle, 127.0.0.1:6379 for redis). Spindle: any
+    /// node of a cluster. Redis: a comma-separated list shards the keys over independent
+    /// masters (as a cluster's shards, by the same hash).
     #[arg(long)]
     address: Option<String>,
     /// Concurrent connections.
@@ -505,6 +507,15 @@ async fn cluster_route(address: &str, keys: &[String]) -> Result<Option<(Vec<Str
     Ok(Some((nodes, route)))
 }
 
+/// The keys `route` sends to node (or master) `to`.
+fn routed_to(keys: &[String], route: &[usize], to: usize) -> Vec<String> {
+    keys.iter()
+        .zip(route)
+        .filter(|(_, r)| **r == to)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 /// The shard hash of keys (the server's FNV-1a).
 fn fnv1a(key: &str) -> u64 {
     key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -620,12 +631,14 @@ async fn redis_setup(args: &Args, client: &redis::Client, address: &str, keys: &
     Ok(sha)
 }
 
-/// One in-flight slot of a Redis connection: one command at a time until the window ends.
-/// `pipeline` slots share a multiplexed connection, which pipelines their commands.
+/// One in-flight slot of a Redis client: one command at a time until the window ends, each
+/// on the connection to its key's master (`route`). `pipeline` slots share multiplexed
+/// connections, which pipeline their commands.
 async fn redis_run(
-    mut conn: redis::aio::MultiplexedConnection,
+    mut conns: Vec<redis::aio::MultiplexedConnection>,
     args: Arc<Args>,
     keys: Arc<Vec<String>>,
+    route: Arc<Vec<usize>>,
     sha: Arc<String>,
     window: Window,
     stream: u64,
@@ -638,15 +651,16 @@ async fn redis_run(
         if sent >= window.to {
             return Ok(stats);
         }
-        let key = &keys[rng.below(keys.len())];
+        let k = rng.below(keys.len());
+        let (key, conn) = (&keys[k], &mut conns[route[k]]);
         let mut result = redis_cmd(&args, &sha, key, &value)
-            .query_async::<redis::Value>(&mut conn)
+            .query_async::<redis::Value>(conn)
             .await;
         if args.wait > 0 && result.is_ok() {
             result = redis::cmd("WAIT")
                 .arg(args.wait)
                 .arg(1000)
-                .query_async::<redis::Value>(&mut conn)
+                .query_async::<redis::Value>(conn)
                 .await;
             if let Ok(redis::Value::Int(acked)) = &result {
                 if (*acked as u64) < args.wait {
@@ -706,12 +720,7 @@ async fn run(args: Args) -> Result<(Stats, f64), String> {
                     return Err("a cluster is driven with --pipeline 1".into());
                 }
                 for (n, node) in nodes.iter().enumerate() {
-                    let mine: Vec<String> = keys
-                        .iter()
-                        .zip(route.iter())
-                        .filter(|(_, r)| **r == n)
-                        .map(|(k, _)| k.clone())
-                        .collect();
+                    let mine = routed_to(&keys, &route, n);
                     if !mine.is_empty() {
                         spindle_setup(&args, node, &mine, &session_id(usize::MAX - 2 - n)).await?;
                     }
@@ -749,21 +758,43 @@ async fn run(args: Args) -> Result<(Stats, f64), String> {
             }
         }
         Target::Redis => {
-            let client = redis::Client::open(format!("redis://{address}/"))
-                .map_err(|e| format!("bad redis address {address}: {e}"))?;
-            let sha = Arc::new(redis_setup(&args, &client, &address, &keys).await?);
+            let masters: Vec<&str> = address.split(',').map(str::trim).collect();
+            if masters.len() > 1 && args.wait > 0 {
+                return Err("--wait needs one master (with its replicas), not a list of masters".into());
+            }
+            let route: Vec<usize> = keys
+                .iter()
+                .map(|k| (fnv1a(k) % masters.len() as u64) as usize)
+                .collect();
+            let mut clients = Vec::with_capacity(masters.len());
+            let mut sha = String::new();
+            for (m, master) in masters.iter().enumerate() {
+                let client = redis::Client::open(format!("redis://{master}/"))
+                    .map_err(|e| format!("bad redis address {master}: {e}"))?;
+                let mine = routed_to(&keys, &route, m);
+                if !mine.is_empty() {
+                    sha = redis_setup(&args, &client, master, &mine).await?;
+                }
+                clients.push(client);
+            }
+            let (sha, route) = (Arc::new(sha), Arc::new(route));
             let mut conns = Vec::with_capacity(args.connections);
             for _ in 0..args.connections {
-                conns.push(redis_connect(&client, &address).await?);
+                let mut mine = Vec::with_capacity(masters.len());
+                for (client, master) in clients.iter().zip(&masters) {
+                    mine.push(redis_connect(client, master).await?);
+                }
+                conns.push(mine);
             }
             let window = start_window(&args);
-            for (i, conn) in conns.into_iter().enumerate() {
+            for (i, mine) in conns.into_iter().enumerate() {
                 for slot in 0..args.pipeline {
                     let stream = (i * args.pipeline + slot) as u64;
                     tasks.spawn(redis_run(
-                        conn.clone(),
+                        mine.clone(),
                         args.clone(),
                         keys.clone(),
+                        route.clone(),
                         sha.clone(),
                         window,
                         stream,
