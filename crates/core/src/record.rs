@@ -120,7 +120,15 @@ pub fn encode_class(type_name: &str, version: &str, code: &[u8]) -> Vec<u8> {
 /// Encode an `apply` record without taking `op` (it is applied right after). Written
 /// field by field: it is the record of every logged call, on every replica.
 pub fn encode_apply(caller: &Caller, token: Token, seq: u64, op: &Op) -> Vec<u8> {
-    let mut w = Writer::record("apply", 6, 64);
+    // Room for the strings, and 64 bytes for the markers, the numbers and small arguments.
+    let strings = match op {
+        Op::Create { type_name, key, .. } => type_name.len() + key.len(),
+        Op::Call {
+            type_name, key, method, ..
+        } => type_name.len() + key.len() + method.len(),
+        Op::Delete { key } => key.len(),
+    };
+    let mut w = Writer::record("apply", 6, 64 + caller.client.len() + strings);
     w.uint(caller.conn)
         .str(&caller.client)
         .uint(caller.thread)

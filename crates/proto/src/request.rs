@@ -224,7 +224,7 @@ pub struct RequestError {
 /// Decode a frame body and parse it as a request.
 pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
     let mut rest = body;
-    let value = rmpv::decode::read_value(&mut rest).map_err(|e| RequestError {
+    let value = read_request_value(&mut rest).map_err(|e| RequestError {
         id: 0,
         message: format!("frame body is not valid MessagePack: {e}"),
     })?;
@@ -238,6 +238,21 @@ pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
         });
     }
     parse_request(value)
+}
+
+/// A frame body's value. A request's array is read into a vector of its length, its items
+/// one by one (rmpv would grow it a push at a time: it cannot trust a length it has not read).
+fn read_request_value(rest: &mut &[u8]) -> Result<Value, rmpv::decode::Error> {
+    if !matches!(rest.first(), Some(0x90..=0x9f | 0xdc | 0xdd)) {
+        return rmpv::decode::read_value(rest);
+    }
+    let len = rmp::decode::read_array_len(rest)? as usize;
+    // (Each item takes a byte at least: a count past the bytes left fails on the items.)
+    let mut items = Vec::with_capacity(len.min(rest.len()));
+    for _ in 0..len {
+        items.push(rmpv::decode::read_value(rest)?);
+    }
+    Ok(Value::Array(items))
 }
 
 fn peek_id(value: &Value) -> u64 {
@@ -1117,5 +1132,37 @@ mod tests {
             decode_request(&[0x92, 0x07, 0xa4, b'p', b'i', b'n', b'g']).unwrap(),
             Request::Ping { id: 7 }
         );
+        // Arrays announcing 4 billion items, or cut inside their length: refused, not
+        // allocated for.
+        for body in [&[0xdd, 0xff, 0xff, 0xff, 0xff, 0x07][..], &[0xdc, 0x00], &[0xdd]] {
+            let e = decode_request(body).unwrap_err();
+            assert!(
+                e.message.starts_with("frame body is not valid MessagePack"),
+                "{}",
+                e.message
+            );
+        }
+        // Every cut of a call is refused the same way.
+        let call = v(vec![
+            Value::from(9),
+            s("call"),
+            Value::from(1),
+            Value::from(0),
+            s("Counter"),
+            s("hits"),
+            s("add"),
+            v(vec![Value::from(1)]),
+        ]);
+        let mut body = Vec::new();
+        rmpv::encode::write_value(&mut body, &call).unwrap();
+        assert!(matches!(decode_request(&body), Ok(Request::Call { id: 9, .. })));
+        for cut in 1..body.len() {
+            let e = decode_request(&body[..cut]).unwrap_err();
+            assert!(
+                e.message.starts_with("frame body is not valid MessagePack"),
+                "{cut}: {}",
+                e.message
+            );
+        }
     }
 }

@@ -56,16 +56,24 @@ pub(crate) enum Event {
     Change(Command, oneshot::Sender<Result<Value, Error>>),
 }
 
-/// An entry proposed by a shard's leader: `[node, epoch, proposal, [record, ...]]`.
-pub(crate) fn encode_entry(node: u64, epoch: u64, proposal: u64, records: Vec<Vec<u8>>) -> Vec<u8> {
-    let value = Value::Array(vec![
-        node.into(),
-        epoch.into(),
-        proposal.into(),
-        Value::Array(records.into_iter().map(Value::Binary).collect()),
-    ]);
-    let mut out = Vec::new();
-    rmpv::encode::write_value(&mut out, &value).expect("encoding to memory");
+/// An entry proposed by a shard's leader: `[node, epoch, proposal, [record, ...]]`, written
+/// straight into a buffer of its size (the records are copied once).
+pub(crate) fn encode_entry(node: u64, epoch: u64, proposal: u64, records: &[Vec<u8>]) -> Vec<u8> {
+    // Markers and lengths: at most 9 bytes an integer, 5 a record, 5 the array.
+    let size = 1 + 3 * 9 + 5 + records.iter().map(|r| 5 + r.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    let written: Result<(), rmp::encode::ValueWriteError> = (|| {
+        rmp::encode::write_array_len(&mut out, 4)?;
+        for n in [node, epoch, proposal] {
+            rmp::encode::write_uint(&mut out, n)?;
+        }
+        rmp::encode::write_array_len(&mut out, records.len() as u32)?;
+        for record in records {
+            rmp::encode::write_bin(&mut out, record)?;
+        }
+        Ok(())
+    })();
+    written.expect("encoding to memory");
     out
 }
 
@@ -76,29 +84,31 @@ struct Proposed<'a> {
     records: Vec<&'a [u8]>,
 }
 
-/// Decode an entry, its records borrowed from it.
+/// Decode an entry, its records borrowed from it (read straight from the bytes).
 fn decode_entry(data: &[u8]) -> Result<Proposed<'_>, String> {
-    use rmpv::ValueRef;
-    let mut rd = data;
-    let value = rmpv::decode::read_value_ref(&mut rd).map_err(|e| e.to_string())?;
     let bad = || "an entry that is not [node, epoch, proposal, records]".to_string();
-    let ValueRef::Array(items) = value else {
+    let mut rd = data;
+    if rmp::decode::read_array_len(&mut rd).map_err(|_| bad())? != 4 {
         return Err(bad());
-    };
-    let [node, epoch, proposal, ValueRef::Array(records)] = <[ValueRef; 4]>::try_from(items).map_err(|_| bad())? else {
-        return Err(bad());
-    };
-    let records = records
-        .into_iter()
-        .map(|r| match r {
-            ValueRef::Binary(b) => Ok(b),
-            _ => Err(bad()),
-        })
-        .collect::<Result<_, _>>()?;
+    }
+    let mut uint = || rmp::decode::read_int::<u64, _>(&mut rd).map_err(|_| bad());
+    let (node, epoch, proposal) = (uint()?, uint()?, uint()?);
+    let n = rmp::decode::read_array_len(&mut rd).map_err(|_| bad())? as usize;
+    // (Each record takes a byte at least: a count past the bytes left is refused below.)
+    let mut records = Vec::with_capacity(n.min(rd.len()));
+    for _ in 0..n {
+        let len = rmp::decode::read_bin_len(&mut rd).map_err(|_| bad())? as usize;
+        if rd.len() < len {
+            return Err(bad());
+        }
+        let (record, rest) = rd.split_at(len);
+        records.push(record);
+        rd = rest;
+    }
     Ok(Proposed {
-        node: node.as_u64().ok_or_else(bad)?,
-        epoch: epoch.as_u64().ok_or_else(bad)?,
-        proposal: proposal.as_u64().ok_or_else(bad)?,
+        node,
+        epoch,
+        proposal,
         records,
     })
 }
@@ -533,7 +543,7 @@ impl Driver {
         if !self.serving || p.epoch != self.epoch {
             return; // their replies were failed when serving stopped
         }
-        let data = encode_entry(self.node_id, p.epoch, p.proposal, p.records);
+        let data = encode_entry(self.node_id, p.epoch, p.proposal, &p.records);
         let leading = self.raw.raft.state == StateRole::Leader;
         if leading && self.raw.propose(Vec::new(), data).is_ok() {
             let index = self.raw.raft.raft_log.last_index();
@@ -1545,6 +1555,41 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn an_entry_is_its_value_encoding_and_decodes_back() {
+        let records = vec![b"first".to_vec(), Vec::new(), vec![7u8; 300], vec![1u8; 70_000]];
+        for (node, epoch, proposal) in [(1, 1, 1), (3, 200, 70_000), (u64::MAX, 0, 1 << 40)] {
+            let data = encode_entry(node, epoch, proposal, &records);
+            let value = Value::Array(vec![
+                node.into(),
+                epoch.into(),
+                proposal.into(),
+                Value::Array(records.iter().cloned().map(Value::Binary).collect()),
+            ]);
+            let mut expected = Vec::new();
+            rmpv::encode::write_value(&mut expected, &value).unwrap();
+            assert_eq!(data, expected);
+            let p = decode_entry(&data).unwrap();
+            assert_eq!((p.node, p.epoch, p.proposal), (node, epoch, proposal));
+            assert_eq!(p.records, records.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        }
+        assert!(decode_entry(&encode_entry(1, 1, 1, &[])).unwrap().records.is_empty());
+        // Cut anywhere, an entry is refused (not read past its end).
+        let data = encode_entry(2, 3, 4, &records[..3]);
+        for cut in 0..data.len() {
+            assert!(decode_entry(&data[..cut]).is_err(), "cut at {cut}");
+        }
+        let wrong = [
+            Value::from(1),
+            Value::Array(vec![1.into(), 2.into(), 3.into(), "records".into()]),
+        ];
+        for value in wrong {
+            let mut bytes = Vec::new();
+            rmpv::encode::write_value(&mut bytes, &value).unwrap();
+            assert!(decode_entry(&bytes).is_err(), "{value}");
+        }
     }
 
     #[test]

@@ -583,7 +583,10 @@ fn last_index(mem: &MemStorage) -> u64 {
 }
 
 fn encode(tag: u8, message: &dyn protobuf::Message) -> Vec<u8> {
-    let mut out = vec![tag];
+    // Sized first (the stream would grow it a doubling at a time, copying an entry's data
+    // each time), with a byte to spare: the stream's last flush reserves one.
+    let mut out = Vec::with_capacity(message.compute_size() as usize + 2);
+    out.push(tag);
     // Writing a well-formed message to a Vec cannot fail.
     message.write_to_vec(&mut out).expect("protobuf encoding to memory");
     out
