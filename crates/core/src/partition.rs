@@ -568,8 +568,9 @@ impl Partition {
         self.apply_as(caller, token, seq, op, now, None)
     }
 
-    /// [`apply`](Self::apply), with the call's `record` when it is replayed from one (it is
-    /// kept as it is, not encoded again).
+    /// [`apply`](Self::apply), with the call's record when it is `replayed` from one (not
+    /// encoded again; the replay drops the log it leaves, so it is copied only if the call
+    /// parks).
     fn apply_as(
         &mut self,
         caller: &Caller,
@@ -577,7 +578,7 @@ impl Partition {
         seq: u64,
         op: Op,
         now: Instant,
-        record: Option<&[u8]>,
+        replayed: Option<&[u8]>,
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
         let persistent = match &op {
@@ -648,18 +649,23 @@ impl Partition {
             }
         }
         if logged {
-            let record = record.map_or_else(|| encode_apply(caller, token, seq, &op), <[u8]>::to_vec);
-            if record.len() > MAX_RECORD_LEN {
+            let encoded = replayed.is_none().then(|| encode_apply(caller, token, seq, &op));
+            let len = encoded
+                .as_ref()
+                .map_or_else(|| replayed.map_or(0, <[u8]>::len), Vec::len);
+            if len > MAX_RECORD_LEN {
                 let e = Error::value(format!(
-                    "this change to persistent object '{}' would be an op-log record of {} bytes, more than \
+                    "this change to persistent object '{}' would be an op-log record of {len} bytes, more than \
                      the {MAX_RECORD_LEN} a record may hold: make it in smaller parts",
                     op.key(),
-                    record.len()
                 ));
                 self.reply(caller, token, seq, true, false, Err(e), &mut out);
                 return out;
             }
-            self.log(record);
+            match encoded {
+                Some(record) => self.log(record),
+                None => self.touched_persistent = true,
+            }
             self.logged_conns.insert(caller.conn);
             self.logged_clients.insert(caller.client.clone());
             self.highest_logged_conn = self.highest_logged_conn.max(caller.conn);
@@ -688,9 +694,14 @@ impl Partition {
                 if record && seq != 0 {
                     self.parked_seqs.insert(token, (caller.client.clone(), seq));
                 }
-                if let (true, Some(record)) = (logged, self.records.get(logged_at)) {
+                let parked = match (logged, replayed) {
+                    (false, _) => None,
+                    (true, Some(bytes)) => Some(bytes.to_vec()),
+                    (true, None) => self.records.get(logged_at).cloned(),
+                };
+                if let Some(record) = parked {
                     self.parked_order += 1;
-                    self.parked_records.insert(token, (self.parked_order, record.clone()));
+                    self.parked_records.insert(token, (self.parked_order, record));
                 }
             }
             Ok(Some(v)) => self.reply(caller, token, seq, record, logged, Ok(v), &mut out),

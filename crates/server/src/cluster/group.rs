@@ -438,7 +438,8 @@ impl Driver {
         match event {
             Event::Messages(messages) => {
                 for bytes in messages {
-                    match Message::parse_from_bytes(&bytes) {
+                    // Parsed over the received buffer: an entry's data is a slice of it.
+                    match Message::parse_from_carllerche_bytes(&bytes::Bytes::from(bytes)) {
                         // Peers never forward proposals (each leader proposes its own calls),
                         // and an empty one would make raft-rs panic.
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
