@@ -126,8 +126,7 @@ class Server:
                 cmd += ["--data-dir", str(self.data_dir), "--fsync", self.config.fsync]
             return cmd + self.extra
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        return redis_cmd(self.port) + ["--appendonly", "yes", "--appendfsync", self.config.fsync,
-                                       "--dir", str(self.data_dir)]
+        return redis_cmd(self.port, self.data_dir) + ["--appendonly", "yes", "--appendfsync", self.config.fsync]
 
     def start(self) -> float:
         """Spawn the server; return the seconds from spawn to its first answered request

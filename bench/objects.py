@@ -100,16 +100,18 @@ class Running:
         stop_process(self.proc)
 
 
-def redis_cmd(port: int) -> list[str]:
-    """A Redis server without persistence, in an empty directory of its own (a replica writes
-    the data it syncs to its directory, and a server loads what it finds there at start)."""
+def redis_cmd(port: int, workdir: str | Path | None = None) -> list[str]:
+    """A Redis server without persistence, in `workdir` or else an empty directory of its own
+    (a replica writes the data it syncs to its directory, and a server loads what it finds
+    there at start)."""
     redis = shutil.which("redis-server")
     if not redis:
         sys.exit("error: redis-server not found; `make bench` installs it (apt-get install redis-server)")
-    workdir = tempfile.mkdtemp(prefix="spindle-bench-redis-")
-    atexit.register(shutil.rmtree, workdir, True)
+    if workdir is None:
+        workdir = tempfile.mkdtemp(prefix="spindle-bench-redis-")
+        atexit.register(shutil.rmtree, workdir, True)
     return [redis, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
-            "--dir", workdir]
+            "--dir", str(workdir)]
 
 
 def start(name: str, cmd_for_port) -> Server:

@@ -14,6 +14,7 @@
 //! the replies. Recovery feeds the records back through [`Partition::replay`], which calls
 //! the very entry points that produced them.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
@@ -649,22 +650,23 @@ impl Partition {
             }
         }
         if logged {
-            let encoded = replayed.is_none().then(|| encode_apply(caller, token, seq, &op));
-            let len = encoded
-                .as_ref()
-                .map_or_else(|| replayed.map_or(0, <[u8]>::len), Vec::len);
-            if len > MAX_RECORD_LEN {
+            let record: Cow<[u8]> = match replayed {
+                Some(bytes) => Cow::Borrowed(bytes),
+                None => Cow::Owned(encode_apply(caller, token, seq, &op)),
+            };
+            if record.len() > MAX_RECORD_LEN {
                 let e = Error::value(format!(
-                    "this change to persistent object '{}' would be an op-log record of {len} bytes, more than \
+                    "this change to persistent object '{}' would be an op-log record of {} bytes, more than \
                      the {MAX_RECORD_LEN} a record may hold: make it in smaller parts",
                     op.key(),
+                    record.len()
                 ));
                 self.reply(caller, token, seq, true, false, Err(e), &mut out);
                 return out;
             }
-            match encoded {
-                Some(record) => self.log(record),
-                None => self.touched_persistent = true,
+            match record {
+                Cow::Owned(record) => self.log(record),
+                Cow::Borrowed(_) => self.touched_persistent = true,
             }
             self.logged_conns.insert(caller.conn);
             self.logged_clients.insert(caller.client.clone());
@@ -1621,6 +1623,26 @@ mod tests {
         p.call(&who(1), 0, "Counter", "c", "increment", vec![]);
         let (t, out) = p.call(&who(2), 7, "Counter", "c", "increment", vec![]);
         assert_eq!(value_of(&out, t), Value::from(3));
+    }
+
+    #[test]
+    fn a_reply_log_finds_every_kept_reply_whatever_the_order_of_its_calls() {
+        let mut log = ReplyLog::default();
+        // A client's calls may be recorded out of order (several threads, parked calls).
+        for seq in [10, 3, 7] {
+            log.record(seq, Ok(Value::from(seq)), true);
+        }
+        for seq in [3, 7, 10] {
+            assert_eq!(log.get(seq).map(|(r, _)| r), Some(Ok(Value::from(seq))), "seq {seq}");
+        }
+        assert!(log.get(11).is_none() && log.get(5).is_none());
+        // The oldest recorded are forgotten first, the newest kept.
+        for seq in 11..11 + REPLY_LOG_LEN as u64 {
+            log.record(seq, Ok(Value::Nil), false);
+        }
+        assert!(log.get(10).is_none() && log.get(3).is_none());
+        assert!(log.get(10 + REPLY_LOG_LEN as u64).is_some());
+        assert!(log.get(11 + REPLY_LOG_LEN as u64).is_none());
     }
 
     #[test]

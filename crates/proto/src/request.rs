@@ -241,14 +241,15 @@ pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
 }
 
 /// A frame body's value. A request's array is read into a vector of its length, its items
-/// one by one (rmpv would grow it a push at a time: it cannot trust a length it has not read).
+/// one by one (rmpv grows every array a push at a time).
 fn read_request_value(rest: &mut &[u8]) -> Result<Value, rmpv::decode::Error> {
     if !matches!(rest.first(), Some(0x90..=0x9f | 0xdc | 0xdd)) {
         return rmpv::decode::read_value(rest);
     }
     let len = rmp::decode::read_array_len(rest)? as usize;
-    // (Each item takes a byte at least: a count past the bytes left fails on the items.)
-    let mut items = Vec::with_capacity(len.min(rest.len()));
+    // A request has a dozen items at most; a longer array grows as it is read (its count
+    // is the sender's word: a frame of bytes could claim millions).
+    let mut items = Vec::with_capacity(len.min(16));
     for _ in 0..len {
         items.push(rmpv::decode::read_value(rest)?);
     }

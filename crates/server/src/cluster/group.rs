@@ -17,7 +17,7 @@ use raft::prelude::{
 use raft::{ProgressState, RawNode, SnapshotStatus, StateRole};
 use spindle_core::{Error, ErrorKind, Partition, Value};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::meta::{Command, Meta};
 use super::store::{data_file, RaftStorage, SnapshotData, Store};
@@ -94,8 +94,8 @@ fn decode_entry(data: &[u8]) -> Result<Proposed<'_>, String> {
     let mut uint = || rmp::decode::read_int::<u64, _>(&mut rd).map_err(|_| bad());
     let (node, epoch, proposal) = (uint()?, uint()?, uint()?);
     let n = rmp::decode::read_array_len(&mut rd).map_err(|_| bad())? as usize;
-    // (Each record takes a byte at least: a count past the bytes left is refused below.)
-    let mut records = Vec::with_capacity(n.min(rd.len()));
+    // (A record takes two bytes at least: a count past the bytes left is refused below.)
+    let mut records = Vec::with_capacity(n.min(rd.len() / 2));
     for _ in 0..n {
         let len = rmp::decode::read_bin_len(&mut rd).map_err(|_| bad())? as usize;
         if rd.len() < len {
@@ -160,6 +160,8 @@ pub(crate) struct Driver {
     /// (once for them: a link that keeps failing to a leader still heard from must not
     /// make it stand at every heartbeat).
     stood: (u64, u64),
+    /// The survivor this node last stood in place of (a candidate whose log is behind).
+    stood_for: Option<u64>,
     /// Ticks before standing again while no leader is heard of since (see `stand_again`).
     restand: u32,
     /// The metadata group's state read at start, for `run` to apply (see `stored_meta`).
@@ -342,6 +344,7 @@ impl Driver {
             proposed: (0, 0),
             pending: None,
             stood: (0, 0),
+            stood_for: None,
             restand: 0,
             stored_meta: stored,
             confs,
@@ -438,8 +441,7 @@ impl Driver {
         match event {
             Event::Messages(messages) => {
                 for bytes in messages {
-                    // Parsed over the received buffer: an entry's data is a slice of it.
-                    match Message::parse_from_carllerche_bytes(&bytes::Bytes::from(bytes)) {
+                    match Message::parse_from_bytes(&bytes) {
                         // Peers never forward proposals (each leader proposes its own calls),
                         // and an empty one would make raft-rs panic.
                         Ok(m) if m.get_msg_type() == MessageType::MsgPropose => {}
@@ -451,6 +453,7 @@ impl Driver {
                                 m.get_msg_type(),
                                 MessageType::MsgRequestPreVote | MessageType::MsgRequestVote
                             );
+                            let from = m.from;
                             let mut stand = false;
                             if vote && self.leader_is_down(shared) {
                                 let raft = &mut self.raw.raft;
@@ -485,7 +488,7 @@ impl Driver {
                             }
                             let _ = self.raw.step(m);
                             if stand && self.raw.raft.state == StateRole::Follower {
-                                self.stand("the leader is down and a candidate is behind: standing");
+                                self.stand(Some(from), "the leader is down and a candidate is behind: standing");
                             }
                         }
                         Err(e) => warn!(shard = self.index, "dropped a Raft message that does not decode: {e}"),
@@ -1176,9 +1179,10 @@ impl Driver {
     fn stand_if_leader_down(&mut self, shared: &Arc<Shared>) {
         self.restand = self.restand.saturating_sub(1);
         if self.leader_is_down(shared) && self.first_survivor(shared, None) == Some(self.node_id) {
-            self.stand("the leader is down: standing for election");
+            self.stand(None, "the leader is down: standing for election");
         } else if self.stand_again(shared) {
             self.restand = RESTAND_TICKS;
+            debug!(shard = self.index, "no leader yet: standing again");
             let _ = self.raw.campaign();
         }
     }
@@ -1197,14 +1201,15 @@ impl Driver {
             && term == raft.term
             && self.restand == 0
             && cluster(shared).peers.is_down(leader)
-            && self.first_survivor(shared, None) == Some(self.node_id)
+            && self.first_survivor(shared, self.stood_for) == Some(self.node_id)
     }
 
-    /// Campaign, once per term and leader.
-    fn stand(&mut self, why: &str) {
+    /// Campaign, once per term and leader (`stood_for`: in place of that survivor).
+    fn stand(&mut self, stood_for: Option<u64>, why: &str) {
         let now = (self.raw.raft.term, self.raw.raft.leader_id);
         if self.stood != now {
             self.stood = now;
+            self.stood_for = stood_for;
             self.restand = RESTAND_TICKS;
             info!(shard = self.index, "{why}");
             let _ = self.raw.campaign();
@@ -1440,9 +1445,10 @@ fn stored_meta(store: &mut Store, applied: u64) -> Result<(Option<Vec<Command>>,
         Err(why) => why,
     };
     warn!("the metadata's latest snapshot does not restore ({why}); trying the one before");
-    match store.older_state(applied).map_err(|e| e.to_string())? {
-        Some((data, entries)) => Ok((Some(read_meta(Some(data))?), entries)),
-        None => Err(why),
+    match store.older_state(applied) {
+        Ok(Some((data, entries))) => Ok((Some(read_meta(Some(data))?), entries)),
+        Ok(None) => Err(why),
+        Err(e) => Err(format!("{why}; the one before cannot be read: {e}")),
     }
 }
 
@@ -1593,9 +1599,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_metadata_snapshot_that_does_not_decode_falls_back_to_the_one_before() {
-        let dir = std::env::temp_dir().join(format!("spindle-meta-fallback-{}", std::process::id()));
+    /// A metadata store in a fresh directory named after `name`: entries 1..=8 (node i added
+    /// at entry i), committed, voter 1.
+    fn eight_entries(name: &str) -> (std::path::PathBuf, Store) {
+        let dir = std::env::temp_dir().join(format!("spindle-meta-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut store = Store::open(&dir, 0).unwrap();
         store.append(&(1..=8).map(entry).collect::<Vec<_>>()).unwrap();
@@ -1612,6 +1619,12 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn a_metadata_snapshot_that_does_not_decode_falls_back_to_the_one_before() {
+        let (dir, mut store) = eight_entries("fallback");
         let mut meta = Meta::default();
         (1..=4).for_each(|n| meta.apply(add(n)));
         snapshot(&mut store, 4, meta_snapshot(&meta));
@@ -1626,18 +1639,10 @@ mod tests {
 
     #[test]
     fn the_latest_metadata_snapshot_is_taken_when_it_decodes() {
-        let dir = std::env::temp_dir().join(format!("spindle-meta-latest-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut store = Store::open(&dir, 0).unwrap();
-        assert!(stored_meta(&mut store, 0).unwrap().0.is_none(), "no snapshot yet");
-        store.append(&(1..=8).map(entry).collect::<Vec<_>>()).unwrap();
-        let hs = HardState {
-            term: 1,
-            vote: 1,
-            commit: 8,
-            ..Default::default()
-        };
-        store.set_hard_state(&hs).unwrap();
+        let (dir, mut store) = eight_entries("latest");
+        let (commands, entries) = stored_meta(&mut store, 8).unwrap();
+        assert!(commands.is_none(), "no snapshot yet");
+        assert_eq!(entries.len(), 8);
         let mut meta = Meta::default();
         (1..=6).for_each(|n| meta.apply(add(n)));
         snapshot(&mut store, 6, meta_snapshot(&meta));
