@@ -240,8 +240,8 @@ pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
     parse_request(value)
 }
 
-/// A frame body's value. A request's array is read into a vector of its length, its items
-/// one by one (rmpv grows every array a push at a time).
+/// A frame body's value. A request's array is read into a vector sized for its items, then
+/// its items one by one (rmpv grows every array a push at a time).
 fn read_request_value(rest: &mut &[u8]) -> Result<Value, rmpv::decode::Error> {
     if !matches!(rest.first(), Some(0x90..=0x9f | 0xdc | 0xdd)) {
         return rmpv::decode::read_value(rest);
