@@ -62,18 +62,15 @@ pub(crate) fn encode_entry(node: u64, epoch: u64, proposal: u64, records: &[Vec<
     // Markers and lengths: at most 9 bytes an integer, 5 a record, 5 the array.
     let size = 1 + 3 * 9 + 5 + records.iter().map(|r| 5 + r.len()).sum::<usize>();
     let mut out = Vec::with_capacity(size);
-    let written: Result<(), rmp::encode::ValueWriteError> = (|| {
-        rmp::encode::write_array_len(&mut out, 4)?;
-        for n in [node, epoch, proposal] {
-            rmp::encode::write_uint(&mut out, n)?;
-        }
-        rmp::encode::write_array_len(&mut out, records.len() as u32)?;
-        for record in records {
-            rmp::encode::write_bin(&mut out, record)?;
-        }
-        Ok(())
-    })();
-    written.expect("encoding to memory");
+    // Writing to a Vec cannot fail.
+    let _ = rmp::encode::write_array_len(&mut out, 4);
+    for n in [node, epoch, proposal] {
+        let _ = rmp::encode::write_uint(&mut out, n);
+    }
+    let _ = rmp::encode::write_array_len(&mut out, records.len() as u32);
+    for record in records {
+        let _ = rmp::encode::write_bin(&mut out, record);
+    }
     out
 }
 

@@ -587,8 +587,13 @@ fn encode(tag: u8, message: &dyn protobuf::Message) -> Vec<u8> {
     // each time), with a byte to spare: the stream's last flush reserves one.
     let mut out = Vec::with_capacity(message.compute_size() as usize + 2);
     out.push(tag);
-    // Writing a well-formed message to a Vec cannot fail.
-    message.write_to_vec(&mut out).expect("protobuf encoding to memory");
+    // Writing a well-formed message to a Vec cannot fail (its sizes are cached above).
+    let mut os = protobuf::CodedOutputStream::vec(&mut out);
+    message
+        .write_to_with_cached_sizes(&mut os)
+        .and_then(|()| os.flush())
+        .expect("protobuf encoding to memory");
+    drop(os);
     out
 }
 
