@@ -97,47 +97,73 @@ pub struct Detached {
 
 #[derive(Default)]
 struct ReplyLog {
-    /// Each reply, and whether its call is in the op log (only those go into snapshots:
-    /// a replay would not have recorded the others). Ordered: a client's sequence numbers
-    /// mostly grow, so its new and oldest replies sit at the two ends of the tree, in cache
-    /// (a hash table would touch a random slot of every client's thousands for each call).
-    /// Errors are boxed: most replies are values, and a busy client keeps thousands.
-    replies: BTreeMap<u64, (Result<Value, Box<Error>>, bool)>,
-    /// The sequence numbers in the order recorded (the oldest is forgotten first).
-    order: VecDeque<u64>,
+    /// The replies in the order recorded: the oldest is forgotten first. A ring, not a
+    /// tree: a new call adds at one end and forgets at the other, with no node to allocate,
+    /// split or merge (a hash table would touch a random slot of every client's thousands).
+    /// A client's sequence numbers mostly grow, so the ring is mostly sorted.
+    replies: VecDeque<Recorded>,
     /// The highest sequence number recorded: a client's new call is above it, and is known
-    /// new without a walk down the tree.
+    /// new without a search.
     highest: u64,
+    /// How many replies are recorded below the one before them. While none, the ring is
+    /// sorted and searched by halves; else from its newest end (a retry is recent).
+    out_of_order: usize,
+}
+
+struct Recorded {
+    seq: u64,
+    /// Boxed: most replies are values, and a busy client keeps thousands.
+    reply: Result<Value, Box<Error>>,
+    /// Whether the call is in the op log (only those go into snapshots: a replay would not
+    /// have recorded the others).
+    durable: bool,
 }
 
 impl ReplyLog {
     fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
+        let reply = reply.map_err(Box::new);
+        if let Some(i) = self.position(seq) {
+            self.replies[i].reply = reply;
+            self.replies[i].durable = durable;
+            return;
+        }
+        if self.replies.back().is_some_and(|last| seq < last.seq) {
+            self.out_of_order += 1;
+        }
         self.highest = self.highest.max(seq);
-        if self.replies.insert(seq, (reply.map_err(Box::new), durable)).is_none() {
-            self.order.push_back(seq);
-            if self.order.len() > REPLY_LOG_LEN {
-                if let Some(old) = self.order.pop_front() {
-                    self.replies.remove(&old);
+        self.replies.push_back(Recorded { seq, reply, durable });
+        if self.replies.len() > REPLY_LOG_LEN {
+            if let (Some(old), Some(next)) = (self.replies.pop_front(), self.replies.front()) {
+                if next.seq < old.seq {
+                    self.out_of_order -= 1;
                 }
             }
         }
     }
 
-    /// The reply recorded for `seq`, and whether its call is in the op log.
-    fn get(&self, seq: u64) -> Option<(Reply, bool)> {
+    fn position(&self, seq: u64) -> Option<usize> {
         if seq > self.highest {
             return None;
         }
-        let (reply, durable) = self.replies.get(&seq)?;
-        Some((reply.clone().map_err(|e| *e), *durable))
+        if self.out_of_order == 0 {
+            self.replies.binary_search_by_key(&seq, |r| r.seq).ok()
+        } else {
+            self.replies.iter().rposition(|r| r.seq == seq)
+        }
+    }
+
+    /// The reply recorded for `seq`, and whether its call is in the op log.
+    fn get(&self, seq: u64) -> Option<(Reply, bool)> {
+        let r = &self.replies[self.position(seq)?];
+        Some((r.reply.clone().map_err(|e| *e), r.durable))
     }
 
     /// The replies of logged calls, oldest first (what a snapshot carries).
     fn durable(&self) -> impl Iterator<Item = (u64, Reply)> + '_ {
-        self.order.iter().filter_map(|&seq| match self.get(seq) {
-            Some((reply, true)) => Some((seq, reply)),
-            _ => None,
-        })
+        self.replies
+            .iter()
+            .filter(|r| r.durable)
+            .map(|r| (r.seq, r.reply.clone().map_err(|e| *e)))
     }
 }
 
@@ -669,7 +695,9 @@ impl Partition {
                 Cow::Borrowed(_) => self.touched_persistent = true,
             }
             self.logged_conns.insert(caller.conn);
-            self.logged_clients.insert(caller.client.clone());
+            if !self.logged_clients.contains(&caller.client) {
+                self.logged_clients.insert(caller.client.clone());
+            }
             self.highest_logged_conn = self.highest_logged_conn.max(caller.conn);
         }
         let (reply, record) = match op {
@@ -751,10 +779,12 @@ impl Partition {
         out: &mut Vec<Delivery>,
     ) {
         if record && seq != 0 {
-            self.logs
-                .entry(caller.client.clone())
-                .or_default()
-                .record(seq, reply.clone(), logged);
+            // The client's log is found by reference: its name is cloned only for a new one.
+            let log = match self.logs.get_mut(&caller.client) {
+                Some(log) => log,
+                None => self.logs.entry(caller.client.clone()).or_default(),
+            };
+            log.record(seq, reply.clone(), logged);
         }
         out.push(Delivery { token, reply });
     }
@@ -1636,6 +1666,13 @@ mod tests {
             assert_eq!(log.get(seq).map(|(r, _)| r), Some(Ok(Value::from(seq))), "seq {seq}");
         }
         assert!(log.get(11).is_none() && log.get(5).is_none());
+        // Recording a seq again replaces its reply in place.
+        log.record(7, Err(Error::value("again")), false);
+        assert_eq!(
+            log.get(7).map(|(r, durable)| (r.is_err(), durable)),
+            Some((true, false))
+        );
+        assert_eq!(log.durable().map(|(seq, _)| seq).collect::<Vec<_>>(), [10, 3]);
         // The oldest recorded are forgotten first, the newest kept.
         for seq in 11..11 + REPLY_LOG_LEN as u64 {
             log.record(seq, Ok(Value::Nil), false);
@@ -1643,6 +1680,14 @@ mod tests {
         assert!(log.get(10).is_none() && log.get(3).is_none());
         assert!(log.get(10 + REPLY_LOG_LEN as u64).is_some());
         assert!(log.get(11 + REPLY_LOG_LEN as u64).is_none());
+        // With the calls out of order forgotten, the ring is sorted again, and searched so.
+        assert_eq!(log.out_of_order, 0);
+        for seq in [11, 12, 500, 9 + REPLY_LOG_LEN as u64] {
+            assert!(log.get(seq).is_some(), "seq {seq}");
+        }
+        log.record(5, Ok(Value::Nil), true);
+        assert_eq!(log.out_of_order, 1);
+        assert!(log.get(5).is_some() && log.get(11).is_none() && log.get(12).is_some());
     }
 
     #[test]

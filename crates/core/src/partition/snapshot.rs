@@ -156,8 +156,11 @@ impl Partition {
     /// Before `key`'s object changes: capture it first if the snapshot in progress still
     /// needs it as it was.
     pub(super) fn preserve(&mut self, key: &str) {
-        if let (Some(c), Some(e)) = (self.capture.as_mut(), self.objects.get_mut(key)) {
-            capture(c, key, e);
+        // No lookup while no snapshot is in progress (nearly always).
+        if let Some(c) = self.capture.as_mut() {
+            if let Some(e) = self.objects.get_mut(key) {
+                capture(c, key, e);
+            }
         }
     }
 
