@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from objects import free_port, redis_cmd, stop_process, wait_for_port
@@ -454,8 +455,13 @@ def main() -> None:
     def shown(value: float, fmt: str) -> str:
         return "not within the run" if value == float("inf") else fmt.format(value)
 
-    def each(name: str, fmt: str) -> str:
-        return "" if len(runs) == 1 else " (runs: " + ", ".join(shown(r[name], fmt) for r in runs) + ")"
+    def recovery(value: float) -> str:
+        # The timeline counts in steps of BUCKET: 0 is no dip at the join at all.
+        return f"< {BUCKET:g} s" if value == 0 else shown(value, "{:.1f} s")
+
+    def each(name: str, fmt: str | Callable[[float], str]) -> str:
+        show = fmt if callable(fmt) else lambda value: shown(value, fmt)
+        return "" if len(runs) == 1 else " (runs: " + ", ".join(show(r[name]) for r in runs) + ")"
 
     worst_second, dip_s, recovered_s = over_runs("worst_second"), over_runs("dip_s"), over_runs("recovered_s")
     dip_ok = worst_second >= 1 - GOAL_DIP and dip_s < GOAL_DIP_SECONDS
@@ -470,7 +476,7 @@ def main() -> None:
         ["time below 70% of before after the crash (summed until the join)", f"{dip_s:.1f} s" + each("dip_s", "{:.1f} s"),
          f"< {GOAL_DIP_SECONDS:g} s", "yes" if dip_s < GOAL_DIP_SECONDS else "**no**"],
         ["reads/s on 2 nodes (median, 3 s after the crash)", f"{avail['after_crash']:,.0f}", "", ""],
-        ["from the join to 90% of before, held 1 s", shown(recovered_s, "{:.1f} s") + each("recovered_s", "{:.1f} s"),
+        ["from the join to 90% of before, held 1 s", recovery(recovered_s) + each("recovered_s", recovery),
          f"≤ {GOAL_RECOVERY_SECONDS:g} s", "yes" if rec_ok else "**no**"],
         ["dips below 70% after the join (count, total time)",
          f"{avail['join_dips']}, {avail['join_dip_s']:.1f} s", "", ""],
@@ -480,8 +486,8 @@ def main() -> None:
     claims.append(Claim("availability: a node crash (lowest 1 s; time below 70%)",
                         f"{worst_second * 100:.0f}%; {dip_s:.1f} s", "seed: -30%",
                         worst_second / (1 - GOAL_DIP), f"≥ 70%, < {GOAL_DIP_SECONDS:g} s", dip_ok))
-    claims.append(Claim("availability: recovery after a node join", shown(recovered_s, "{:.1f} s"),
-                        "seed: 20 s", 20.0 / max(recovered_s, 0.1), f"≤ {GOAL_RECOVERY_SECONDS:g} s",
+    claims.append(Claim("availability: recovery after a node join", recovery(recovered_s),
+                        "seed: 20 s", 20.0 / max(recovered_s, BUCKET), f"≤ {GOAL_RECOVERY_SECONDS:g} s",
                         rec_ok))
     ratios = {conns: [med("spindle-never", rf, conns) / med("redis", rf, conns) for rf in RFS]
               for conns in CONNECTIONS}
