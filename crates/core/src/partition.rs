@@ -97,17 +97,17 @@ pub struct Detached {
 
 #[derive(Default)]
 struct ReplyLog {
-    /// The replies in the order recorded: the oldest is forgotten first. A ring, not a
-    /// tree: a new call adds at one end and forgets at the other, with no node to allocate,
+    /// The replies, sorted by sequence number and searched by halves. Rings, not trees: a
+    /// client's sequence numbers mostly grow, so a new reply goes at the back (a late one a
+    /// few places before it) and the oldest leaves from the front, with no node to allocate,
     /// split or merge (a hash table would touch a random slot of every client's thousands).
-    /// A client's sequence numbers mostly grow, so the ring is mostly sorted.
     replies: VecDeque<Recorded>,
+    /// The sequence numbers in the order recorded: the oldest recorded is forgotten first
+    /// (not the lowest: a call parked long ago may have been answered just now).
+    order: VecDeque<u64>,
     /// The highest sequence number recorded: a client's new call is above it, and is known
     /// new without a search.
     highest: u64,
-    /// How many replies are recorded below the one before them. While none, the ring is
-    /// sorted and searched by halves; else from its newest end (a retry is recent).
-    out_of_order: usize,
 }
 
 struct Recorded {
@@ -123,21 +123,31 @@ impl ReplyLog {
     fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
         let reply = reply.map_err(Box::new);
         if let Some(i) = self.position(seq) {
-            self.replies[i].reply = reply;
-            self.replies[i].durable = durable;
+            let r = &mut self.replies[i];
+            (r.reply, r.durable) = (reply, durable);
             return;
         }
-        if self.replies.back().is_some_and(|last| seq < last.seq) {
-            self.out_of_order += 1;
-        }
-        self.highest = self.highest.max(seq);
-        self.replies.push_back(Recorded { seq, reply, durable });
-        if self.replies.len() > REPLY_LOG_LEN {
-            if let (Some(old), Some(next)) = (self.replies.pop_front(), self.replies.front()) {
-                if next.seq < old.seq {
-                    self.out_of_order -= 1;
+        // Forget first: the rings never grow past their length.
+        if self.order.len() == REPLY_LOG_LEN {
+            if let Some(old) = self.order.pop_front() {
+                let at = match self.replies.front() {
+                    Some(r) if r.seq == old => Some(0),
+                    _ => self.position(old),
+                };
+                if let Some(i) = at {
+                    self.replies.remove(i);
                 }
             }
+        }
+        self.order.push_back(seq);
+        let recorded = Recorded { seq, reply, durable };
+        if seq > self.highest {
+            self.highest = seq;
+            self.replies.push_back(recorded);
+        } else {
+            // A late call: the ring moves the few replies recorded above it.
+            let i = self.replies.partition_point(|r| r.seq < seq);
+            self.replies.insert(i, recorded);
         }
     }
 
@@ -145,11 +155,7 @@ impl ReplyLog {
         if seq > self.highest {
             return None;
         }
-        if self.out_of_order == 0 {
-            self.replies.binary_search_by_key(&seq, |r| r.seq).ok()
-        } else {
-            self.replies.iter().rposition(|r| r.seq == seq)
-        }
+        self.replies.binary_search_by_key(&seq, |r| r.seq).ok()
     }
 
     /// The reply recorded for `seq`, and whether its call is in the op log.
@@ -158,12 +164,12 @@ impl ReplyLog {
         Some((r.reply.clone().map_err(|e| *e), r.durable))
     }
 
-    /// The replies of logged calls, oldest first (what a snapshot carries).
+    /// The replies of logged calls, oldest recorded first (what a snapshot carries).
     fn durable(&self) -> impl Iterator<Item = (u64, Reply)> + '_ {
-        self.replies
-            .iter()
-            .filter(|r| r.durable)
-            .map(|r| (r.seq, r.reply.clone().map_err(|e| *e)))
+        self.order.iter().filter_map(|&seq| match self.get(seq) {
+            Some((reply, true)) => Some((seq, reply)),
+            _ => None,
+        })
     }
 }
 
@@ -1680,14 +1686,88 @@ mod tests {
         assert!(log.get(10).is_none() && log.get(3).is_none());
         assert!(log.get(10 + REPLY_LOG_LEN as u64).is_some());
         assert!(log.get(11 + REPLY_LOG_LEN as u64).is_none());
-        // With the calls out of order forgotten, the ring is sorted again, and searched so.
-        assert_eq!(log.out_of_order, 0);
-        for seq in [11, 12, 500, 9 + REPLY_LOG_LEN as u64] {
-            assert!(log.get(seq).is_some(), "seq {seq}");
-        }
+        // A late call is kept as the newest: the oldest recorded (11) goes, not the lowest.
         log.record(5, Ok(Value::Nil), true);
-        assert_eq!(log.out_of_order, 1);
         assert!(log.get(5).is_some() && log.get(11).is_none() && log.get(12).is_some());
+        assert_eq!(log.replies.len(), REPLY_LOG_LEN);
+    }
+
+    #[test]
+    fn a_reply_log_answers_as_a_map_that_forgets_the_oldest_recorded_first() {
+        // The model: what the log must answer, however its calls arrive.
+        #[derive(Default)]
+        struct Model {
+            replies: BTreeMap<u64, (Reply, bool)>,
+            order: VecDeque<u64>,
+        }
+        impl Model {
+            fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
+                if self.replies.insert(seq, (reply, durable)).is_none() {
+                    self.order.push_back(seq);
+                    if self.order.len() > REPLY_LOG_LEN {
+                        let old = self.order.pop_front().unwrap();
+                        self.replies.remove(&old);
+                    }
+                }
+            }
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rand = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let (mut log, mut model, mut next) = (ReplyLog::default(), Model::default(), 0_u64);
+        for step in 0..3 * REPLY_LOG_LEN as u64 {
+            // New calls, late ones, retries of old or forgotten ones, the lowest seqs.
+            let seq = match rand(8) {
+                0..=3 => {
+                    next += 1 + rand(2);
+                    next
+                }
+                4 | 5 => next.saturating_sub(rand(2 * REPLY_LOG_LEN as u64)),
+                6 => rand(4),
+                _ => next + rand(3),
+            };
+            if rand(10) < 6 {
+                let reply = match rand(4) {
+                    0 => Err(Error::value(format!("{step}"))),
+                    _ => Ok(Value::from(step)),
+                };
+                let durable = rand(2) == 0;
+                log.record(seq, reply.clone(), durable);
+                model.record(seq, reply, durable);
+                assert!(log
+                    .replies
+                    .iter()
+                    .zip(log.replies.iter().skip(1))
+                    .all(|(a, b)| a.seq < b.seq));
+                assert_eq!(log.order, model.order, "step {step}");
+            } else {
+                assert_eq!(
+                    log.get(seq),
+                    model.replies.get(&seq).cloned(),
+                    "get({seq}), step {step}"
+                );
+            }
+        }
+        for seq in 0..=next + 2 {
+            assert_eq!(log.get(seq), model.replies.get(&seq).cloned(), "get({seq})");
+        }
+        let durable: Vec<(u64, Reply)> = model
+            .order
+            .iter()
+            .filter_map(|seq| match &model.replies[seq] {
+                (reply, true) => Some((*seq, reply.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(log.durable().collect::<Vec<_>>(), durable);
+        assert!(
+            log.replies.capacity() < 2 * REPLY_LOG_LEN,
+            "the ring outgrew its length"
+        );
     }
 
     #[test]
