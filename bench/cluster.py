@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import subprocess
@@ -61,6 +62,8 @@ class LocalCluster:
 
     def __init__(self, root: Path, rf: int, fsync: str, nodes: int = NODES) -> None:
         self.root, self.rf, self.fsync = root, rf, fsync
+        # The nodes split the machine's cores, as `spindle cluster local` does.
+        self.threads = max(1, len(os.sched_getaffinity(0)) // nodes)
         root.mkdir(parents=True, exist_ok=True)
         self.procs: dict[int, subprocess.Popen] = {}
         self.ports: dict[int, int] = {}
@@ -79,7 +82,7 @@ class LocalCluster:
         self.ports[node] = free_port()
         cmd = [find_binary(), "server", "--node-id", str(node), "--port", str(self.ports[node]),
                "--data-dir", str(self.root / f"n{node}"), "--partitions", str(SHARDS),
-               "--replication-factor", str(self.rf), "--fsync", self.fsync]
+               "--replication-factor", str(self.rf), "--fsync", self.fsync, "--threads", str(self.threads)]
         if node > 1:
             cmd += ["--join", self.address(1)]
         log_file = open(self.root / f"n{node}.log", "w")
@@ -543,7 +546,9 @@ def main() -> None:
         "",
         f"Machine: {machine()}. {redis_version()}. Spindle release build, {NODES} nodes on loopback, "
         f"{SHARDS} shards, replicas placed by rendezvous hashing; every process (nodes, Redis, load "
-        "generator) shares the machine's cores.",
+        "generator) shares the machine's cores, and the nodes split them between them (`--threads "
+        f"{max(1, len(os.sched_getaffinity(0)) // NODES)}` each, as `spindle cluster local` does; "
+        "more threads than cores would only switch among themselves).",
         "",
         f"**Throughput.** The Rust load generator, {CONNECTIONS[0]} connections (the seed's "
         f"{CONNECTIONS[0]} cloud threads), then {CONNECTIONS[1]} (a lighter load), with one increment in "

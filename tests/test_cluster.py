@@ -26,6 +26,8 @@ from conftest import EXACTLY_ONCE_LOAD as LOAD
 from conftest import REPO, ServerProcess, free_port, listening, pythonpath_for_tests, server_binary, wait_until
 
 SHARDS = 4
+# The nodes split the machine's cores, as `spindle cluster local` does.
+THREADS = max(1, len(os.sched_getaffinity(0)) // 3)
 # The token of nodes listening on a network namespace's address (not loopback).
 NETNS_TOKEN = "cluster-test-token"
 
@@ -64,7 +66,7 @@ class Node:
 
     def start(self) -> None:
         args = ["--node-id", str(self.node_id), "--data-dir", str(self.data_dir)]
-        args += ["--partitions", str(SHARDS), "--python", sys.executable]
+        args += ["--partitions", str(SHARDS), "--threads", str(THREADS), "--python", sys.executable]
         if "--session-ttl" not in self.extra:
             args += ["--session-ttl", "30"]
         if self.join:
@@ -996,6 +998,8 @@ def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
     assert out.returncode != 0 and "belongs to node 1" in out.stderr
     out = start_refused("--join", "127.0.0.1:1")
     assert out.returncode != 0 and "--node-id" in out.stderr
+    out = start_refused("--threads", "0")
+    assert out.returncode == 2 and "--threads" in out.stderr
 
 
 def linearizability_checker() -> str:

@@ -22,7 +22,8 @@ enum ClusterCommand {
     /// Run a cluster of NODES nodes on this machine (ports PORT, PORT+1, ..., a data
     /// directory each under DIR) in the foreground, for development and tests; Ctrl-C stops
     /// it. A node that dies is reported and the others keep serving. Started again with
-    /// the same DIR, the nodes recover their state.
+    /// the same DIR, the nodes recover their state. The nodes split the machine's cores
+    /// (`spindle server --threads`).
     Local {
         /// Number of nodes.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=9))]
@@ -333,7 +334,14 @@ fn start_node(dir: &Path, id: u64, port: u16, join: Option<&str>, extra: &[Strin
 
 fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mut extra = vec!["--replication-factor".to_string(), rf.to_string()];
+    // Nodes sharing the cores: more threads than cores would only switch among themselves.
+    let threads = (spindle_server::config::cores() / usize::from(nodes)).max(1);
+    let mut extra = vec![
+        "--replication-factor".to_string(),
+        rf.to_string(),
+        "--threads".to_string(),
+        threads.to_string(),
+    ];
     if let Some(p) = partitions {
         extra.extend(["--partitions".to_string(), p.to_string()]);
     }

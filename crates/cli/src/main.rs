@@ -78,6 +78,11 @@ struct ServerArgs {
     /// Number of object partitions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     partitions: Option<u16>,
+    /// Threads that serve connections and run calls [default: number of cores]. Nodes that
+    /// share a machine split its cores (as `spindle cluster local` does): more threads than
+    /// cores only switch among themselves.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
     /// Largest request frame accepted, in bytes.
     #[arg(long, default_value_t = spindle_proto::DEFAULT_MAX_FRAME)]
     max_frame: usize,
@@ -344,7 +349,11 @@ fn run_server(args: ServerArgs) -> ExitCode {
         eprintln!("spindle: {message}");
         return ExitCode::from(USAGE);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.threads {
+        builder.worker_threads(usize::from(threads));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("spindle: cannot start the runtime: {e}");

@@ -208,7 +208,8 @@ pub fn default_max_workers() -> usize {
     8 * cores()
 }
 
-fn cores() -> usize {
+/// The cores this process may run on.
+pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
