@@ -954,23 +954,11 @@ impl Driver {
     /// applied after it. With `error`, this replica stops serving: the calls waiting on it
     /// are answered with it.
     fn rebuild(&mut self, shared: &Arc<Shared>, error: Option<&Error>) -> Result<(), String> {
-        let now = Instant::now();
-        let data = self.store.snapshot_data().map_err(|e| e.to_string());
-        let entries = self.store.entries(1, self.applied);
-        let mut rebuilt = tokio::task::block_in_place(|| replayed(data?, &entries, self.index, now));
-        if let Err(why) = &rebuilt {
-            // A snapshot damaged since it was written: the older one and the log kept behind
-            // it hold the same state.
-            warn!(
-                shard = self.index,
-                "the latest snapshot does not restore ({why}); trying the one before"
-            );
-            let applied = self.applied;
-            let older = tokio::task::block_in_place(|| self.store.older_state(applied)).map_err(|e| e.to_string());
-            if let Ok(Some((data, entries))) = older {
-                rebuilt = tokio::task::block_in_place(|| replayed(Some(data), &entries, self.index, now));
-            }
-        }
+        let (now, index, applied) = (Instant::now(), self.index, self.applied);
+        let store = &mut self.store;
+        let rebuilt = tokio::task::block_in_place(|| {
+            store.restore(applied, |data, entries| replayed(data, &entries, index, now))
+        });
         self.replace_partition(shared, error, rebuilt)
     }
 
@@ -1433,28 +1421,13 @@ fn restored(data: Option<impl std::io::Read>, now: Instant) -> Result<Partition,
 /// snapshot (`None` without one) and the entries after it. A snapshot damaged since it was
 /// written falls back to the one before and the log kept behind it, as a shard's does.
 fn stored_meta(store: &mut Store, applied: u64) -> Result<(Option<Vec<Command>>, Vec<Entry>), String> {
-    if store.snapshot_metadata().index == 0 {
-        return Ok((None, store.entries(1, applied)));
-    }
-    let latest = store.snapshot_data().map_err(|e| e.to_string()).and_then(read_meta);
-    let why = match latest {
-        Ok(commands) => return Ok((Some(commands), store.entries(1, applied))),
-        Err(why) => why,
-    };
-    warn!("the metadata's latest snapshot does not restore ({why}); trying the one before");
-    match store.older_state(applied) {
-        Ok(Some((data, entries))) => Ok((Some(read_meta(Some(data))?), entries)),
-        Ok(None) => Err(why),
-        Err(e) => Err(format!("{why}; the one before cannot be read: {e}")),
-    }
+    store.restore(applied, |data, entries| Ok((data.map(read_meta).transpose()?, entries)))
 }
 
-/// The commands of a metadata snapshot's data (none without data).
-fn read_meta(data: Option<impl std::io::Read>) -> Result<Vec<Command>, String> {
+/// The commands of a metadata snapshot's data.
+fn read_meta(mut data: impl std::io::Read) -> Result<Vec<Command>, String> {
     let mut bytes = Vec::new();
-    if let Some(mut data) = data {
-        std::io::Read::read_to_end(&mut data, &mut bytes).map_err(|e| e.to_string())?;
-    }
+    data.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
     meta_commands(&bytes)
 }
 

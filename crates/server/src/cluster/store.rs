@@ -281,17 +281,43 @@ impl Store {
 
     /// The latest snapshot's data, read from its file as it is consumed (`None`: no
     /// snapshot yet).
-    pub(crate) fn snapshot_data(&self) -> io::Result<Option<impl Read>> {
+    pub(crate) fn snapshot_data(&self) -> io::Result<Option<DataReader>> {
         match &self.latest().path {
             Some(path) => Ok(Some(open_snapshot_file(path)?.1)),
             None => Ok(None),
         }
     }
 
-    /// For a rebuild whose latest snapshot does not restore (damaged since it was written):
-    /// the newest other snapshot that passes its checks, and the entries after it up to
-    /// `to`, read back from the log kept on disk behind it. `None` without one.
-    pub(crate) fn older_state(&mut self, to: u64) -> io::Result<Option<(DataReader, Vec<Entry>)>> {
+    /// What `restore` makes of the latest snapshot's data (`None`: no snapshot yet) and the
+    /// entries after it up to `to`. Should that fail (a snapshot damaged since it was
+    /// written), what it makes of the newest older snapshot and the log kept behind it, which
+    /// hold the same state.
+    pub(crate) fn restore<T>(
+        &mut self,
+        to: u64,
+        mut restore: impl FnMut(Option<DataReader>, Vec<Entry>) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let latest = self.snapshot_data().map_err(|e| e.to_string());
+        let why = match latest.and_then(|data| restore(data, self.entries(1, to))) {
+            Ok(state) => return Ok(state),
+            Err(why) => why,
+        };
+        tracing::warn!(
+            group = self.group,
+            "the latest snapshot does not restore ({why}); trying the one before"
+        );
+        match self.older_state(to) {
+            Ok(Some((data, entries))) => {
+                restore(Some(data), entries).map_err(|e| format!("{why}; the one before does not restore either: {e}"))
+            }
+            Ok(None) => Err(why),
+            Err(e) => Err(format!("{why}; the one before cannot be read: {e}")),
+        }
+    }
+
+    /// The newest snapshot other than the latest that passes its checks, and the entries
+    /// after it up to `to`, read back from the log kept on disk behind it. `None` without one.
+    fn older_state(&mut self, to: u64) -> io::Result<Option<(DataReader, Vec<Entry>)>> {
         self.flush()?;
         let latest = self.latest().path.clone();
         let mut older = storage::list_snapshots(&self.dir, self.group)?;
