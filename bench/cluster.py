@@ -546,7 +546,7 @@ def main() -> None:
         "",
         f"Machine: {machine()}. {redis_version()}. Spindle release build, {NODES} nodes on loopback, "
         f"{SHARDS} shards, replicas placed by rendezvous hashing; every process (nodes, Redis, load "
-        "generator) shares the machine's cores, and the nodes split them between them (`--threads "
+        "generator) shares the machine's cores, and the nodes share them out (`--threads "
         f"{max(1, len(os.sched_getaffinity(0)) // NODES)}` each, as `spindle cluster local` does; "
         "more threads than cores would only switch among themselves).",
         "",
@@ -571,7 +571,7 @@ def main() -> None:
         "![cluster throughput](img/cluster-throughput.png)",
         "",
         "**Reading the throughput.** A Spindle call is applied by its connection's task, which "
-        "hands its op-log records to the shard's Raft task (one thread hop). That task first lets "
+        "hands its op-log records to the shard's Raft task (a hop between tasks). That task first lets "
         "the connection tasks ready to run go (one yield), so that the calls behind it join it, turns "
         "the calls it finds waiting into one Raft entry, appends it to the log file (one `write` "
         "per entry, and an fsync when the log is fsynced), sends it to the followers over the peer "
