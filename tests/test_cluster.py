@@ -1002,6 +1002,24 @@ def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
     assert out.returncode == 2 and "--threads" in out.stderr
 
 
+def test_threads_sets_how_many_threads_serve(tmp_path):
+    # Nodes sharing a machine split its cores: `--threads` is how (see THREADS).
+    for threads in (1, 3):
+        server = ServerProcess("--threads", str(threads))
+        try:
+            tasks = Path(f"/proc/{server.process.pid}/task")
+            names = [(task / "comm").read_text().strip() for task in tasks.iterdir()]
+            assert names.count("tokio-rt-worker") == threads, names
+            client = Client(server.address)
+            try:
+                client.create("Counter", "threads", [], False)
+                assert client.call("Counter", "threads", "add", [threads]) == threads
+            finally:
+                client.close()
+        finally:
+            server.stop()
+
+
 def linearizability_checker() -> str:
     """The Porcupine-based checker of tests/linearizability, built with Go."""
     go = shutil.which("go")

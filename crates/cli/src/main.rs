@@ -81,7 +81,7 @@ struct ServerArgs {
     /// Threads that serve connections and run calls [default: number of cores]. Nodes that
     /// share a machine split its cores (as `spindle cluster local` does): more threads than
     /// cores only switch among themselves.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: Option<u16>,
     /// Largest request frame accepted, in bytes.
     #[arg(long, default_value_t = spindle_proto::DEFAULT_MAX_FRAME)]
@@ -349,6 +349,8 @@ fn run_server(args: ServerArgs) -> ExitCode {
         eprintln!("spindle: {message}");
         return ExitCode::from(USAGE);
     }
+    // Multi-thread even with one thread: a blocking step (an fsync) hands the worker over
+    // with `block_in_place`, which a current-thread runtime cannot do.
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = args.threads {
         builder.worker_threads(usize::from(threads));

@@ -957,7 +957,7 @@ impl Driver {
         let (now, index, applied) = (Instant::now(), self.index, self.applied);
         let store = &mut self.store;
         let rebuilt = tokio::task::block_in_place(|| {
-            store.restore(applied, |data, entries| replayed(data, &entries, index, now))
+            store.restore_state(applied, |data, entries| replayed(data, &entries, index, now))
         });
         self.replace_partition(shared, error, rebuilt)
     }
@@ -1034,13 +1034,9 @@ impl Driver {
 
     /// The state a leader's snapshot `data` restores, for this group.
     fn restore(&self, data: &SnapshotData) -> Result<Restored, String> {
-        let mut reader = data.reader().map_err(|e| e.to_string())?;
+        let reader = data.reader().map_err(|e| e.to_string())?;
         Ok(match self.meta {
-            true => {
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(&mut reader, &mut bytes).map_err(|e| e.to_string())?;
-                Restored::Meta(meta_commands(&bytes)?)
-            }
+            true => Restored::Meta(read_meta(reader)?),
             false => Restored::Partition(Box::new(restored(Some(reader), Instant::now())?)),
         })
     }
@@ -1421,7 +1417,7 @@ fn restored(data: Option<impl std::io::Read>, now: Instant) -> Result<Partition,
 /// snapshot (`None` without one) and the entries after it. A snapshot damaged since it was
 /// written falls back to the one before and the log kept behind it, as a shard's does.
 fn stored_meta(store: &mut Store, applied: u64) -> Result<(Option<Vec<Command>>, Vec<Entry>), String> {
-    store.restore(applied, |data, entries| Ok((data.map(read_meta).transpose()?, entries)))
+    store.restore_state(applied, |data, entries| Ok((data.map(read_meta).transpose()?, entries)))
 }
 
 /// The commands of a metadata snapshot's data.
@@ -1604,6 +1600,17 @@ mod tests {
         let (commands, entries) = stored_meta(&mut store, 8).unwrap();
         assert_eq!(nodes(&commands.unwrap()), [1, 2, 3, 4]);
         assert_eq!(entries.iter().map(|e| e.index).collect::<Vec<_>>(), [5, 6, 7, 8]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn when_no_metadata_snapshot_restores_both_reasons_are_told() {
+        let (dir, mut store) = eight_entries("neither");
+        snapshot(&mut store, 4, b"\xc1 first".to_vec());
+        snapshot(&mut store, 6, b"\xc1 second".to_vec());
+
+        let why = stored_meta(&mut store, 8).unwrap_err();
+        assert!(why.contains("; the one before: "), "{why}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

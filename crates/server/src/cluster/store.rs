@@ -288,28 +288,26 @@ impl Store {
         }
     }
 
-    /// What `restore` makes of the latest snapshot's data (`None`: no snapshot yet) and the
-    /// entries after it up to `to`. Should that fail (a snapshot damaged since it was
-    /// written), what it makes of the newest older snapshot and the log kept behind it, which
-    /// hold the same state.
-    pub(crate) fn restore<T>(
+    /// The state `load` makes of the latest snapshot's data (`None`: no snapshot yet) and
+    /// the entries after it up to `to`. Should that fail (a snapshot damaged since it was
+    /// written), the state it makes of the newest older snapshot and the log kept behind
+    /// it, which hold the same state.
+    pub(crate) fn restore_state<T>(
         &mut self,
         to: u64,
-        mut restore: impl FnMut(Option<DataReader>, Vec<Entry>) -> Result<T, String>,
+        mut load: impl FnMut(Option<DataReader>, Vec<Entry>) -> Result<T, String>,
     ) -> Result<T, String> {
         let latest = self.snapshot_data().map_err(|e| e.to_string());
-        let why = match latest.and_then(|data| restore(data, self.entries(1, to))) {
+        let why = match latest.and_then(|data| load(data, self.entries(1, to))) {
             Ok(state) => return Ok(state),
             Err(why) => why,
         };
-        tracing::warn!(
-            group = self.group,
+        warn!(
+            shard = self.group,
             "the latest snapshot does not restore ({why}); trying the one before"
         );
         match self.older_state(to) {
-            Ok(Some((data, entries))) => {
-                restore(Some(data), entries).map_err(|e| format!("{why}; the one before does not restore either: {e}"))
-            }
+            Ok(Some((data, entries))) => load(Some(data), entries).map_err(|e| format!("{why}; the one before: {e}")),
             Ok(None) => Err(why),
             Err(e) => Err(format!("{why}; the one before cannot be read: {e}")),
         }
