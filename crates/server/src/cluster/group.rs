@@ -408,7 +408,7 @@ impl Driver {
                 }
             }
             self.flush_proposals(&shared);
-            let ready = self.on_ready(&shared);
+            let ready = self.on_ready(&shared).await;
             // Snapshots received and not installed (raft-rs had a newer state) are not kept.
             for (path, _) in self.received.drain(..) {
                 let _ = std::fs::remove_file(path);
@@ -704,7 +704,7 @@ impl Driver {
         self.raw.transfer_leader(to);
     }
 
-    fn on_ready(&mut self, shared: &Arc<Shared>) -> std::io::Result<()> {
+    async fn on_ready(&mut self, shared: &Arc<Shared>) -> std::io::Result<()> {
         if !self.raw.has_ready() {
             return Ok(());
         }
@@ -727,8 +727,12 @@ impl Driver {
             Fsync::Never => false,
         };
         if sync {
-            // An fsync may take milliseconds: let this worker's other tasks move elsewhere.
-            tokio::task::block_in_place(|| self.store.sync())?;
+            // An fsync takes milliseconds: this task waits for it on another thread while
+            // the worker runs the others (calls arriving meanwhile join the next entry).
+            let file = self.store.flush_for_sync()?;
+            tokio::task::spawn_blocking(move || file.sync_data())
+                .await
+                .map_err(std::io::Error::other)??;
             self.last_sync = Instant::now();
         } else {
             self.store.flush()?;

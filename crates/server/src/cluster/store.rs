@@ -397,6 +397,13 @@ impl Store {
         Ok(())
     }
 
+    /// Write the buffered records, and return a handle to the log file that makes them
+    /// durable with `sync_data` (off the caller's thread: an fsync takes milliseconds).
+    pub(crate) fn flush_for_sync(&mut self) -> io::Result<File> {
+        self.flush()?;
+        self.file.sync_handle()
+    }
+
     /// Write the buffered records and make everything written durable.
     pub(crate) fn sync(&mut self) -> io::Result<()> {
         self.flush()?;
