@@ -349,8 +349,9 @@ fn run_server(args: ServerArgs) -> ExitCode {
         eprintln!("spindle: {message}");
         return ExitCode::from(USAGE);
     }
-    // Multi-thread even with one thread: a blocking step (an fsync) hands the worker over
-    // with `block_in_place`, which a current-thread runtime cannot do.
+    // Multi-thread even with one thread: blocking steps (restoring or installing a
+    // snapshot, writing one received) hand the worker over with `block_in_place`, which a
+    // current-thread runtime cannot do.
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = args.threads {
         builder.worker_threads(usize::from(threads));

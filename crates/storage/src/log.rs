@@ -551,12 +551,30 @@ impl<F: LogFile> LogWriter<F> {
         if self.synced == self.len {
             return Ok(());
         }
-        if let Err(e) = self.file.sync_data() {
-            self.failed = Some(format!("fsync failed: {e}"));
-            return Err(ctx(e, "fsyncing", &self.path));
+        let result = self.file.sync_data();
+        self.sync_done(self.len, result)
+    }
+
+    /// For an fsync made on another thread through a [`sync_handle`](LogWriter::sync_handle)
+    /// (where `sync` would block this one): the end of the data it makes durable.
+    pub fn sync_target(&self) -> io::Result<u64> {
+        self.check_usable()?;
+        Ok(self.len)
+    }
+
+    /// Record how the fsync of the data up to `target` went, as `sync` does: durable, or
+    /// the writer failed.
+    pub fn sync_done(&mut self, target: u64, result: io::Result<()>) -> io::Result<()> {
+        match result {
+            Ok(()) => {
+                self.synced = self.synced.max(target);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed = Some(format!("fsync failed: {e}"));
+                Err(ctx(e, "fsyncing", &self.path))
+            }
         }
-        self.synced = self.len;
-        Ok(())
     }
 
     /// Cuts the preallocated space after the records (a segment the log moves past), and
@@ -897,6 +915,28 @@ mod tests {
                 len: w.position().offset
             }
         );
+    }
+
+    #[test]
+    fn an_fsync_on_another_thread_is_recorded_as_sync_records_one() {
+        let dir = TempDir::new();
+        let mut w = LogWriter::create(dir.path(), 0, FIRST_SEGMENT_SEQ).unwrap();
+        let handle = w.sync_handle().unwrap();
+        w.append_batch(records(3)).unwrap();
+        let target = w.sync_target().unwrap();
+        // Written after the fsync began: not covered by it.
+        w.append_batch(records(2)).unwrap();
+        let done = std::thread::spawn(move || handle.sync_data()).join().unwrap();
+        w.sync_done(target, done).unwrap();
+        assert_eq!(w.synced_position().offset, target);
+        assert!(w.synced_position() < w.position());
+
+        let failed = io::Error::other("the disk is gone");
+        let err = w.sync_done(w.sync_target().unwrap(), Err(failed)).unwrap_err();
+        assert!(err.to_string().contains("fsyncing"), "{err}");
+        // As after a failed `sync`: the writer refuses everything after.
+        let refused = w.append_batch(records(1)).unwrap_err();
+        assert!(refused.to_string().contains("fsync failed"), "{refused}");
     }
 
     #[test]

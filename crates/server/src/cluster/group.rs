@@ -727,12 +727,13 @@ impl Driver {
             Fsync::Never => false,
         };
         if sync {
-            // An fsync takes milliseconds: this task waits for it on another thread while
-            // the worker runs the others (calls arriving meanwhile join the next entry).
-            let file = self.store.flush_for_sync()?;
-            tokio::task::spawn_blocking(move || file.sync_data())
+            // An fsync may take milliseconds: this task waits for it on another thread
+            // while the worker runs the others (calls arriving meanwhile join the next entry).
+            let (file, target) = self.store.flush_for_sync()?;
+            let result = tokio::task::spawn_blocking(move || file.sync_data())
                 .await
-                .map_err(std::io::Error::other)??;
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            self.store.synced(target, result)?;
             self.last_sync = Instant::now();
         } else {
             self.store.flush()?;

@@ -173,6 +173,8 @@ pub(crate) struct Store {
     dir: PathBuf,
     group: u32,
     file: LogWriter,
+    /// The log file's handle for fsyncs on another thread (see `flush_for_sync`).
+    sync_file: Arc<File>,
     pending: Vec<Vec<u8>>,
     /// Bytes of entries written since the last snapshot (when to take the next).
     since_snapshot: u64,
@@ -230,6 +232,7 @@ impl Store {
             wanted: Arc::new(AtomicBool::new(false)),
             dir: dir.to_path_buf(),
             group,
+            sync_file: Arc::new(file.sync_handle()?),
             file,
             pending: Vec::new(),
             since_snapshot,
@@ -397,11 +400,17 @@ impl Store {
         Ok(())
     }
 
-    /// Write the buffered records, and return a handle to the log file that makes them
-    /// durable with `sync_data` (off the caller's thread: an fsync takes milliseconds).
-    pub(crate) fn flush_for_sync(&mut self) -> io::Result<File> {
+    /// Write the buffered records. Returns the log file, to make them durable with
+    /// `sync_data` off this thread (an fsync may take milliseconds), and the end of the
+    /// data that makes durable, for `synced`.
+    pub(crate) fn flush_for_sync(&mut self) -> io::Result<(Arc<File>, u64)> {
         self.flush()?;
-        self.file.sync_handle()
+        Ok((self.sync_file.clone(), self.file.sync_target()?))
+    }
+
+    /// How the fsync of `flush_for_sync` went (a failed one fails every later write).
+    pub(crate) fn synced(&mut self, target: u64, result: io::Result<()>) -> io::Result<()> {
+        self.file.sync_done(target, result)
     }
 
     /// Write the buffered records and make everything written durable.
@@ -476,6 +485,7 @@ impl Store {
             path: Some(written.path.clone()),
             refused: false,
         };
+        self.sync_file = Arc::new(file.sync_handle()?);
         self.file = file;
         self.since_snapshot = 0;
         // Behind the older of the two kept only: if the newest is ever damaged, the older one
