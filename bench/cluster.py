@@ -57,13 +57,17 @@ GOAL_RECOVERY_SECONDS = 2.0  # full throughput within 2 s of the join
 BUCKET = 0.1  # seconds per timeline point
 
 
+def threads_per_node(nodes: int) -> int:
+    """The nodes split the machine's cores, as `spindle cluster local` does."""
+    return max(1, len(os.sched_getaffinity(0)) // nodes)
+
+
 class LocalCluster:
     """Nodes of one cluster on loopback, each a ``spindle server --node-id`` process."""
 
     def __init__(self, root: Path, rf: int, fsync: str, nodes: int = NODES) -> None:
         self.root, self.rf, self.fsync = root, rf, fsync
-        # The nodes split the machine's cores, as `spindle cluster local` does.
-        self.threads = max(1, len(os.sched_getaffinity(0)) // nodes)
+        self.threads = threads_per_node(nodes)
         root.mkdir(parents=True, exist_ok=True)
         self.procs: dict[int, subprocess.Popen] = {}
         self.ports: dict[int, int] = {}
@@ -547,7 +551,7 @@ def main() -> None:
         f"Machine: {machine()}. {redis_version()}. Spindle release build, {NODES} nodes on loopback, "
         f"{SHARDS} shards, replicas placed by rendezvous hashing; every process (nodes, Redis, load "
         "generator) shares the machine's cores, and the nodes share them out (`--threads "
-        f"{max(1, len(os.sched_getaffinity(0)) // NODES)}` each, as `spindle cluster local` does; "
+        f"{threads_per_node(NODES)}` each, as `spindle cluster local` does; "
         "more threads than cores would only switch among themselves).",
         "",
         f"**Throughput.** The Rust load generator, {CONNECTIONS[0]} connections (the seed's "
