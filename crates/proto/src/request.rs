@@ -223,6 +223,60 @@ pub struct RequestError {
 
 /// Decode a frame body and parse it as a request.
 pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
+    match decode_call(body) {
+        Some(call) => Ok(call),
+        None => decode_any(body),
+    }
+}
+
+/// The request nearly every frame holds, `[id, "call", seq, thread, type, key, method,
+/// args]`, read straight from the bytes: no `Value` for its envelope, its op or its
+/// strings. `None` for anything else, malformed calls included: the general path reads
+/// those, and words their errors.
+fn decode_call(body: &[u8]) -> Option<Request> {
+    let mut rd = body;
+    if rmp::decode::read_array_len(&mut rd).ok()? != 8 {
+        return None;
+    }
+    let id = rmp::decode::read_int(&mut rd).ok()?;
+    if read_str(&mut rd)? != "call" {
+        return None;
+    }
+    let seq = rmp::decode::read_int(&mut rd).ok()?;
+    let thread = rmp::decode::read_int(&mut rd).ok()?;
+    let type_name = read_str(&mut rd)?.to_owned();
+    let key = read_str(&mut rd)?.to_owned();
+    let method = read_str(&mut rd)?.to_owned();
+    let n = rmp::decode::read_array_len(&mut rd).ok()? as usize;
+    // (An item takes a byte at least: a count past the bytes left is not allocated for.)
+    let mut args = Vec::with_capacity(n.min(rd.len()));
+    for _ in 0..n {
+        args.push(rmpv::decode::read_value(&mut rd).ok()?);
+    }
+    rd.is_empty().then_some(Request::Call {
+        id,
+        seq,
+        thread,
+        type_name,
+        key,
+        method,
+        args,
+    })
+}
+
+/// A MessagePack str, borrowed from the bytes (`None` if it is not one, or not UTF-8).
+fn read_str<'a>(rd: &mut &'a [u8]) -> Option<&'a str> {
+    let len = rmp::decode::read_str_len(rd).ok()? as usize;
+    if rd.len() < len {
+        return None;
+    }
+    let (s, rest) = rd.split_at(len);
+    *rd = rest;
+    std::str::from_utf8(s).ok()
+}
+
+/// Any request: its MessagePack value decoded, then parsed.
+fn decode_any(body: &[u8]) -> Result<Request, RequestError> {
     let mut rest = body;
     let value = read_request_value(&mut rest).map_err(|e| RequestError {
         id: 0,
@@ -1165,5 +1219,75 @@ mod tests {
                 e.message
             );
         }
+    }
+
+    #[test]
+    fn the_fast_path_of_calls_reads_what_the_general_path_reads() {
+        let call = |seq: Value, key: Value, args: Value| {
+            let mut body = Vec::new();
+            let items = vec![
+                Value::from(9),
+                s("call"),
+                seq,
+                Value::from(3),
+                s("Counter"),
+                key,
+                s("add"),
+                args,
+            ];
+            rmpv::encode::write_value(&mut body, &v(items)).unwrap();
+            body
+        };
+        let nested = v(vec![Value::Map(vec![(s("a"), v(vec![Value::F64(0.5), Value::Nil]))])]);
+        let bodies = [
+            call(1.into(), s("hits"), v(vec![1.into()])),
+            call(u64::MAX.into(), s(&"k".repeat(300)), v(vec![])),
+            call(7.into(), s("ключ"), nested),
+            call(Value::from(-1), s("k"), v(vec![])),
+            call(1.into(), Value::Binary(b"k".to_vec()), v(vec![])),
+            call(1.into(), s("k"), Value::Nil),
+        ];
+        // The calls a client sends take the fast path, and it reads them as the general one.
+        for body in &bodies[..3] {
+            assert!(decode_call(body).is_some());
+            assert_eq!(decode_request(body), decode_any(body));
+        }
+        // Whatever the bytes (cut, or one byte changed), both paths agree: the fast one
+        // leaves anything it does not take to the general one.
+        const MARKERS: [u8; 16] = [
+            0x00, 0x01, 0x7f, 0x80, 0x91, 0x98, 0xa0, 0xa4, 0xc0, 0xc1, 0xc4, 0xcc, 0xd0, 0xd3, 0xd9, 0xff,
+        ];
+        for body in &bodies {
+            assert_eq!(decode_request(body), decode_any(body));
+            for cut in 0..body.len() {
+                assert_eq!(decode_request(&body[..cut]), decode_any(&body[..cut]), "cut at {cut}");
+            }
+            for at in 0..body.len() {
+                for marker in MARKERS {
+                    let mut changed = body.clone();
+                    changed[at] = marker;
+                    assert_eq!(
+                        decode_request(&changed),
+                        decode_any(&changed),
+                        "byte {at} = {marker:#x}"
+                    );
+                }
+            }
+            let mut longer = body.clone();
+            longer.push(0xc0);
+            assert_eq!(decode_request(&longer), decode_any(&longer));
+            assert!(decode_request(&longer).is_err());
+        }
+        // The same call with its integers in wider encodings than needed.
+        let mut wide = vec![0x98, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9, 0xa4];
+        wide.extend(b"call");
+        wide.extend([0xcf, 0, 0, 0, 0, 0, 0, 0, 1, 0xcd, 0, 3, 0xd9, 7]);
+        wide.extend(b"Counter");
+        wide.extend([0xda, 0, 4]);
+        wide.extend(b"hits");
+        wide.extend([0xa3]);
+        wide.extend(b"add");
+        wide.extend([0xdc, 0, 1, 0x01]);
+        assert_eq!(decode_call(&wide), Some(decode_any(&bodies[0]).unwrap()));
     }
 }
