@@ -875,6 +875,35 @@ def test_a_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster
         client.close()
 
 
+def test_a_single_replica_killed_after_acknowledging_keeps_every_write_once(tmp_path):
+    # With one replica, the node's log is the only copy: a kill -9 right after the last
+    # acknowledgement loses none of the writes, and the restart applies each once (whatever
+    # commit index it found recorded, the entries after it commit again).
+    cluster = Cluster(tmp_path, size=1, rf=1)
+    keys = [f"acked{i}" for i in range(8)]
+    try:
+        client = Client(cluster.addresses)
+        try:
+            for k in keys:
+                client.create("Counter", k, [], False, persistent=True)
+            for _ in range(25):
+                for k in keys:
+                    client.call("Counter", k, "add", [1])
+        finally:
+            client.close()
+        node = cluster.nodes[0]
+        node.kill()
+        node.start()
+        assert wait_until(lambda: len(cluster.leaders()) == SHARDS, 30), cluster.describe()
+        client = Client(cluster.addresses)
+        try:
+            assert [client.call("Counter", k, "get", []) for k in keys] == [25] * len(keys)
+        finally:
+            client.close()
+    finally:
+        cluster.stop()
+
+
 def unnamed_keys_on(client: Client, shards: set) -> Iterator[str]:
     """Fresh unnamed keys of ``client``'s current session that hash to one of ``shards``."""
     while True:

@@ -741,10 +741,11 @@ impl Driver {
         self.send(shared, rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
         self.send(shared, light.take_messages());
-        // (The commit index is stored by `apply`, before the entries it covers take effect.)
+        // The commit index `apply` records here goes to the log with the next write (one
+        // write per round): Raft needs no commit index stored, and a restart that reads an
+        // older one replays less at its start, then applies the rest as they commit again.
         let committed = light.take_committed_entries();
         self.apply(shared, committed)?;
-        self.store.flush()?;
         self.raw.advance_apply();
         Ok(())
     }
@@ -785,7 +786,8 @@ impl Driver {
         let Some(last) = entries.last().map(|e| e.index) else {
             return Ok(());
         };
-        // Stored before any effect, so a restart replays exactly the entries applied.
+        // Recorded before any effect (written with the log's next write): a restart replays
+        // no entry that was not applied.
         if self.store.mem.rl().hard_state().commit < last {
             self.store.set_commit(last)?;
         }
