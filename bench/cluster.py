@@ -362,6 +362,43 @@ def plot_availability(a: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def round_runs(binary: str, work: Path, rf: int, conns: int,
+               seconds: float) -> list[tuple[str, Callable[[], dict]]]:
+    """One round's runs at ``rf`` and ``conns``, each a loadgen result's system name and the
+    run. The goal's pair, Spindle in memory and Redis ``WAIT``, is side by side."""
+
+    def spindle(fsync: str, nodes: int = NODES) -> Callable[[], dict]:
+        def run() -> dict:
+            cluster = LocalCluster(work / f"{fsync}-{nodes}", rf, fsync, nodes=nodes)
+            try:
+                return loadgen(binary, "spindle", cluster.address(1), seconds, conns)
+            finally:
+                cluster.stop()
+        return run
+
+    def redis(wait: int) -> dict:
+        replicated = RedisReplicated()
+        try:
+            return loadgen(binary, "redis", f"127.0.0.1:{replicated.ports[0]}", seconds, conns, wait=wait)
+        finally:
+            replicated.stop()
+
+    def sharded() -> dict:
+        masters = RedisMasters(NODES)
+        try:
+            return loadgen(binary, "redis", masters.addresses, seconds, conns)
+        finally:
+            masters.stop()
+
+    runs = [("spindle-always", spindle("always")), ("spindle-never", spindle("never")),
+            ("redis", lambda: redis(rf - 1))]
+    if rf == 1 and conns == CONNECTIONS[0]:
+        # Where rf = 1 loses against Redis: the same shards, all on one node; and the seed's
+        # rf = 1, Redis sharded over as many masters as nodes, without replicas.
+        runs += [("spindle-one-node", spindle("never", nodes=1)), ("redis-sharded", sharded)]
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
@@ -376,38 +413,12 @@ def main() -> None:
         for r in range(rounds):
             for conns in CONNECTIONS:
                 for rf in RFS:
-                    for fsync in ("always", "never"):
-                        log(f"round {r + 1}/{rounds}: {conns} connections, spindle rf={rf} --fsync {fsync}...")
-                        cluster = LocalCluster(work / f"r{r}-c{conns}-rf{rf}-{fsync}", rf, fsync)
-                        try:
-                            results.setdefault((f"spindle-{fsync}", rf, conns), []).append(
-                                loadgen(binary, "spindle", cluster.address(1), seconds, conns))
-                        finally:
-                            cluster.stop()
-                    if rf == 1 and conns == CONNECTIONS[0]:
-                        # Where rf = 1 loses against Redis: the same shards, all on one node.
-                        log(f"round {r + 1}/{rounds}: {conns} connections, spindle rf=1 on one node...")
-                        cluster = LocalCluster(work / f"r{r}-one-node", 1, "never", nodes=1)
-                        try:
-                            results.setdefault(("spindle-one-node", 1, conns), []).append(
-                                loadgen(binary, "spindle", cluster.address(1), seconds, conns))
-                        finally:
-                            cluster.stop()
-                        # The seed's rf = 1: Redis sharded over as many masters as nodes, no replicas.
-                        log(f"round {r + 1}/{rounds}: {conns} connections, redis sharded over {NODES} masters...")
-                        masters = RedisMasters(NODES)
-                        try:
-                            results.setdefault(("redis-sharded", 1, conns), []).append(
-                                loadgen(binary, "redis", masters.addresses, seconds, conns))
-                        finally:
-                            masters.stop()
-                    log(f"round {r + 1}/{rounds}: {conns} connections, redis, WAIT {rf - 1}...")
-                    redis = RedisReplicated()
-                    try:
-                        results.setdefault(("redis", rf, conns), []).append(
-                            loadgen(binary, "redis", f"127.0.0.1:{redis.ports[0]}", seconds, conns, wait=rf - 1))
-                    finally:
-                        redis.stop()
+                    runs = round_runs(binary, work / f"r{r}-c{conns}-rf{rf}", rf, conns, seconds)
+                    # Every other round runs them the other way round: a pair's two runs stay
+                    # side by side, and neither always goes first (the machine drifts).
+                    for system, run in runs if r % 2 == 0 else runs[::-1]:
+                        log(f"round {r + 1}/{rounds}: {conns} connections, rf={rf}, {system}...")
+                        results.setdefault((system, rf, conns), []).append(run())
         runs = []
         for i in range(avail_runs):
             log(f"availability {i + 1}/{avail_runs}: {duration:g} s of reads, a crash at {kill_at:g} s, "
@@ -557,10 +568,10 @@ def main() -> None:
         f"**Throughput.** The Rust load generator, {CONNECTIONS[0]} connections (the seed's "
         f"{CONNECTIONS[0]} cloud threads), then {CONNECTIONS[1]} (a lighter load), with one increment in "
         f"flight each, on {KEYS} persistent counters chosen uniformly at random, {seconds:g} s per run "
-        f"after 1 s of warm-up, {rounds} round(s); median ops/s (min-max) and p50 latency. Spindle and "
-        "Redis run in the same round, and a ratio is the median of the rounds' own ratios (the "
-        "machine's speed drifts between rounds, and moves both), so it need not equal the quotient "
-        "of the medians shown. Spindle's "
+        f"after 1 s of warm-up, {rounds} round(s); median ops/s (min-max) and p50 latency. Spindle in "
+        "memory and Redis run side by side in each round, each first in every other round, and a "
+        "ratio is the median of the rounds' own ratios (the machine's speed drifts between rounds, "
+        "and moves both), so it need not equal the quotient of the medians shown. Spindle's "
         "client sends each call to its shard's leader; a reply waits until its Raft entry is committed "
         "on a majority of the shard's rf replicas (and, with the log fsynced, written to disk on each "
         "of them). Redis: one master and two replicas, no persistence, `INCRBY` then `WAIT rf-1 1000` "
