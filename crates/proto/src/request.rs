@@ -251,7 +251,8 @@ fn decode_call(body: &[u8]) -> Option<Request> {
     // (An item takes a byte at least: a count past the bytes left is not allocated for.)
     let mut args = Vec::with_capacity(n.min(rd.len()));
     for _ in 0..n {
-        args.push(rmpv::decode::read_value(&mut rd).ok()?);
+        // As deep as the general path lets an item of the request's args array go.
+        args.push(rmpv::decode::read_value_with_max_depth(&mut rd, rmpv::decode::MAX_DEPTH - 2).ok()?);
     }
     rd.is_empty().then_some(Request::Call {
         id,
@@ -1277,6 +1278,16 @@ mod tests {
             longer.push(0xc0);
             assert_eq!(decode_request(&longer), decode_any(&longer));
             assert!(decode_request(&longer).is_err());
+        }
+        // Arguments nested as deep as the general path takes them, and one level deeper.
+        let nest = |levels: usize| (0..levels).fold(v(vec![]), |inner, _| v(vec![inner]));
+        let deep: Vec<_> = (508..=512)
+            .map(|levels| decode_request(&call(1.into(), s("k"), v(vec![nest(levels)]))))
+            .collect();
+        assert!(deep.first().is_some_and(Result::is_ok) && deep.last().is_some_and(Result::is_err));
+        for (levels, got) in (508..=512).zip(deep) {
+            let body = call(1.into(), s("k"), v(vec![nest(levels)]));
+            assert_eq!(got, decode_any(&body), "{levels} levels");
         }
         // The same call with its integers in wider encodings than needed.
         let mut wide = vec![0x98, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9, 0xa4];

@@ -741,9 +741,10 @@ impl Driver {
         self.send(shared, rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
         self.send(shared, light.take_messages());
-        // The commit index `apply` records here goes to the log with the next write (one
-        // write per round): Raft needs no commit index stored, and a restart that reads an
-        // older one replays less at its start, then applies the rest as they commit again.
+        // The commit index `apply` records here waits for the group's next write (one write
+        // per round; an idle group, or one stopped, never writes it): Raft needs no commit
+        // index stored, and a restart that reads an older one replays less at its start,
+        // then applies the rest as they commit again.
         let committed = light.take_committed_entries();
         self.apply(shared, committed)?;
         self.raw.advance_apply();
@@ -786,8 +787,7 @@ impl Driver {
         let Some(last) = entries.last().map(|e| e.index) else {
             return Ok(());
         };
-        // Recorded before any effect (written with the log's next write): a restart replays
-        // no entry that was not applied.
+        // The commit index the entries are replayed to at a restart (see `on_ready`).
         if self.store.mem.rl().hard_state().commit < last {
             self.store.set_commit(last)?;
         }
