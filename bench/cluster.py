@@ -29,6 +29,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import shutil
 import statistics
 import subprocess
@@ -271,7 +272,11 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
         log(f"node {NODES + 1} joining at {events['join']:.1f} s")
         times: list[float] = []
         for _ in readers:
-            times.extend(out.get())
+            try:
+                times.extend(out.get(timeout=until - time.monotonic() + 60))
+            except queue.Empty:
+                codes = [p.exitcode for p in readers]
+                raise RuntimeError(f"a reader process ended without its reads (exit codes {codes})") from None
         for p in readers:
             p.join()
     finally:
@@ -294,13 +299,15 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
     windows = [sum(rate[i:i + second]) / second for i in range(k, max(k + 1, j - second + 1))]
     worst_second = min(windows) / before
     after_crash = statistics.median(rate[k + int(3 / BUCKET):j]) if j - k > int(3 / BUCKET) else float("nan")
-    # Recovery after the join: the first point from which throughput holds 90% of before for
-    # a second. Replicas and leadership keep moving for a while after it: every later dip
-    # below 70% is counted too.
+    # Recovery after the join: the first point from which the next second reads 90% of
+    # before. Over a second, as the dip: 100 ms points scatter (before the crash, up to a
+    # fifth of them fall below 90% of their own median, and ten in a row above it can take
+    # seconds to come). Replicas and leadership keep moving for a while after it: every later
+    # dip below 70% is counted too.
     hold = int(1.0 / BUCKET)
     recovered_s = float("inf")  # not within the run (a median over runs then sorts it last)
-    for i in range(j, buckets - hold):
-        if all(r >= 0.9 * before for r in rate[i:i + hold]):
+    for i in range(j, buckets - hold + 1):
+        if sum(rate[i:i + hold]) / hold >= 0.9 * before:
             recovered_s = (i - j) * BUCKET
             break
     late = [i for i in range(j, buckets) if rate[i] < (1 - GOAL_DIP) * before]
@@ -419,11 +426,11 @@ def main() -> None:
                     for system, run in runs if r % 2 == 0 else runs[::-1]:
                         log(f"round {r + 1}/{rounds}: {conns} connections, rf={rf}, {system}...")
                         results.setdefault((system, rf, conns), []).append(run())
-        runs = []
+        timelines = []
         for i in range(avail_runs):
             log(f"availability {i + 1}/{avail_runs}: {duration:g} s of reads, a crash at {kill_at:g} s, "
                 f"a join at {join_at:g} s...")
-            runs.append(availability(work / f"availability{i}", duration, kill_at, join_at))
+            timelines.append(availability(work / f"availability{i}", duration, kill_at, join_at))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -485,10 +492,10 @@ def main() -> None:
     print_table(headers, rows)
     # The timeline shown is the median run (by its lowest second); the goals are judged on
     # the medians over the runs, each run's figures beside them.
-    avail = sorted(runs, key=lambda r: r["worst_second"])[len(runs) // 2]
+    avail = sorted(timelines, key=lambda r: r["worst_second"])[len(timelines) // 2]
 
     def over_runs(name: str) -> float:
-        return statistics.median(r[name] for r in runs)
+        return statistics.median(r[name] for r in timelines)
 
     def shown(value: float, fmt: str) -> str:
         return "not within the run" if value == float("inf") else fmt.format(value)
@@ -498,7 +505,7 @@ def main() -> None:
         return f"< {BUCKET:g} s" if value == 0 else shown(value, "{:.1f} s")
 
     def each(name: str, show: Callable[[float], str]) -> str:
-        return "" if len(runs) == 1 else " (runs: " + ", ".join(show(r[name]) for r in runs) + ")"
+        return "" if len(timelines) == 1 else " (runs: " + ", ".join(show(r[name]) for r in timelines) + ")"
 
     worst_second, dip_s, recovered_s = over_runs("worst_second"), over_runs("dip_s"), over_runs("recovered_s")
     dip_ok = worst_second >= 1 - GOAL_DIP and dip_s < GOAL_DIP_SECONDS
@@ -513,7 +520,7 @@ def main() -> None:
         ["time below 70% of before after the crash (summed until the join)", f"{dip_s:.1f} s" + each("dip_s", "{:.1f} s".format),
          f"< {GOAL_DIP_SECONDS:g} s", "yes" if dip_s < GOAL_DIP_SECONDS else "**no**"],
         ["reads/s on 2 nodes (median, 3 s after the crash)", f"{avail['after_crash']:,.0f}", "", ""],
-        ["from the join to 90% of before, held 1 s", recovery(recovered_s) + each("recovered_s", recovery),
+        ["from the join to a second at 90% of before", recovery(recovered_s) + each("recovered_s", recovery),
          f"≤ {GOAL_RECOVERY_SECONDS:g} s", "yes" if rec_ok else "**no**"],
         ["dips below 70% after the join (count, total time)",
          f"{avail['join_dips']}, {avail['join_dip_s']:.1f} s", "", ""],
@@ -569,8 +576,8 @@ def main() -> None:
         f"{CONNECTIONS[0]} cloud threads), then {CONNECTIONS[1]} (a lighter load), with one increment in "
         f"flight each, on {KEYS} persistent counters chosen uniformly at random, {seconds:g} s per run "
         f"after 1 s of warm-up, {rounds} round(s); median ops/s (min-max) and p50 latency. Spindle in "
-        "memory and Redis run side by side in each round, each first in every other round, and a "
-        "ratio is the median of the rounds' own ratios (the machine's speed drifts between rounds, "
+        "memory and Redis run side by side in each round, a round's runs in reverse order every "
+        "other round, and a ratio is the median of the rounds' own ratios (the machine's speed drifts between rounds, "
         "and moves both), so it need not equal the quotient of the medians shown. Spindle's "
         "client sends each call to its shard's leader; a reply waits until its Raft entry is committed "
         "on a majority of the shard's rf replicas (and, with the log fsynced, written to disk on each "
@@ -610,13 +617,15 @@ def main() -> None:
         "fsynced (what makes a Spindle write survive a power loss of a majority, which Redis "
         "`WAIT` does not), the fsync of each replica's log dominates.",
         "",
-        f"**Availability** ({len(runs)} run(s); the timeline and the rows without a goal are the "
+        f"**Availability** ({len(timelines)} run(s); the timeline and the rows without a goal are the "
         f"median run's). {duration:g} s of reads by 100 client threads (4 processes, the Python SDK) "
         "of 32 persistent 4 KB blobs on a 3-node cluster (rf = 3, Raft log fsynced; a read commits an "
         f"empty entry, so it is linearizable). At {kill_at:g} s the node leading the most shards is "
         f"killed (`SIGKILL`); at {join_at:g} s a fourth node joins and takes the replicas its placement "
         "gives it. The seed's CRUCIAL lost 30% of its throughput on a crash and took 20 s to recover "
-        "after a join.",
+        "after a join. Both are judged over seconds, as the seed plots them: the lowest second "
+        "after the crash, and the first second after the join that reads 90% of before (100 ms "
+        "points scatter too much to ask each of ten in a row to).",
         "",
         *table(avail_headers, avail_rows),
         "",
