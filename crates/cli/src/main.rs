@@ -222,6 +222,12 @@ pub(crate) struct AddressArg {
     pub(crate) address: String,
 }
 
+// Each call allocates and frees small buffers (its frame, its op-log record, its reply) on
+// whichever worker runs it. In paired runs on a 3-node cluster (2 cores), mimalloc took the
+// nodes' CPU per call 4% (rf = 1) to 10% (rf = 3) below the system allocator's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // `counter -n c increment` (through a link or `spindle counter`) skips clap and the rest.
     if let Some(status) =
