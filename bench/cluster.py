@@ -304,10 +304,9 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
     # fifth of them fall below 90% of their own median, and ten in a row above it can take
     # seconds to come). Replicas and leadership keep moving for a while after it: every later
     # dip below 70% is counted too.
-    hold = int(1.0 / BUCKET)
     recovered_s = float("inf")  # not within the run (a median over runs then sorts it last)
-    for i in range(j, buckets - hold + 1):
-        if sum(rate[i:i + hold]) / hold >= 0.9 * before:
+    for i in range(j, buckets - second + 1):
+        if sum(rate[i:i + second]) / second >= 0.9 * before:
             recovered_s = (i - j) * BUCKET
             break
     late = [i for i in range(j, buckets) if rate[i] < (1 - GOAL_DIP) * before]
