@@ -90,6 +90,48 @@ def test_a_resent_call_is_applied_once(server):
     again.close()
 
 
+def test_replies_below_acked_are_forgotten_and_the_calls_own_kept(server):
+    counter = spindle.Counter()
+    conn = raw_connection(server.address, uuid.uuid4().hex)
+
+    def add(seq: int, n: int, acked: int = 0) -> object:
+        request = [seq, "call", seq, 0, "Counter", counter.key, "add", [n]] + ([acked] if acked else [])
+        return conn.roundtrip(frame(request), seq)[2]
+
+    assert add(1, 5) == 5
+    assert add(2, 1, acked=2) == 6  # the reply of seq 1 is held by the client
+    assert add(2, 1, acked=2) == 6  # seq 2's own reply is kept: a resend is not applied
+    assert add(1, 5) == 11  # seq 1's was forgotten: its resend runs again
+    assert add(3, 1, acked=50) == 12  # acked above its own seq: its own reply is still kept
+    assert add(3, 1, acked=50) == 12
+    conn.close()
+
+
+def test_the_client_acknowledges_so_the_server_keeps_few_replies(server):
+    client = spindle.connect()
+    counter = spindle.Counter()  # one key: one partition
+    before = spindle.status()["replies"]
+
+    def work() -> None:
+        for _ in range(500):
+            counter.increment()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counter.get() == 2000
+    # The replies of the calls in flight at the end (one per thread at most), not 2000.
+    after = spindle.status()["replies"]
+    assert after - before <= 4
+    # A scoped session (a function invocation, which a retry replays) keeps its replies.
+    with client.scope(uuid.uuid4().hex):
+        for _ in range(100):
+            counter.increment()
+    assert spindle.status()["replies"] - after == 100
+
+
 def test_requests_before_hello_are_refused(server):
     import socket
 

@@ -2,12 +2,15 @@
 
 One synchronous socket per thread (so a call parked in the server blocks only its own
 thread), all sharing the process's session id. Every call carries ``(session, seq)`` with
-``seq`` from one process-wide counter, so a call resent after a reconnect is applied once.
-After ``fork`` the child gets a fresh session and drops the inherited sockets unused.
+``seq`` from one process-wide counter, so a call resent after a reconnect is applied once,
+and the lowest seq still waiting for its reply (``acked``), so the server keeps only the
+replies of calls in flight. After ``fork`` the child gets a fresh session and drops the
+inherited sockets unused.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -272,9 +275,44 @@ def frame(request: List[Any], ship: bool = False) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
-def _new_identity() -> Tuple[str, "itertools.count[int]", "itertools.count[int]"]:
-    """This process's session id, call sequence numbers and unnamed-object numbers."""
-    return (uuid.uuid4().hex, itertools.count(1), itertools.count(1))
+class Calls:
+    """A session's calls in flight, and the number of its next request.
+
+    Each call tells the server the lowest seq still waiting for its reply (``acked``): the
+    client holds the replies of all calls below it and never sends them again, so the server
+    forgets them. A session that may make its calls again does not (``acknowledges=False``):
+    a retried function invocation replays its earlier calls' recorded replies.
+    """
+
+    def __init__(self, acknowledges: bool = True) -> None:
+        self.numbers = itertools.count(1)
+        self.acknowledges = acknowledges
+        self._lock = threading.Lock()
+        # Seqs in the order taken, which is increasing: the first is the lowest. Ordered, as
+        # its first key is found at once however many were removed before it (a dict scans
+        # past the holes they leave).
+        self._waiting: Dict[int, None] = collections.OrderedDict()
+
+    def start(self) -> Tuple[int, int]:
+        """A new call's seq, and the ``acked`` it sends (0: none); end it with ``done``."""
+        if not self.acknowledges:
+            return next(self.numbers), 0
+        with self._lock:
+            seq = next(self.numbers)
+            acked = next(iter(self._waiting), seq)
+            self._waiting[seq] = None
+        return seq, acked
+
+    def done(self, seq: int) -> None:
+        """The call ``seq`` has its reply, or will never be sent again."""
+        if self.acknowledges:
+            with self._lock:
+                self._waiting.pop(seq, None)
+
+
+def _new_identity() -> Tuple[str, Calls, "itertools.count[int]"]:
+    """This process's session id, calls and unnamed-object numbers."""
+    return (uuid.uuid4().hex, Calls(), itertools.count(1))
 
 
 # One session per process, kept across disconnect()/connect() and renewed after fork.
@@ -311,7 +349,8 @@ class Client:
         self._scoped: Dict[str, int] = {}
 
     def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
-        self.session, self._seq, self._unnamed = identity or _identity
+        self.session, self._calls, self._unnamed = identity or _identity
+        self._seq = self._calls.numbers
         if identity is None:
             self._own_session = self.session
         self._local = threading.local()
@@ -328,8 +367,8 @@ class Client:
         those the failed attempt already made (exactly-once). The scope's connections are
         closed at its end.
         """
-        saved = (self.session, self._seq, self._unnamed, self._local, self._conns)
-        self._new_session((session, itertools.count(1), itertools.count(1)))
+        saved = (self.session, self._calls, self._seq, self._unnamed, self._local, self._conns)
+        self._new_session((session, Calls(acknowledges=False), itertools.count(1)))
         with self._presence_lock:
             self._scoped[session] = self._scoped.get(session, 0) + 1
         try:
@@ -341,7 +380,7 @@ class Client:
                     self._scoped[session] -= 1
                 else:
                     self._scoped.pop(session, None)
-            (self.session, self._seq, self._unnamed, self._local, self._conns) = saved
+            (self.session, self._calls, self._seq, self._unnamed, self._local, self._conns) = saved
 
     def live_sessions(self) -> List[str]:
         """This process's own session and those of the scopes running now."""
@@ -368,17 +407,29 @@ class Client:
     def call(self, type_name: str, key: str, method: str, args: List[Any], ship: bool = False) -> Any:
         """Call ``method`` on the object ``(type_name, key)``; ``ship``: the arguments go to a
         shared object's method (see ``codec.packb``)."""
-        seq = next(self._seq)
+        calls = self._calls
+        seq, acked = calls.start()
         request = [seq, "call", seq, _get_ident(), type_name, key, method, args]
-        return self.request(request, seq, ship, key)
+        if acked:  # an optional operand
+            request.append(acked)
+        try:
+            return self.request(request, seq, ship, key)
+        finally:
+            calls.done(seq)
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
                ship: bool = False, persistent: bool = False) -> bool:
-        seq = next(self._seq)
+        calls = self._calls
+        seq, acked = calls.start()
         request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
-        if persistent:  # an optional operand: ephemeral creates keep the old shape
-            request.append(True)
-        return self.request(request, seq, ship, key)
+        if persistent or acked:  # optional operands: ephemeral creates keep the old shape
+            request.append(persistent)
+        if acked:
+            request.append(acked)
+        try:
+            return self.request(request, seq, ship, key)
+        finally:
+            calls.done(seq)
 
     def define(self, type_name: str, version: str, code: bytes, key: Optional[str] = None) -> bool:
         """Register the code of a user-defined type (``py:...``) under ``version``; in a
@@ -387,12 +438,20 @@ class Client:
         return self.request([rid, "define", type_name, version, code], rid, key=key)
 
     def delete(self, key: str) -> bool:
-        seq = next(self._seq)
-        return self.request([seq, "delete", seq, key], seq, key=key)
+        calls = self._calls
+        seq, _ = calls.start()  # waits like any call, so that no call acknowledges its reply
+        try:
+            return self.request([seq, "delete", seq, key], seq, key=key)
+        finally:
+            calls.done(seq)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
-        seq = next(self._seq)
-        return self.request([seq, "keep", seq, type_name, key, name], seq, key=key)
+        calls = self._calls
+        seq, _ = calls.start()
+        try:
+            return self.request([seq, "keep", seq, type_name, key, name], seq, key=key)
+        finally:
+            calls.done(seq)
 
     def objects(self, prefix: str = "", persistent: bool = False) -> List[Any]:
         """``[name, type]`` of the named objects under ``prefix``, sorted. In a cluster each

@@ -5,7 +5,7 @@
 //! Prints one JSON object on stdout. Exits non-zero with a message on stderr when a connection
 //! fails, or when more than 1% of the requests got an error reply.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -204,6 +204,9 @@ struct SpindleConn {
     out: Vec<u8>,
     next_id: u64,
     next_seq: u64,
+    /// The seqs of the calls in flight, by request id: each call tells the server the
+    /// lowest (`acked`), so that it forgets the replies below it, as a client does.
+    waiting: BTreeMap<u64, u64>,
 }
 
 impl SpindleConn {
@@ -218,6 +221,7 @@ impl SpindleConn {
             out: Vec::with_capacity(64 * 1024),
             next_id: 1,
             next_seq: 1,
+            waiting: BTreeMap::new(),
         };
         let hello = Value::Map(vec![
             (Value::from("client"), Value::from(session)),
@@ -268,7 +272,9 @@ impl SpindleConn {
                     let mut slice = body;
                     let value = rmpv::decode::read_value(&mut slice).map_err(|e| format!("bad reply frame: {e}"))?;
                     self.buf.drain(..consumed);
-                    return parse_reply(value);
+                    let (id, reply) = parse_reply(value)?;
+                    self.waiting.remove(&id);
+                    return Ok((id, reply));
                 }
                 Split::TooLarge { len } => return Err(format!("reply frame of {len} bytes is over the limit")),
                 Split::Incomplete { .. } => {
@@ -354,7 +360,9 @@ fn spindle_call(args: &Args) -> SpindleCall {
 impl SpindleConn {
     fn push_call(&mut self, call: &SpindleCall, key: &str) -> u64 {
         let seq = self.seq();
-        self.push(
+        // Ids grow with seqs: the first call waiting has the lowest seq.
+        let acked = self.waiting.first_key_value().map_or(seq, |(_, &lowest)| lowest);
+        let id = self.push(
             "call",
             vec![
                 Value::from(seq),
@@ -363,8 +371,11 @@ impl SpindleConn {
                 Value::from(key),
                 Value::from(call.method.as_str()),
                 call.args.clone(),
+                Value::from(acked),
             ],
-        )
+        );
+        self.waiting.insert(id, seq);
+        id
     }
 
     async fn request(&mut self, id: u64) -> Result<Value, String> {

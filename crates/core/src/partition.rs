@@ -27,7 +27,8 @@ mod object_map;
 mod snapshot;
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
-/// older than its oldest call in flight, so a window is enough.
+/// older than its oldest call in flight, so a window is enough; a client that says which
+/// replies it holds (`acked`) keeps only those of its calls in flight.
 const REPLY_LOG_LEN: usize = 4096;
 
 /// Prefix of the keys of unnamed objects; names given by users never start with it.
@@ -149,6 +150,18 @@ impl ReplyLog {
             let i = self.replies.partition_point(|r| r.seq < seq);
             self.replies.insert(i, recorded);
         }
+    }
+
+    /// Forget the replies below `seq`: their client holds them, and never sends those calls
+    /// again.
+    fn acknowledge(&mut self, seq: u64) {
+        if self.replies.front().is_none_or(|r| r.seq >= seq) {
+            return;
+        }
+        let kept = self.replies.partition_point(|r| r.seq < seq);
+        self.replies.drain(..kept);
+        // Short: only the calls in flight are left.
+        self.order.retain(|&s| s >= seq);
     }
 
     fn position(&self, seq: u64) -> Option<usize> {
@@ -284,6 +297,11 @@ impl Partition {
 
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
+    }
+
+    /// How many replies this partition keeps for retries, over all its clients.
+    pub fn recorded_replies(&self) -> usize {
+        self.logs.values().map(|log| log.replies.len()).sum()
     }
 
     /// User-defined objects alive (constructing or constructed; not lost).
@@ -478,8 +496,14 @@ impl Partition {
     /// again. Fails on a record that does not decode.
     pub fn replay(&mut self, record: &[u8], now: Instant) -> Result<(), String> {
         match Record::decode(record)? {
-            Record::Apply { caller, token, seq, op } => {
-                self.apply_as(&caller, token, seq, op, now, Some(record));
+            Record::Apply {
+                caller,
+                token,
+                seq,
+                acked,
+                op,
+            } => {
+                self.apply_as(&caller, token, seq, acked, op, now, Some(record));
             }
             // Forced: the replayed call's deadline was computed from the replay's clock.
             Record::Expire { key, token } => {
@@ -595,25 +619,43 @@ impl Partition {
         std::mem::take(&mut self.forwards)
     }
 
-    /// Apply one call. `seq` is the caller's sequence number (0: do not deduplicate).
-    /// Returns the caller's reply (unless the call parked) and any woken waiters' replies.
-    pub fn apply(&mut self, caller: &Caller, token: Token, seq: u64, op: Op, now: Instant) -> Vec<Delivery> {
-        self.apply_as(caller, token, seq, op, now, None)
+    /// Apply one call. `seq` is the caller's sequence number (0: do not deduplicate), and
+    /// `acked` the seq below which the caller holds all its replies (0: no word on them),
+    /// which are forgotten here. Returns the caller's reply (unless the call parked) and any
+    /// woken waiters' replies.
+    pub fn apply(
+        &mut self,
+        caller: &Caller,
+        token: Token,
+        seq: u64,
+        acked: u64,
+        op: Op,
+        now: Instant,
+    ) -> Vec<Delivery> {
+        self.apply_as(caller, token, seq, acked, op, now, None)
     }
 
     /// [`apply`](Self::apply), with the call's record when it is `replayed` from one (not
     /// encoded again; the replay drops the log it leaves, so it is copied only if the call
     /// parks).
+    #[allow(clippy::too_many_arguments)] // `apply`'s, and the record
     fn apply_as(
         &mut self,
         caller: &Caller,
         token: Token,
         seq: u64,
+        acked: u64,
         op: Op,
         now: Instant,
         replayed: Option<&[u8]>,
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
+        if seq != 0 && acked > 1 {
+            if let Some(log) = self.logs.get_mut(&caller.client) {
+                // Never the call's own reply: a client acknowledging it is mistaken.
+                log.acknowledge(acked.min(seq));
+            }
+        }
         let persistent = match &op {
             Op::Create { persistent: true, .. } => self.storage != Storage::None,
             op => self.is_persistent(op.key()),
@@ -684,7 +726,7 @@ impl Partition {
         if logged {
             let record: Cow<[u8]> = match replayed {
                 Some(bytes) => Cow::Borrowed(bytes),
-                None => Cow::Owned(encode_apply(caller, token, seq, &op)),
+                None => Cow::Owned(encode_apply(caller, token, seq, acked, &op)),
             };
             if record.len() > MAX_RECORD_LEN {
                 let e = Error::value(format!(
@@ -1662,6 +1704,79 @@ mod tests {
     }
 
     #[test]
+    fn a_call_acknowledging_replies_makes_the_partition_forget_them_but_never_its_own() {
+        let mut p = Harness::new();
+        p.create_ok("Counter", "c", vec![]);
+        let increment = || Op::Call {
+            type_name: "Counter".into(),
+            key: "c".into(),
+            method: "increment".into(),
+            args: vec![],
+        };
+        // A client with one call in flight at a time acknowledges all before it.
+        for seq in 1..=100 {
+            let t = p.token(1);
+            let out = p.p.apply(&who(1), t, seq, seq, increment(), p.now);
+            assert_eq!(value_of(&out, t), Value::from(seq as i64));
+        }
+        let log = &p.p.logs["c1"];
+        assert_eq!(
+            (log.replies.len(), log.order.len()),
+            (1, 1),
+            "only the call in flight's"
+        );
+        // The unacknowledged call still gets its recorded reply when retried, even from a
+        // client acknowledging it by mistake (`acked` above its own seq).
+        for acked in [100, 500] {
+            let t = p.token(1);
+            let out = p.p.apply(&who(1), t, 100, acked, increment(), p.now);
+            assert_eq!(value_of(&out, t), Value::from(100));
+        }
+        // An acknowledged call is forgotten: sent again, it would run again.
+        let t = p.token(1);
+        let out = p.p.apply(&who(1), t, 99, 0, increment(), p.now);
+        assert_eq!(value_of(&out, t), Value::from(101));
+        // Without `acked` (0) nothing is forgotten before the window is full.
+        for seq in 1000..1100 {
+            let t = p.token(2);
+            p.p.apply(&who(2), t, seq, 0, increment(), p.now);
+        }
+        assert_eq!(p.p.logs["c2"].replies.len(), 100);
+    }
+
+    #[test]
+    fn a_replica_replaying_the_log_forgets_the_same_replies() {
+        let (mut live, now) = (Partition::new(), Instant::now());
+        live.enable_storage();
+        let create = Op::Create {
+            type_name: "Counter".into(),
+            key: "c".into(),
+            args: vec![],
+            owned: false,
+            persistent: true,
+        };
+        live.apply(&who(1), Token { conn: 1, req: 1 }, 1, 0, create, now);
+        for seq in 2..=50 {
+            let op = Op::Call {
+                type_name: "Counter".into(),
+                key: "c".into(),
+                method: "increment".into(),
+                args: vec![],
+            };
+            // Two calls in flight: each acknowledges up to the one before it.
+            live.apply(&who(1), Token { conn: 1, req: seq }, seq, seq - 1, op, now);
+        }
+        let mut replica = Partition::new();
+        replica.enable_storage();
+        for record in live.take_log().unwrap() {
+            replica.replay(&record, now).unwrap();
+        }
+        let seqs = |p: &Partition| p.logs["c1"].replies.iter().map(|r| r.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(&live), [49, 50]);
+        assert_eq!(seqs(&replica), seqs(&live));
+    }
+
+    #[test]
     fn a_reply_log_finds_every_kept_reply_whatever_the_order_of_its_calls() {
         let mut log = ReplyLog::default();
         // A client's calls may be recorded out of order (several threads, parked calls).
@@ -1710,6 +1825,10 @@ mod tests {
                     }
                 }
             }
+            fn acknowledge(&mut self, seq: u64) {
+                self.replies.retain(|&s, _| s >= seq);
+                self.order.retain(|&s| s >= seq);
+            }
         }
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
         let mut rand = |n: u64| {
@@ -1730,7 +1849,13 @@ mod tests {
                 6 => rand(4),
                 _ => next + rand(3),
             };
-            if rand(10) < 6 {
+            // The last third also acknowledges (after the first two filled the log).
+            if step > 2 * REPLY_LOG_LEN as u64 && rand(30) == 0 {
+                let below = next.saturating_sub(rand(64));
+                log.acknowledge(below);
+                model.acknowledge(below);
+                assert_eq!(log.order, model.order, "step {step}");
+            } else if rand(10) < 6 {
                 let reply = match rand(4) {
                     0 => Err(Error::value(format!("{step}"))),
                     _ => Ok(Value::from(step)),
@@ -1836,7 +1961,7 @@ mod tests {
             persistent: false,
         };
         let t0 = p.token(1);
-        p.p.apply(&owner, t0, 1, op, p.now);
+        p.p.apply(&owner, t0, 1, 0, op, p.now);
         let (t, out) = p.call(&who(2), 3, "Event", "~c1.1", "wait", vec![]);
         assert!(out.is_empty());
         let out = p.p.end_session("c1", p.now);
@@ -1901,7 +2026,7 @@ mod tests {
                 owned,
                 persistent: false,
             };
-            let out = h.p.apply(caller, token, seq, op, h.now);
+            let out = h.p.apply(caller, token, seq, 0, op, h.now);
             (token, out)
         }
 
@@ -2272,7 +2397,7 @@ mod tests {
                     owned,
                     persistent: true,
                 };
-                let out = h.p.apply(caller, token, seq, op, h.now);
+                let out = h.p.apply(caller, token, seq, 0, op, h.now);
                 (token, out)
             }
 
@@ -2463,10 +2588,10 @@ mod tests {
                     owned: false,
                     persistent: true,
                 };
-                let out = h.p.apply(&who(2), token, 1, op, h.now);
+                let out = h.p.apply(&who(2), token, 1, 0, op, h.now);
                 assert_eq!(error_of(&out, token).kind, ErrorKind::TypeMismatch);
                 let token = h.token(3);
-                let out = h.p.apply(&who(3), token, 1, Op::Delete { key: "k".into() }, h.now);
+                let out = h.p.apply(&who(3), token, 1, 0, Op::Delete { key: "k".into() }, h.now);
                 assert_eq!(value_of(&out, token), Value::Boolean(true));
                 assert!(h.p.take_log().unwrap_or_default().is_empty());
                 assert!(h.p.persistent_snapshots().is_empty());

@@ -45,6 +45,8 @@ pub enum Record {
         caller: Caller,
         token: Token,
         seq: u64,
+        /// The caller holds the replies of its calls below this `seq` (0: no word on them).
+        acked: u64,
         op: Op,
     },
     Expire {
@@ -119,7 +121,7 @@ pub fn encode_class(type_name: &str, version: &str, code: &[u8]) -> Vec<u8> {
 
 /// Encode an `apply` record without taking `op` (it is applied right after). Written
 /// field by field: it is the record of every logged call, on every replica.
-pub fn encode_apply(caller: &Caller, token: Token, seq: u64, op: &Op) -> Vec<u8> {
+pub fn encode_apply(caller: &Caller, token: Token, seq: u64, acked: u64, op: &Op) -> Vec<u8> {
     // Room for the strings, and 64 bytes for the markers, the numbers and small arguments.
     let strings = match op {
         Op::Create { type_name, key, .. } => type_name.len() + key.len(),
@@ -128,7 +130,9 @@ pub fn encode_apply(caller: &Caller, token: Token, seq: u64, op: &Op) -> Vec<u8>
         } => type_name.len() + key.len() + method.len(),
         Op::Delete { key } => key.len(),
     };
-    let mut w = Writer::record("apply", 6, 64 + caller.client.len() + strings);
+    // `acked` is the last field, written only when the caller gave it.
+    let fields = if acked == 0 { 6 } else { 7 };
+    let mut w = Writer::record("apply", fields, 64 + caller.client.len() + strings);
     w.uint(caller.conn)
         .str(&caller.client)
         .uint(caller.thread)
@@ -157,6 +161,9 @@ pub fn encode_apply(caller: &Caller, token: Token, seq: u64, op: &Op) -> Vec<u8>
         } => w.array(5).str("call").str(type_name).str(key).str(method).values(args),
         Op::Delete { key } => w.array(2).str("delete").str(key),
     };
+    if acked != 0 {
+        w.uint(acked);
+    }
     w.0
 }
 
@@ -217,7 +224,13 @@ impl Writer {
 impl Record {
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            Record::Apply { caller, token, seq, op } => encode_apply(caller, *token, *seq, op),
+            Record::Apply {
+                caller,
+                token,
+                seq,
+                acked,
+                op,
+            } => encode_apply(caller, *token, *seq, *acked, op),
             Record::Expire { key, token } => {
                 let mut w = Writer::record("expire", 3, 64);
                 w.str(key).uint(token.conn).uint(token.req);
@@ -300,10 +313,15 @@ impl Record {
                     other => return Err(format!("unknown op '{other}'")),
                 };
                 o.end()?;
+                let acked = match f.left {
+                    0 => 0,
+                    _ => f.uint("acked")?,
+                };
                 Record::Apply {
                     caller: Caller { conn, client, thread },
                     token: Token { conn, req },
                     seq,
+                    acked,
                     op,
                 }
             }
@@ -518,6 +536,7 @@ mod tests {
                 caller: caller.clone(),
                 token,
                 seq: 5,
+                acked: 0,
                 op: Op::Create {
                     type_name: "Counter".into(),
                     key: "k".into(),
@@ -530,6 +549,7 @@ mod tests {
                 caller: caller.clone(),
                 token,
                 seq: 6,
+                acked: 4,
                 op: Op::Call {
                     type_name: "Queue".into(),
                     key: "q".into(),
@@ -541,6 +561,7 @@ mod tests {
                 caller,
                 token,
                 seq: 0,
+                acked: 0,
                 op: Op::Delete { key: "k".into() },
             },
             Record::Expire { key: "q".into(), token },
@@ -709,7 +730,15 @@ mod tests {
             ]);
             let mut bytes = Vec::new();
             rmpv::encode::write_value(&mut bytes, &fields).unwrap();
-            assert_eq!(encode_apply(&caller, token, 9, &op), bytes);
+            assert_eq!(encode_apply(&caller, token, 9, 0, &op), bytes);
+            // `acked`, when given, is one more field at the end.
+            let Value::Array(mut fields) = fields else {
+                unreachable!()
+            };
+            fields.push(8.into());
+            let mut bytes = Vec::new();
+            rmpv::encode::write_value(&mut bytes, &Value::Array(fields)).unwrap();
+            assert_eq!(encode_apply(&caller, token, 9, 8, &op), bytes);
         }
     }
 
@@ -730,7 +759,7 @@ mod tests {
             method: "set".into(),
             args: vec![Value::Binary(vec![1; 40])],
         };
-        let apply = encode_apply(&caller, Token { conn: 1, req: 70_000 }, 1 << 33, &op);
+        let apply = encode_apply(&caller, Token { conn: 1, req: 70_000 }, 1 << 33, 1 << 32, &op);
         assert_eq!(Record::decode(&[]), Err("the record is empty".into()));
         for cut in 1..apply.len() {
             let why = Record::decode(&apply[..cut]).unwrap_err();

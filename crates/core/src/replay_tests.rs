@@ -50,7 +50,7 @@ impl Live {
             conn,
             req: self.next_req,
         };
-        let out = self.p.apply(&caller, token, self.seq, op, self.now);
+        let out = self.p.apply(&caller, token, self.seq, 0, op, self.now);
         (token, self.drain(out))
     }
 
@@ -203,13 +203,13 @@ fn retried_calls_get_their_recorded_reply_after_replay() {
         args: vec![5.into()],
     };
     let token = Token { conn: 1, req: 99 };
-    let out = l.p.apply(&caller, token, 777, op(), l.now);
+    let out = l.p.apply(&caller, token, 777, 0, op(), l.now);
     l.drain(out);
     let mut replayed = l.replayed();
     // The client resends on a new connection after the restart: applied once.
     let again = Caller { conn: 50, ..caller };
     let t2 = Token { conn: 50, req: 1 };
-    let out = replayed.apply(&again, t2, 777, op(), l.now);
+    let out = replayed.apply(&again, t2, 777, 0, op(), l.now);
     assert_eq!(out[0].reply, Ok(Value::from(5)));
     assert_eq!(replayed.persistent_snapshots(), l.p.persistent_snapshots());
 }
@@ -248,7 +248,7 @@ fn persistence_rules() {
         owned: false,
         persistent: true,
     };
-    let out = off.apply(&caller, Token { conn: 1, req: 1 }, 0, op, l.now);
+    let out = off.apply(&caller, Token { conn: 1, req: 1 }, 0, 0, op, l.now);
     assert!(out[0].reply.clone().unwrap_err().message.contains("no --data-dir"));
     assert!(off.take_log().is_none());
     // After a failed write, persistent writes are refused; ephemeral objects go on.
@@ -429,7 +429,7 @@ fn a_get_parked_at_the_snapshot_takes_the_item_of_a_later_put() {
         args: vec![true.into(), Value::Nil],
     };
     let get_seq = 2; // The Live helper numbers calls 1, 2, 3...
-    let out = p.apply(&caller, Token { conn: 40, req: 1 }, get_seq, op, l.now);
+    let out = p.apply(&caller, Token { conn: 40, req: 1 }, get_seq, 0, op, l.now);
     assert_eq!(out[0].reply, Ok(Value::from("x")));
 }
 
@@ -488,12 +488,12 @@ fn answers_about_a_delete_still_being_written_wait_for_it() {
         thread: 0,
     };
     let delete = || Op::Delete { key: "n".into() };
-    let out = l.p.apply(&caller, Token { conn: 1, req: 5 }, 55, delete(), l.now);
+    let out = l.p.apply(&caller, Token { conn: 1, req: 5 }, 55, 0, delete(), l.now);
     assert_eq!(out[0].reply, Ok(Value::Boolean(true)));
     assert_eq!(l.p.take_log().map(|r| r.len()), Some(1), "the delete is being written");
     // Its resend (the connection was lost) gets the recorded reply, after the record.
     let again = Caller { conn: 2, ..caller };
-    let out = l.p.apply(&again, Token { conn: 2, req: 1 }, 55, delete(), l.now);
+    let out = l.p.apply(&again, Token { conn: 2, req: 1 }, 55, 0, delete(), l.now);
     assert_eq!(out[0].reply, Ok(Value::Boolean(true)));
     assert!(l.p.take_log().is_some(), "a recorded reply waits for the log");
     // Another client's read finds nothing, and must not say so before the delete is durable.
@@ -508,7 +508,7 @@ fn answers_about_a_delete_still_being_written_wait_for_it() {
         method: "get".into(),
         args: vec![],
     };
-    let out = l.p.apply(&other, Token { conn: 3, req: 1 }, 0, get, l.now);
+    let out = l.p.apply(&other, Token { conn: 3, req: 1 }, 0, 0, get, l.now);
     assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::NotFound);
     assert!(
         l.p.take_log().is_some(),
@@ -531,13 +531,13 @@ fn a_resent_call_whose_write_failed_is_not_acknowledged() {
         method: "add".into(),
         args: vec![5.into()],
     };
-    l.p.apply(&caller, Token { conn: 1, req: 9 }, 777, add(), l.now);
+    l.p.apply(&caller, Token { conn: 1, req: 9 }, 777, 0, add(), l.now);
     let _ = l.p.take_log();
     // The journal fails that record's write (its caller gets StorageError) and tells the
     // partition; the SDK resends seq 777 on a new connection.
     l.p.storage_failed("disk full");
     let again = Caller { conn: 2, ..caller };
-    let out = l.p.apply(&again, Token { conn: 2, req: 1 }, 777, add(), l.now);
+    let out = l.p.apply(&again, Token { conn: 2, req: 1 }, 777, 0, add(), l.now);
     assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::StorageError);
 }
 

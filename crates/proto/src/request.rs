@@ -28,6 +28,9 @@ pub enum Request {
         owned: bool,
         /// Logged and recovered after a restart (optional 9th item, default `false`).
         persistent: bool,
+        /// The client holds the replies of all its calls below this `seq`, which the server
+        /// may forget (optional 10th item; 0, the default: no word on them).
+        acked: u64,
     },
     Call {
         id: u64,
@@ -37,6 +40,8 @@ pub enum Request {
         key: String,
         method: String,
         args: Vec<Value>,
+        /// As in `Create` (optional 9th item).
+        acked: u64,
     },
     Delete {
         id: u64,
@@ -235,7 +240,8 @@ pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
 /// those, and words their errors.
 fn decode_call(body: &[u8]) -> Option<Request> {
     let mut rd = body;
-    if rmp::decode::read_array_len(&mut rd).ok()? != 8 {
+    let len = rmp::decode::read_array_len(&mut rd).ok()?;
+    if len != 8 && len != 9 {
         return None;
     }
     let id = rmp::decode::read_int(&mut rd).ok()?;
@@ -254,6 +260,10 @@ fn decode_call(body: &[u8]) -> Option<Request> {
         // As deep as the general path lets an item of the request's args array go.
         args.push(rmpv::decode::read_value_with_max_depth(&mut rd, rmpv::decode::MAX_DEPTH - 2).ok()?);
     }
+    let acked = match len {
+        9 => rmp::decode::read_int(&mut rd).ok()?,
+        _ => 0,
+    };
     rd.is_empty().then_some(Request::Call {
         id,
         seq,
@@ -262,6 +272,7 @@ fn decode_call(body: &[u8]) -> Option<Request> {
         key,
         method,
         args,
+        acked,
     })
 }
 
@@ -367,9 +378,9 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         }
         "create" => {
             p.arity_range(
-                "[id, \"create\", seq, thread, type, key, args, owned, persistent]",
+                "[id, \"create\", seq, thread, type, key, args, owned, persistent, acked]",
                 6,
-                7,
+                8,
             )?;
             Request::Create {
                 id,
@@ -380,10 +391,11 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 args: p.array("args")?,
                 owned: p.boolean("owned")?,
                 persistent: p.optional_boolean("persistent")?,
+                acked: p.optional_uint("acked")?,
             }
         }
         "call" => {
-            p.arity("[id, \"call\", seq, thread, type, key, method, args]", 6)?;
+            p.arity_range("[id, \"call\", seq, thread, type, key, method, args, acked]", 6, 7)?;
             Request::Call {
                 id,
                 seq: p.uint("seq")?,
@@ -392,6 +404,7 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 key: p.string("key")?,
                 method: p.string("method")?,
                 args: p.array("args")?,
+                acked: p.optional_uint("acked")?,
             }
         }
         "delete" => {
@@ -585,9 +598,13 @@ impl Operands<'_> {
     fn arity_range(&self, shape: &str, min: usize, max: usize) -> Result<(), RequestError> {
         let got = self.items.len();
         if got < min || got > max {
+            let takes = match min == max {
+                true => format!("{}", max + 2),
+                false => format!("{} to {}", min + 2, max + 2),
+            };
             return Err(bad(
                 self.id,
-                format!("'{}' takes {} items {shape}, got {}", self.op, max + 2, got + 2),
+                format!("'{}' takes {takes} items {shape}, got {}", self.op, got + 2),
             ));
         }
         Ok(())
@@ -608,6 +625,15 @@ impl Operands<'_> {
         match self.next() {
             Value::Integer(n) if n.as_u64().is_some() => Ok(n.as_u64().unwrap_or(0)),
             other => Err(self.error(field, "a non-negative integer", &other)),
+        }
+    }
+
+    /// A non-negative integer, or 0 when nil or left out.
+    fn optional_uint(&mut self, field: &str) -> Result<u64, RequestError> {
+        match self.next() {
+            Value::Nil => Ok(0),
+            Value::Integer(n) if n.as_u64().is_some() => Ok(n.as_u64().unwrap_or(0)),
+            other => Err(self.error(field, "a non-negative integer or nil", &other)),
         }
     }
 
@@ -890,7 +916,8 @@ mod tests {
                 key: "k".into(),
                 args: vec![3.into()],
                 owned: true,
-                persistent: false
+                persistent: false,
+                acked: 0
             }
         );
         let persistent = v(vec![
@@ -906,8 +933,21 @@ mod tests {
         ]);
         assert!(matches!(
             parse_request(persistent).unwrap(),
-            Request::Create { persistent: true, .. }
+            Request::Create {
+                persistent: true,
+                acked: 0,
+                ..
+            }
         ));
+        // `acked` after `persistent` (nil: left out).
+        for (persistent, acked) in [(Value::Nil, 4), (true.into(), 0)] {
+            let mut items = vec![2.into(), s("create"), 5.into(), 0.into(), s("Counter"), s("k")];
+            items.extend([v(vec![]), false.into(), persistent, Value::from(acked)]);
+            assert!(matches!(
+                parse_request(v(items)).unwrap(),
+                Request::Create { acked: a, .. } if a == acked
+            ));
+        }
         let call = v(vec![
             3.into(),
             s("call"),
@@ -927,7 +967,8 @@ mod tests {
                 type_name: "Counter".into(),
                 key: "k".into(),
                 method: "add".into(),
-                args: vec![1.into()]
+                args: vec![1.into()],
+                acked: 0
             }
         );
         let delete = v(vec![4.into(), s("delete"), 7.into(), s("k")]);
@@ -1079,7 +1120,7 @@ mod tests {
         assert_eq!(e.id, 3);
         assert_eq!(
             e.message,
-            "'call' takes 8 items [id, \"call\", seq, thread, type, key, method, args], got 5"
+            "'call' takes 8 to 9 items [id, \"call\", seq, thread, type, key, method, args, acked], got 5"
         );
         let e = error_of(v(vec![3.into(), s("ping"), 1.into()]));
         assert_eq!(e.message, "'ping' takes 2 items [id, \"ping\"], got 3");
@@ -1224,9 +1265,10 @@ mod tests {
 
     #[test]
     fn the_fast_path_of_calls_reads_what_the_general_path_reads() {
-        let call = |seq: Value, key: Value, args: Value| {
+        // A call, with `acked` as a 9th item if given.
+        let acked_call = |seq: Value, key: Value, args: Value, acked: Option<Value>| {
             let mut body = Vec::new();
-            let items = vec![
+            let mut items = vec![
                 Value::from(9),
                 s("call"),
                 seq,
@@ -1236,20 +1278,25 @@ mod tests {
                 s("add"),
                 args,
             ];
+            items.extend(acked);
             rmpv::encode::write_value(&mut body, &v(items)).unwrap();
             body
         };
+        let call = |seq: Value, key: Value, args: Value| acked_call(seq, key, args, None);
         let nested = v(vec![Value::Map(vec![(s("a"), v(vec![Value::F64(0.5), Value::Nil]))])]);
         let bodies = [
             call(1.into(), s("hits"), v(vec![1.into()])),
             call(u64::MAX.into(), s(&"k".repeat(300)), v(vec![])),
             call(7.into(), s("ключ"), nested),
+            acked_call(70_000.into(), s("hits"), v(vec![1.into()]), Some(65_536.into())),
             call(Value::from(-1), s("k"), v(vec![])),
             call(1.into(), Value::Binary(b"k".to_vec()), v(vec![])),
             call(1.into(), s("k"), Value::Nil),
+            acked_call(2.into(), s("k"), v(vec![]), Some(Value::Nil)),
+            acked_call(2.into(), s("k"), v(vec![]), Some(Value::from(-1))),
         ];
         // The calls a client sends take the fast path, and it reads them as the general one.
-        for body in &bodies[..3] {
+        for body in &bodies[..4] {
             assert!(decode_call(body).is_some());
             assert_eq!(decode_request(body), decode_any(body));
         }

@@ -285,6 +285,7 @@ impl Connection {
                 args,
                 owned,
                 persistent,
+                acked,
             } => {
                 let user_type = user::is_user_type(&type_name);
                 let op = Op::Create {
@@ -295,8 +296,8 @@ impl Connection {
                     persistent,
                 };
                 match user_type {
-                    true => self.create_user(id, seq, thread, op),
-                    false => self.apply(id, seq, thread, op, None),
+                    true => self.create_user(id, seq, acked, thread, op),
+                    false => self.apply(id, seq, acked, thread, op, None),
                 }
             }
             Request::Call {
@@ -307,6 +308,7 @@ impl Connection {
                 key,
                 method,
                 args,
+                acked,
             } => {
                 // The host unpickles the arguments, which runs code.
                 if user::is_user_type(&type_name) && !self.authorized {
@@ -318,9 +320,9 @@ impl Connection {
                     method,
                     args,
                 };
-                self.apply(id, seq, thread, op, None)
+                self.apply(id, seq, acked, thread, op, None)
             }
-            Request::Delete { id, seq, key } => self.apply(id, seq, 0, Op::Delete { key }, None),
+            Request::Delete { id, seq, key } => self.apply(id, seq, 0, 0, Op::Delete { key }, None),
             Request::Keep {
                 id,
                 type_name,
@@ -529,7 +531,7 @@ impl Connection {
 
     /// `create` of a user-defined type: it runs the class's code, so it needs the token, and
     /// the class must be defined at the version the client names.
-    fn create_user(&mut self, id: u64, seq: u64, thread: u64, op: Op) {
+    fn create_user(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op) {
         if !self.authorized {
             return self.reply(id, Err(unauthorized("constructing user-defined objects")));
         }
@@ -547,7 +549,7 @@ impl Connection {
             // A malformed create: the partition says what is wrong with it.
             None => None,
         };
-        self.apply(id, seq, thread, op, code.as_ref());
+        self.apply(id, seq, acked, thread, op, code.as_ref());
     }
 
     /// `keep` under a name whose shard another node leads: answered once the object moved.
@@ -687,9 +689,9 @@ impl Connection {
         self.reply(id, Ok(hello_reply(&self.shared, resumed)));
     }
 
-    /// Run an object operation on its shard, in this task. `code` is the class's code for a
-    /// `create` of a user-defined type.
-    fn apply(&mut self, id: u64, seq: u64, thread: u64, op: Op, code: Option<&Arc<Vec<u8>>>) {
+    /// Run an object operation on its shard, in this task (`seq` and `acked`: see
+    /// `Partition::apply`). `code` is the class's code for a `create` of a user-defined type.
+    fn apply(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op, code: Option<&Arc<Vec<u8>>>) {
         let Some(client) = self.client.clone() else {
             return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
         };
@@ -722,7 +724,7 @@ impl Connection {
                     s.partition.offer_class(type_name, version, code);
                 }
             }
-            let deliveries = s.partition.apply(&caller, token, seq, op, Instant::now());
+            let deliveries = s.partition.apply(&caller, token, seq, acked, op, Instant::now());
             let deliveries = s.journal(deliveries);
             // User-defined objects' calls go to their hosts before the shard is unlocked, so
             // each host gets them in the order they were applied.

@@ -728,7 +728,7 @@ mod tests {
             owned: false,
             persistent: true,
         };
-        let out = p.apply(&caller, Token { conn: 1, req: 6 }, 0, create, Instant::now());
+        let out = p.apply(&caller, Token { conn: 1, req: 6 }, 0, 0, create, Instant::now());
         assert_eq!(out[0].reply.clone().unwrap_err().kind, ErrorKind::StorageError);
         // What was acknowledged is intact on disk.
         let mut scan = storage::SegmentScanner::open(j.log.path()).unwrap();

@@ -226,7 +226,7 @@ pub(crate) fn detach(partition: &mut Partition, type_name: &str, key: &str, name
             };
             let token = Token { conn: 0, req: 0 };
             // A missing key is never persistent: the probe leaves no op-log record.
-            let replies = partition.apply(&caller, token, 0, probe, Instant::now());
+            let replies = partition.apply(&caller, token, 0, 0, probe, Instant::now());
             let moved_here = replies
                 .iter()
                 .any(|d| matches!(&d.reply, Err(m) if m.kind == ErrorKind::Moved && m.data.as_str() == Some(name)));
@@ -310,7 +310,7 @@ mod tests {
         let index = shards.index_of(key);
         let token = Token { conn: 1, req: 1 };
         let replies = shards
-            .with(index, |s| s.partition.apply(&caller(), token, 0, op, Instant::now()))
+            .with(index, |s| s.partition.apply(&caller(), token, 0, 0, op, Instant::now()))
             .unwrap();
         assert_eq!(replies[0].reply, Ok(Value::Boolean(true)));
     }

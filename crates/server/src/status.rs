@@ -75,6 +75,9 @@ pub(crate) fn status(shared: &Shared) -> Value {
         .filter_map(|i| shared.shards.with(i, |s| s.partition.hosted_objects()).ok())
         .sum();
     let (object_hosts, object_calls) = shared.hosts.counts();
+    let replies: usize = (0..shared.shards.count())
+        .filter_map(|i| shared.shards.with(i, |s| s.partition.recorded_replies()).ok())
+        .sum();
     let entries: Vec<(&str, Value)> = vec![
         ("address", Value::from(shared.address.as_str())),
         ("version", Value::from(crate::VERSION)),
@@ -88,6 +91,7 @@ pub(crate) fn status(shared: &Shared) -> Value {
             Value::from(shared.stats.connections.load(Ordering::Relaxed)),
         ),
         ("sessions", Value::from(shared.sessions.count())),
+        ("replies", Value::from(replies)),
         ("partitions", Value::from(shared.shards.count())),
         ("calls", Value::from(total_calls(shared))),
         ("calls_per_s", Value::F64(calls_per_s)),

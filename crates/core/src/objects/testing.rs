@@ -65,7 +65,7 @@ impl Harness {
             method: method.into(),
             args,
         };
-        let out = self.p.apply(caller, token, seq, op, self.now);
+        let out = self.p.apply(caller, token, seq, 0, op, self.now);
         (token, out)
     }
 
@@ -131,7 +131,7 @@ impl Harness {
             owned: false,
             persistent: false,
         };
-        let out = self.p.apply(&caller, token, 0, op, self.now);
+        let out = self.p.apply(&caller, token, 0, 0, op, self.now);
         reply_of(&out, token).expect("create always answers")
     }
 
@@ -146,7 +146,7 @@ impl Harness {
     pub fn delete(&mut self, key: &str) -> Vec<Delivery> {
         let token = self.token(1);
         self.p
-            .apply(&who(1), token, 0, Op::Delete { key: key.into() }, self.now)
+            .apply(&who(1), token, 0, 0, Op::Delete { key: key.into() }, self.now)
     }
 
     /// Move the clock forward and fire due timers.
