@@ -109,6 +109,10 @@ struct ReplyLog {
     /// The highest sequence number recorded: a client's new call is above it, and is known
     /// new without a search.
     highest: u64,
+    /// The client holds the replies of all its calls below this seq (the highest `acked` it
+    /// sent): it never sends those again, so a copy of one arriving now (delayed in the
+    /// network, say, on a connection the client gave up) is refused, not run again.
+    acked: u64,
 }
 
 struct Recorded {
@@ -155,6 +159,7 @@ impl ReplyLog {
     /// Forget the replies below `seq`: their client holds them, and never sends those calls
     /// again.
     fn acknowledge(&mut self, seq: u64) {
+        self.acked = self.acked.max(seq);
         if self.replies.front().is_none_or(|r| r.seq >= seq) {
             return;
         }
@@ -650,10 +655,24 @@ impl Partition {
         replayed: Option<&[u8]>,
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
-        if seq != 0 && acked > 1 {
+        if seq != 0 {
             if let Some(log) = self.logs.get_mut(&caller.client) {
-                // Never the call's own reply: a client acknowledging it is mistaken.
-                log.acknowledge(acked.min(seq));
+                if acked > 1 {
+                    // Never the call's own reply: a client acknowledging it is mistaken.
+                    log.acknowledge(acked.min(seq));
+                }
+                if seq < log.acked {
+                    let e = Error::new(
+                        ErrorKind::ProtocolError,
+                        format!(
+                            "call {seq} of this session is not run again: its session acknowledged the replies \
+                             of its calls below {}, so this is a stale copy",
+                            log.acked
+                        ),
+                    );
+                    out.push(Delivery { token, reply: Err(e) });
+                    return out;
+                }
             }
         }
         let persistent = match &op {
@@ -1732,10 +1751,12 @@ mod tests {
             let out = p.p.apply(&who(1), t, 100, acked, increment(), p.now);
             assert_eq!(value_of(&out, t), Value::from(100));
         }
-        // An acknowledged call is forgotten: sent again, it would run again.
+        // An acknowledged call's reply is forgotten, and a stale copy of the call refused.
         let t = p.token(1);
         let out = p.p.apply(&who(1), t, 99, 0, increment(), p.now);
-        assert_eq!(value_of(&out, t), Value::from(101));
+        assert_eq!(error_of(&out, t).kind, ErrorKind::ProtocolError);
+        assert!(error_of(&out, t).message.contains("stale copy"));
+        assert_eq!(p.ok("Counter", "c", "get", vec![]), Value::from(100));
         // Without `acked` (0) nothing is forgotten before the window is full.
         for seq in 1000..1100 {
             let t = p.token(2);

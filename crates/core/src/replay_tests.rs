@@ -405,6 +405,47 @@ fn a_snapshot_taken_while_calls_go_on_plus_the_tail_equals_a_full_replay() {
 }
 
 #[test]
+fn a_snapshot_keeps_the_replies_a_client_acknowledged_forgotten_and_their_calls_refused() {
+    let mut l = Live::new();
+    l.create(1, "Counter", "c", vec![], true);
+    let caller = Caller {
+        conn: 1,
+        client: Arc::from("acking"),
+        thread: 0,
+    };
+    let increment = |l: &mut Live, seq: u64, acked: u64| {
+        let op = Op::Call {
+            type_name: "Counter".into(),
+            key: "c".into(),
+            method: "increment".into(),
+            args: vec![],
+        };
+        let token = Token {
+            conn: 1,
+            req: 1000 + seq,
+        };
+        let out = l.p.apply(&caller, token, seq, acked, op, l.now);
+        (token, l.drain(out))
+    };
+    for seq in 1..=10 {
+        increment(&mut l, seq, seq);
+    }
+    let mut body = l.p.begin_snapshot();
+    body.extend(l.p.snapshot_chunk(usize::MAX).unwrap().0);
+    for mut p in [restored(&body, &[]), l.replayed()] {
+        std::mem::swap(&mut l.p, &mut p);
+        // A stale copy of an acknowledged call is refused; the last call's reply is kept.
+        let (stale, out) = increment(&mut l, 4, 0);
+        assert_eq!(
+            reply(&out, stale).map(|r| r.as_ref().unwrap_err().kind),
+            Some(ErrorKind::ProtocolError)
+        );
+        let (again, out) = increment(&mut l, 10, 10);
+        assert_eq!(reply(&out, again), Some(&Ok(Value::from(10))));
+    }
+}
+
+#[test]
 fn a_get_parked_at_the_snapshot_takes_the_item_of_a_later_put() {
     let mut l = Live::new();
     l.create(1, "Queue", "q", vec![], true);

@@ -77,8 +77,12 @@ impl Partition {
                 .durable()
                 .map(|(seq, reply)| Value::Array(vec![seq.into(), encode_reply(&reply)]))
                 .collect();
-            if !durable.is_empty() {
-                replies.push(Value::Array(vec![(**client).into(), Value::Array(durable)]));
+            if !durable.is_empty() || log.acked != 0 {
+                replies.push(Value::Array(vec![
+                    (**client).into(),
+                    Value::Array(durable),
+                    log.acked.into(),
+                ]));
             }
         }
         let mut parked: Vec<(&Token, &(u64, Vec<u8>))> = self.parked_records.iter().collect();
@@ -221,6 +225,10 @@ impl Partition {
                 let reply = decode_reply(r.next("reply")?)?;
                 r.end()?;
                 log.record(seq, reply, true);
+            }
+            // (Absent from snapshots taken before clients acknowledged.)
+            if items.items.len() > 0 {
+                log.acked = items.uint("acked")?;
             }
             items.end()?;
             self.logs.insert(client, log);
