@@ -132,7 +132,8 @@ def test_the_client_acknowledges_so_the_server_keeps_few_replies(server):
     with client.scope(uuid.uuid4().hex):
         for _ in range(100):
             counter.increment()
-    assert spindle.status()["replies"] - after == 100
+    # (At least 90: an earlier test's session may end meanwhile, taking its few replies.)
+    assert spindle.status()["replies"] - after >= 90
 
 
 def test_requests_before_hello_are_refused(server):

@@ -291,7 +291,7 @@ class Calls:
         # Seqs in the order taken, which is increasing: the first is the lowest. Ordered, as
         # its first key is found at once however many were removed before it (a dict scans
         # past the holes they leave).
-        self._waiting: Dict[int, None] = collections.OrderedDict()
+        self._waiting: "collections.OrderedDict[int, None]" = collections.OrderedDict()
 
     def start(self) -> Tuple[int, int]:
         """A new call's seq, and the ``acked`` it sends (0: none); end it with ``done``."""
@@ -304,8 +304,8 @@ class Calls:
         return seq, acked
 
     def done(self, seq: int) -> None:
-        """The call ``seq`` has its reply, or will never be sent again."""
-        if self.acknowledges:
+        """The call ``seq`` has its reply, or will never be sent again (0: none was taken)."""
+        if self.acknowledges and seq:
             with self._lock:
                 self._waiting.pop(seq, None)
 
@@ -407,26 +407,26 @@ class Client:
     def call(self, type_name: str, key: str, method: str, args: List[Any], ship: bool = False) -> Any:
         """Call ``method`` on the object ``(type_name, key)``; ``ship``: the arguments go to a
         shared object's method (see ``codec.packb``)."""
-        calls = self._calls
-        seq, acked = calls.start()
-        request = [seq, "call", seq, _get_ident(), type_name, key, method, args]
-        if acked:  # an optional operand
-            request.append(acked)
+        calls, seq = self._calls, 0
         try:
+            seq, acked = calls.start()
+            request = [seq, "call", seq, _get_ident(), type_name, key, method, args]
+            if acked:  # optional: a session that does not acknowledge sends the old shape
+                request.append(acked)
             return self.request(request, seq, ship, key)
         finally:
             calls.done(seq)
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
                ship: bool = False, persistent: bool = False) -> bool:
-        calls = self._calls
-        seq, acked = calls.start()
-        request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
-        if persistent or acked:  # optional operands: ephemeral creates keep the old shape
-            request.append(persistent)
-        if acked:
-            request.append(acked)
+        calls, seq = self._calls, 0
         try:
+            seq, acked = calls.start()
+            request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
+            if persistent or acked:  # optional operands: ephemeral creates keep the old shape
+                request.append(persistent)
+            if acked:
+                request.append(acked)
             return self.request(request, seq, ship, key)
         finally:
             calls.done(seq)
@@ -438,17 +438,17 @@ class Client:
         return self.request([rid, "define", type_name, version, code], rid, key=key)
 
     def delete(self, key: str) -> bool:
-        calls = self._calls
-        seq, _ = calls.start()  # waits like any call, so that no call acknowledges its reply
+        calls, seq = self._calls, 0
         try:
+            seq, _ = calls.start()  # waits like any call, so that no call acknowledges its reply
             return self.request([seq, "delete", seq, key], seq, key=key)
         finally:
             calls.done(seq)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
-        calls = self._calls
-        seq, _ = calls.start()
+        calls, seq = self._calls, 0
         try:
+            seq, _ = calls.start()
             return self.request([seq, "keep", seq, type_name, key, name], seq, key=key)
         finally:
             calls.done(seq)

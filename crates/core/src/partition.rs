@@ -110,9 +110,10 @@ struct ReplyLog {
     /// new without a search.
     highest: u64,
     /// The client holds the replies of all its calls below this seq (the highest `acked` it
-    /// sent): it never sends those again, so a copy of one arriving now (delayed in the
-    /// network, say, on a connection the client gave up) is refused, not run again.
-    acked: u64,
+    /// sent, or the seq of the call that sent it if lower): it never sends those again, so a
+    /// copy of one arriving now (delayed in the network, say, on a connection the client
+    /// gave up) is refused, not run again.
+    acked_below: u64,
 }
 
 struct Recorded {
@@ -156,10 +157,10 @@ impl ReplyLog {
         }
     }
 
-    /// Forget the replies below `seq`: their client holds them, and never sends those calls
-    /// again.
+    /// Forget the replies below `seq`, and refuse those calls from now on: their client holds
+    /// the replies, and never sends the calls again.
     fn acknowledge(&mut self, seq: u64) {
-        self.acked = self.acked.max(seq);
+        self.acked_below = self.acked_below.max(seq);
         if self.replies.front().is_none_or(|r| r.seq >= seq) {
             return;
         }
@@ -655,24 +656,29 @@ impl Partition {
         replayed: Option<&[u8]>,
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
-        if seq != 0 {
-            if let Some(log) = self.logs.get_mut(&caller.client) {
-                if acked > 1 {
-                    // Never the call's own reply: a client acknowledging it is mistaken.
-                    log.acknowledge(acked.min(seq));
-                }
-                if seq < log.acked {
-                    let e = Error::new(
-                        ErrorKind::ProtocolError,
-                        format!(
-                            "call {seq} of this session is not run again: its session acknowledged the replies \
-                             of its calls below {}, so this is a stale copy",
-                            log.acked
-                        ),
-                    );
-                    out.push(Delivery { token, reply: Err(e) });
-                    return out;
-                }
+        if seq != 0 && acked > 1 {
+            // The client's log is found by reference: its name is cloned only for a new one.
+            let log = match self.logs.get_mut(&caller.client) {
+                Some(log) => log,
+                None => self.logs.entry(caller.client.clone()).or_default(),
+            };
+            // Never the call's own reply: a client acknowledging it is mistaken.
+            log.acknowledge(acked.min(seq));
+        }
+        // Only live calls: a logged one was accepted where it ran, and a replica (whose mark
+        // may be higher, from a leader's snapshot) must apply it the same.
+        if let Some(log) = self.logs.get(&caller.client).filter(|_| seq != 0 && replayed.is_none()) {
+            if seq < log.acked_below {
+                let e = Error::new(
+                    ErrorKind::ProtocolError,
+                    format!(
+                        "call {seq} of this session is not run again: its session acknowledged the replies of \
+                         its calls below {}, so this is a stale copy",
+                        log.acked_below
+                    ),
+                );
+                out.push(Delivery { token, reply: Err(e) });
+                return out;
             }
         }
         let persistent = match &op {

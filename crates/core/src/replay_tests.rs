@@ -446,6 +446,43 @@ fn a_snapshot_keeps_the_replies_a_client_acknowledged_forgotten_and_their_calls_
 }
 
 #[test]
+fn a_call_parked_below_its_sessions_mark_parks_again_from_a_snapshot() {
+    let mut l = Live::new();
+    l.create(1, "Queue", "q", vec![], true);
+    l.create(1, "Counter", "c", vec![], true);
+    let caller = Caller {
+        conn: 7,
+        client: Arc::from("acking"),
+        thread: 0,
+    };
+    let get = Op::Call {
+        type_name: "Queue".into(),
+        key: "q".into(),
+        method: "get".into(),
+        args: vec![true.into(), Value::Nil],
+    };
+    let out = l.p.apply(&caller, Token { conn: 7, req: 1 }, 5, 5, get, l.now);
+    assert!(l.drain(out).is_empty(), "parked");
+    // A client acknowledging past its parked call (mistaken, or giving up on it).
+    let increment = Op::Call {
+        type_name: "Counter".into(),
+        key: "c".into(),
+        method: "increment".into(),
+        args: vec![],
+    };
+    let out = l.p.apply(&caller, Token { conn: 7, req: 2 }, 6, 7, increment, l.now);
+    l.drain(out);
+    let at = l.log.len();
+    let mut body = l.p.begin_snapshot();
+    body.extend(l.p.snapshot_chunk(usize::MAX).unwrap().0);
+    let (_, out) = l.call(2, "Queue", "q", "put", vec!["x".into()]);
+    assert_eq!(reply(&out, Token { conn: 7, req: 1 }), Some(&Ok(Value::from("x"))));
+    // Restored, the get parks again and takes the item, as it did live.
+    let p = restored(&body, &l.log[at..]);
+    assert_eq!(p.persistent_snapshots(), l.p.persistent_snapshots());
+}
+
+#[test]
 fn a_get_parked_at_the_snapshot_takes_the_item_of_a_later_put() {
     let mut l = Live::new();
     l.create(1, "Queue", "q", vec![], true);

@@ -235,7 +235,7 @@ pub fn decode_request(body: &[u8]) -> Result<Request, RequestError> {
 }
 
 /// The request nearly every frame holds, `[id, "call", seq, thread, type, key, method,
-/// args]`, read straight from the bytes: no `Value` for its envelope, its op or its
+/// args, acked?]`, read straight from the bytes: no `Value` for its envelope, its op or its
 /// strings. `None` for anything else, malformed calls included: the general path reads
 /// those, and words their errors.
 fn decode_call(body: &[u8]) -> Option<Request> {

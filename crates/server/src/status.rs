@@ -71,13 +71,14 @@ pub(crate) fn status(shared: &Shared) -> Value {
     let calls_per_s = f64::from_bits(shared.stats.calls_per_s.load(Ordering::Relaxed));
     let invocations_per_s = f64::from_bits(shared.stats.invocations_per_s.load(Ordering::Relaxed));
     let pool = shared.gateway.counts();
-    let hosted_objects: usize = (0..shared.shards.count())
-        .filter_map(|i| shared.shards.with(i, |s| s.partition.hosted_objects()).ok())
-        .sum();
+    let (hosted_objects, replies) = (0..shared.shards.count())
+        .filter_map(|i| {
+            let counts =
+                |s: &mut crate::shards::ShardState| (s.partition.hosted_objects(), s.partition.recorded_replies());
+            shared.shards.with(i, counts).ok()
+        })
+        .fold((0, 0), |(h, r), (hosted, replies)| (h + hosted, r + replies));
     let (object_hosts, object_calls) = shared.hosts.counts();
-    let replies: usize = (0..shared.shards.count())
-        .filter_map(|i| shared.shards.with(i, |s| s.partition.recorded_replies()).ok())
-        .sum();
     let entries: Vec<(&str, Value)> = vec![
         ("address", Value::from(shared.address.as_str())),
         ("version", Value::from(crate::VERSION)),

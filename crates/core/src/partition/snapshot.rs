@@ -24,8 +24,9 @@
 //!
 //! `header` has exactly the fields `next_object_id`, `highest_logged_conn` (ints),
 //! `logged_conns` (array of ints), `logged_clients` (array of strings), `replies` (array of
-//! `[client, [[seq, reply]...]]`, oldest reply first; `reply` is `["ok", value]` or
-//! `["err", kind, message, data]`), `parked` (array of `[record, recorded]`: the op-log
+//! `[client, [[seq, reply]...], acked_below]`, oldest reply first; `reply` is `["ok", value]`
+//! or `["err", kind, message, data]`; `acked_below`, absent from older snapshots: the
+//! session's calls below it are refused), `parked` (array of `[record, recorded]`: the op-log
 //! record of a parked call as bin, in park order, and whether its reply will be recorded
 //! for retries: not once its session ended) and `classes` (array of `[type, version, code]`, code as bin: the classes of
 //! user-defined objects this partition logged). A user-defined object still constructing
@@ -77,11 +78,16 @@ impl Partition {
                 .durable()
                 .map(|(seq, reply)| Value::Array(vec![seq.into(), encode_reply(&reply)]))
                 .collect();
-            if !durable.is_empty() || log.acked != 0 {
+            // A session named in no record is never ended by one: its mark is left out.
+            let acked_below = match self.logged_clients.contains(client) {
+                true => log.acked_below,
+                false => 0,
+            };
+            if !durable.is_empty() || acked_below != 0 {
                 replies.push(Value::Array(vec![
                     (**client).into(),
                     Value::Array(durable),
-                    log.acked.into(),
+                    acked_below.into(),
                 ]));
             }
         }
@@ -226,10 +232,7 @@ impl Partition {
                 r.end()?;
                 log.record(seq, reply, true);
             }
-            // (Absent from snapshots taken before clients acknowledged.)
-            if items.items.len() > 0 {
-                log.acked = items.uint("acked")?;
-            }
+            log.acked_below = items.optional_uint("acked_below")?;
             items.end()?;
             self.logs.insert(client, log);
         }
@@ -453,6 +456,14 @@ impl Items {
 
     fn uint(&mut self, name: &str) -> Result<u64, String> {
         uint(self.next(name)?, name)
+    }
+
+    /// A last item that older snapshots lack: 0 when absent.
+    fn optional_uint(&mut self, name: &str) -> Result<u64, String> {
+        match self.items.len() {
+            0 => Ok(0),
+            _ => self.uint(name),
+        }
     }
 
     fn string(&mut self, name: &str) -> Result<String, String> {
