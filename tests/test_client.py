@@ -136,6 +136,34 @@ def test_the_client_acknowledges_so_the_server_keeps_few_replies(server):
     assert spindle.status()["replies"] - after >= 90
 
 
+def test_a_call_started_before_a_scope_ends_in_its_own_session(server, monkeypatch):
+    client = spindle.connect()
+    counter = spindle.Counter()
+    calls = client._state.calls
+    taken, scoped = threading.Event(), threading.Event()
+    start = calls.start
+
+    def start_then_wait() -> "tuple[int, int]":
+        numbers = start()
+        if threading.current_thread().name == "before":
+            taken.set()  # the call has its seq: now the scope begins, before it is sent
+            assert scoped.wait(30)
+        return numbers
+
+    monkeypatch.setattr(calls, "start", start_then_wait)
+    before = threading.Thread(target=counter.increment, name="before")
+    before.start()
+    assert taken.wait(30)
+    with client.scope(uuid.uuid4().hex):
+        scoped.set()
+        before.join()
+        # Had that call gone out on the scope's session, its acked (a seq of the process's
+        # session) would have marked the scope's calls, numbered from 1, as stale.
+        for _ in range(3):
+            counter.increment()
+    assert counter.get() == 4
+
+
 def test_requests_before_hello_are_refused(server):
     import socket
 

@@ -310,6 +310,20 @@ class Calls:
                 self._waiting.pop(seq, None)
 
 
+class _Session:
+    """What a client's calls run as: the session id, its calls, its unnamed-object numbers
+    and its connections (one per thread and node). ``scope`` swaps it whole, and a call reads
+    it once, so a call that started before a scope ends as it began."""
+
+    __slots__ = ("id", "calls", "unnamed", "local", "conns")
+
+    def __init__(self, identity: Tuple[str, Calls, "itertools.count[int]"]) -> None:
+        self.id, self.calls, self.unnamed = identity
+        self.local = threading.local()
+        # Weak: a thread's connection closes when the thread ends and drops its local.
+        self.conns: "weakref.WeakSet[Connection]" = weakref.WeakSet()
+
+
 def _new_identity() -> Tuple[str, Calls, "itertools.count[int]"]:
     """This process's session id, calls and unnamed-object numbers."""
     return (uuid.uuid4().hex, Calls(), itertools.count(1))
@@ -348,15 +362,23 @@ class Client:
         # The sessions of `scope`s running now (invocations of functions), with their depths.
         self._scoped: Dict[str, int] = {}
 
-    def _new_session(self, identity: Optional[Tuple[Any, Any, Any]] = None) -> None:
-        self.session, self._calls, self._unnamed = identity or _identity
-        self._seq = self._calls.numbers
+    def _new_session(self, identity: Optional[Tuple[str, Calls, "itertools.count[int]"]] = None) -> None:
+        self._state = _Session(identity or _identity)
         if identity is None:
             self._own_session = self.session
-        self._local = threading.local()
-        # Weak: a thread's connection closes when the thread ends and drops its local.
-        self._conns: "weakref.WeakSet[Connection]" = weakref.WeakSet()
         self._conns_lock = threading.Lock()
+
+    @property
+    def session(self) -> str:
+        return self._state.id
+
+    @property
+    def _seq(self) -> "itertools.count[int]":
+        return self._state.calls.numbers
+
+    @property
+    def _local(self) -> threading.local:
+        return self._state.local
 
     @contextlib.contextmanager
     def scope(self, session: str) -> Iterator[None]:
@@ -367,7 +389,7 @@ class Client:
         those the failed attempt already made (exactly-once). The scope's connections are
         closed at its end.
         """
-        saved = (self.session, self._calls, self._seq, self._unnamed, self._local, self._conns)
+        saved = self._state
         self._new_session((session, Calls(acknowledges=False), itertools.count(1)))
         with self._presence_lock:
             self._scoped[session] = self._scoped.get(session, 0) + 1
@@ -380,7 +402,7 @@ class Client:
                     self._scoped[session] -= 1
                 else:
                     self._scoped.pop(session, None)
-            (self.session, self._calls, self._seq, self._unnamed, self._local, self._conns) = saved
+            self._state = saved
 
     def live_sessions(self) -> List[str]:
         """This process's own session and those of the scopes running now."""
@@ -389,7 +411,7 @@ class Client:
 
     def after_fork_in_child(self) -> None:
         """Fresh session; close our copies of the inherited sockets without sending on them."""
-        for conn in list(self._conns):
+        for conn in list(self._state.conns):
             conn.close()  # the parent's copy stays open: no FIN is sent
         self._new_session()  # after _new_identity()
         self._presence_lock = threading.Lock()
@@ -400,26 +422,29 @@ class Client:
 
     def unnamed_key(self) -> str:
         """A fresh key for an unnamed object: ``~<session>.<n>``."""
-        return f"~{self.session}.{next(self._unnamed)}"
+        state = self._state
+        return f"~{state.id}.{next(state.unnamed)}"
 
     # -- requests --------------------------------------------------------------------------
 
     def call(self, type_name: str, key: str, method: str, args: List[Any], ship: bool = False) -> Any:
         """Call ``method`` on the object ``(type_name, key)``; ``ship``: the arguments go to a
         shared object's method (see ``codec.packb``)."""
-        calls, seq = self._calls, 0
+        state, seq = self._state, 0
+        calls = state.calls
         try:
             seq, acked = calls.start()
             request = [seq, "call", seq, _get_ident(), type_name, key, method, args]
             if acked:  # optional: a session that does not acknowledge sends the old shape
                 request.append(acked)
-            return self.request(request, seq, ship, key)
+            return self.request(request, seq, ship, key, state)
         finally:
             calls.done(seq)
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
                ship: bool = False, persistent: bool = False) -> bool:
-        calls, seq = self._calls, 0
+        state, seq = self._state, 0
+        calls = state.calls
         try:
             seq, acked = calls.start()
             request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
@@ -427,7 +452,7 @@ class Client:
                 request.append(persistent)
             if acked:
                 request.append(acked)
-            return self.request(request, seq, ship, key)
+            return self.request(request, seq, ship, key, state)
         finally:
             calls.done(seq)
 
@@ -438,18 +463,20 @@ class Client:
         return self.request([rid, "define", type_name, version, code], rid, key=key)
 
     def delete(self, key: str) -> bool:
-        calls, seq = self._calls, 0
+        state, seq = self._state, 0
+        calls = state.calls
         try:
             seq, _ = calls.start()  # waits like any call, so that no call acknowledges its reply
-            return self.request([seq, "delete", seq, key], seq, key=key)
+            return self.request([seq, "delete", seq, key], seq, key=key, state=state)
         finally:
             calls.done(seq)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
-        calls, seq = self._calls, 0
+        state, seq = self._state, 0
+        calls = state.calls
         try:
             seq, _ = calls.start()
-            return self.request([seq, "keep", seq, type_name, key, name], seq, key=key)
+            return self.request([seq, "keep", seq, type_name, key, name], seq, key=key, state=state)
         finally:
             calls.done(seq)
 
@@ -496,12 +523,15 @@ class Client:
         return self.request([rid, "cluster"], rid)
 
     def request(
-        self, request: List[Any], req_id: int, ship: bool = False, key: Optional[str] = None
+        self, request: List[Any], req_id: int, ship: bool = False, key: Optional[str] = None,
+        state: Optional[_Session] = None,
     ) -> Any:
         """Send ``request`` on this thread's connection (in a cluster: to the leader of
-        ``key``'s shard); resend it after a lost connection or a redirect."""
+        ``key``'s shard) of ``state`` (the session now, by default); resend it after a lost
+        connection or a redirect."""
         data = frame(request, ship)
-        local = self._local
+        state = state or self._state
+        local = state.local
         delay = FIRST_BACKOFF
         attempt = 0
         # In a cluster a keyed call names its node (the shard's leader, else the first node);
@@ -519,7 +549,7 @@ class Client:
                 pass
             try:
                 if conn is None:
-                    conn = self._open(address)
+                    conn = self._open(address, state)
                 moved = None
                 if routed and len(self.nodes) > 1:
                     moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn)
@@ -527,7 +557,7 @@ class Client:
             except OSError as exc:  # connection lost (or refused): reconnect and resend
                 failed = conn.address if conn is not None else (address or self.nodes[0])
                 if conn is not None:
-                    self._drop(conn)
+                    self._drop(conn, state)
                 if len(self.nodes) > 1:  # another node may lead now, or say which one does
                     deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT
                     failover = True
@@ -553,7 +583,7 @@ class Client:
                 continue
             except BaseException:  # interrupted mid-call (Ctrl-C, a signal handler raising)
                 if conn is not None and not self._withdraw(conn, request):
-                    self._drop(conn)
+                    self._drop(conn, state)
                 raise
             if reply[1] == 0:
                 return reply[2]
@@ -585,7 +615,7 @@ class Client:
                         time.sleep(0.02)  # an election: elections take tens of milliseconds
                     continue
             if isinstance(error, list) and error and error[0] == "FrameTooLarge":
-                self._drop(conn)  # the server closes it
+                self._drop(conn, state)  # the server closes it
             if failover and isinstance(error, list) and error[:1] == ["NotFound"]:
                 raise ObjectLost(
                     f"{error[1]}: the leader of its shard changed during the call, and an "
@@ -654,16 +684,18 @@ class Client:
             return False
         return reply[0] == withdraw_id and reply[1] == 0
 
-    def _open(self, address: Optional[str] = None) -> Connection:
-        """A new connection for this thread, to ``address`` (``None``: the first node)."""
+    def _open(self, address: Optional[str] = None, state: Optional[_Session] = None) -> Connection:
+        """A new connection of ``state`` (the session now, by default) for this thread, to
+        ``address`` (``None``: the first node)."""
+        state = state or self._state
         host, port = parse_address(address) if address is not None else (self.host, self.port)
-        conn = Connection(host, port, self.session, next(self._seq), self.token)
+        conn = Connection(host, port, state.id, next(state.calls.numbers), self.token)
         if address is None:
-            self._local.conn = conn
+            state.local.conn = conn
         else:
-            self._local.__dict__.setdefault("others", {})[address] = conn
+            state.local.__dict__.setdefault("others", {})[address] = conn
         with self._conns_lock:
-            self._conns.add(conn)
+            state.conns.add(conn)
         if conn.hello.get("shards") and not self.shards:
             self._load_map(conn)
         if self.shards and self._presence is None:
@@ -687,15 +719,16 @@ class Client:
                 self._leaders[group["shard"]] = group["leader_address"]
         self.shards = int(cluster.get("shards") or 0)
 
-    def _drop(self, conn: Connection) -> None:
-        if getattr(self._local, "conn", None) is conn:
-            del self._local.conn
-        others = getattr(self._local, "others", {})
+    def _drop(self, conn: Connection, state: Optional[_Session] = None) -> None:
+        state = state or self._state
+        if getattr(state.local, "conn", None) is conn:
+            del state.local.conn
+        others = getattr(state.local, "others", {})
         for address, other in list(others.items()):
             if other is conn:
                 del others[address]
         with self._conns_lock:
-            self._conns.discard(conn)
+            state.conns.discard(conn)
         conn.close()
 
     def close(self) -> None:
@@ -707,11 +740,12 @@ class Client:
         self._close_connections()
 
     def _close_connections(self) -> None:
+        state = self._state
         with self._conns_lock:
-            conns, self._conns = list(self._conns), weakref.WeakSet()
+            conns, state.conns = list(state.conns), weakref.WeakSet()
         for conn in conns:
             conn.close()
-        self._local = threading.local()
+        state.local = threading.local()
 
 
 # -- the process's client ------------------------------------------------------------------
