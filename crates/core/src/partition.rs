@@ -627,8 +627,8 @@ impl Partition {
 
     /// Apply one call. `seq` is the caller's sequence number (0: do not deduplicate), and
     /// `acked` the seq below which the caller holds all its replies (0: no word on them),
-    /// which are forgotten here. Returns the caller's reply (unless the call parked) and any
-    /// woken waiters' replies.
+    /// which are forgotten here; a later live call below it is refused as a stale copy.
+    /// Returns the caller's reply (unless the call parked) and any woken waiters' replies.
     pub fn apply(
         &mut self,
         caller: &Caller,
