@@ -430,31 +430,20 @@ class Client:
     def call(self, type_name: str, key: str, method: str, args: List[Any], ship: bool = False) -> Any:
         """Call ``method`` on the object ``(type_name, key)``; ``ship``: the arguments go to a
         shared object's method (see ``codec.packb``)."""
-        state, seq = self._state, 0
-        calls = state.calls
-        try:
-            seq, acked = calls.start()
-            request = [seq, "call", seq, _get_ident(), type_name, key, method, args]
-            if acked:  # optional: a session that does not acknowledge sends the old shape
-                request.append(acked)
-            return self.request(request, seq, ship, key, state)
-        finally:
-            calls.done(seq)
+        def request(seq: int, acked: int) -> List[Any]:
+            # `acked` is optional: a session that does not acknowledge sends the old shape.
+            return [seq, "call", seq, _get_ident(), type_name, key, method, args] + ([acked] if acked else [])
+
+        return self._numbered(request, key, ship)
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
                ship: bool = False, persistent: bool = False) -> bool:
-        state, seq = self._state, 0
-        calls = state.calls
-        try:
-            seq, acked = calls.start()
-            request = [seq, "create", seq, _get_ident(), type_name, key, args, owned]
-            if persistent or acked:  # optional operands: ephemeral creates keep the old shape
-                request.append(persistent)
-            if acked:
-                request.append(acked)
-            return self.request(request, seq, ship, key, state)
-        finally:
-            calls.done(seq)
+        def request(seq: int, acked: int) -> List[Any]:
+            # Optional operands: ephemeral creates keep the old shape.
+            optional = [persistent, acked] if acked else [True] if persistent else []
+            return [seq, "create", seq, _get_ident(), type_name, key, args, owned, *optional]
+
+        return self._numbered(request, key, ship)
 
     def define(self, type_name: str, version: str, code: bytes, key: Optional[str] = None) -> bool:
         """Register the code of a user-defined type (``py:...``) under ``version``; in a
@@ -463,22 +452,20 @@ class Client:
         return self.request([rid, "define", type_name, version, code], rid, key=key)
 
     def delete(self, key: str) -> bool:
-        state, seq = self._state, 0
-        calls = state.calls
-        try:
-            seq, _ = calls.start()  # waits like any call, so that no call acknowledges its reply
-            return self.request([seq, "delete", seq, key], seq, key=key, state=state)
-        finally:
-            calls.done(seq)
+        return self._numbered(lambda seq, _: [seq, "delete", seq, key], key)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
+        return self._numbered(lambda seq, _: [seq, "keep", seq, type_name, key, name], key)
+
+    def _numbered(self, request: Callable[[int, int], List[Any]], key: str, ship: bool = False) -> Any:
+        """Send the call ``request(seq, acked)`` builds, as one of the session's calls in
+        flight until it has its reply (so no other call acknowledges it meanwhile)."""
         state, seq = self._state, 0
-        calls = state.calls
         try:
-            seq, _ = calls.start()
-            return self.request([seq, "keep", seq, type_name, key, name], seq, key=key, state=state)
+            seq, acked = state.calls.start()
+            return self.request(request(seq, acked), seq, ship, key, state)
         finally:
-            calls.done(seq)
+            state.calls.done(seq)
 
     def objects(self, prefix: str = "", persistent: bool = False) -> List[Any]:
         """``[name, type]`` of the named objects under ``prefix``, sorted. In a cluster each

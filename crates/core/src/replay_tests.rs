@@ -54,6 +54,22 @@ impl Live {
         (token, self.drain(out))
     }
 
+    /// `op` from the session "acking", which numbers its own calls and acknowledges replies.
+    fn apply_acking(&mut self, conn: u64, seq: u64, acked: u64, op: Op) -> (Token, Vec<Delivery>) {
+        self.next_req += 1;
+        let caller = Caller {
+            conn,
+            client: Arc::from("acking"),
+            thread: 0,
+        };
+        let token = Token {
+            conn,
+            req: self.next_req,
+        };
+        let out = self.p.apply(&caller, token, seq, acked, op, self.now);
+        (token, self.drain(out))
+    }
+
     fn call(
         &mut self,
         conn: u64,
@@ -62,13 +78,7 @@ impl Live {
         method: &str,
         args: Vec<Value>,
     ) -> (Token, Vec<Delivery>) {
-        let op = Op::Call {
-            type_name: type_name.into(),
-            key: key.into(),
-            method: method.into(),
-            args,
-        };
-        self.apply(conn, op)
+        self.apply(conn, call_op(type_name, key, method, args))
     }
 
     fn create(&mut self, conn: u64, type_name: &str, key: &str, args: Vec<Value>, persistent: bool) -> Vec<Delivery> {
@@ -101,6 +111,15 @@ impl Live {
     fn check(&self) {
         let replayed = self.replayed();
         assert_eq!(replayed.persistent_snapshots(), self.p.persistent_snapshots());
+    }
+}
+
+fn call_op(type_name: &str, key: &str, method: &str, args: Vec<Value>) -> Op {
+    Op::Call {
+        type_name: type_name.into(),
+        key: key.into(),
+        method: method.into(),
+        args,
     }
 }
 
@@ -408,24 +427,8 @@ fn a_snapshot_taken_while_calls_go_on_plus_the_tail_equals_a_full_replay() {
 fn a_snapshot_keeps_the_replies_a_client_acknowledged_forgotten_and_their_calls_refused() {
     let mut l = Live::new();
     l.create(1, "Counter", "c", vec![], true);
-    let caller = Caller {
-        conn: 1,
-        client: Arc::from("acking"),
-        thread: 0,
-    };
     let increment = |l: &mut Live, seq: u64, acked: u64| {
-        let op = Op::Call {
-            type_name: "Counter".into(),
-            key: "c".into(),
-            method: "increment".into(),
-            args: vec![],
-        };
-        let token = Token {
-            conn: 1,
-            req: 1000 + seq,
-        };
-        let out = l.p.apply(&caller, token, seq, acked, op, l.now);
-        (token, l.drain(out))
+        l.apply_acking(1, seq, acked, call_op("Counter", "c", "increment", vec![]))
     };
     for seq in 1..=10 {
         increment(&mut l, seq, seq);
@@ -450,33 +453,15 @@ fn a_call_parked_below_its_sessions_mark_parks_again_from_a_snapshot() {
     let mut l = Live::new();
     l.create(1, "Queue", "q", vec![], true);
     l.create(1, "Counter", "c", vec![], true);
-    let caller = Caller {
-        conn: 7,
-        client: Arc::from("acking"),
-        thread: 0,
-    };
-    let get = Op::Call {
-        type_name: "Queue".into(),
-        key: "q".into(),
-        method: "get".into(),
-        args: vec![true.into(), Value::Nil],
-    };
-    let out = l.p.apply(&caller, Token { conn: 7, req: 1 }, 5, 5, get, l.now);
-    assert!(l.drain(out).is_empty(), "parked");
+    let (get, out) = l.apply_acking(7, 5, 5, call_op("Queue", "q", "get", vec![true.into(), Value::Nil]));
+    assert!(out.is_empty(), "parked");
     // A client acknowledging past its parked call (mistaken, or giving up on it).
-    let increment = Op::Call {
-        type_name: "Counter".into(),
-        key: "c".into(),
-        method: "increment".into(),
-        args: vec![],
-    };
-    let out = l.p.apply(&caller, Token { conn: 7, req: 2 }, 6, 7, increment, l.now);
-    l.drain(out);
+    l.apply_acking(7, 6, 7, call_op("Counter", "c", "increment", vec![]));
     let at = l.log.len();
     let mut body = l.p.begin_snapshot();
     body.extend(l.p.snapshot_chunk(usize::MAX).unwrap().0);
     let (_, out) = l.call(2, "Queue", "q", "put", vec!["x".into()]);
-    assert_eq!(reply(&out, Token { conn: 7, req: 1 }), Some(&Ok(Value::from("x"))));
+    assert_eq!(reply(&out, get), Some(&Ok(Value::from("x"))));
     // Restored, the get parks again and takes the item, as it did live.
     let p = restored(&body, &l.log[at..]);
     assert_eq!(p.persistent_snapshots(), l.p.persistent_snapshots());
