@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import socket
+import subprocess
 import threading
 import time
 import uuid
+from typing import Iterator, List, Tuple
 
 import pytest
 
 import spindle
-from conftest import has_parked_callers, wait_until
-from spindle.client import Connection, frame, parse_address
+from conftest import has_parked_callers, server_binary, wait_until
+from spindle.client import Client, Connection, frame, parse_address
+from spindle.codec import unpackb
 
 
 def test_threads_share_objects_through_their_own_connections():
@@ -93,6 +99,7 @@ def test_a_resent_call_is_applied_once(server):
 def test_replies_below_acked_are_forgotten_and_the_calls_own_kept(server):
     counter = spindle.Counter()
     conn = raw_connection(server.address, uuid.uuid4().hex)
+    assert "acked" in conn.hello["features"]  # clients send it only to servers listing it
 
     def add(seq: int, n: int, acked: int = 0) -> object:
         request = [seq, "call", seq, 0, "Counter", counter.key, "add", [n]] + ([acked] if acked else [])
@@ -134,6 +141,56 @@ def test_the_client_acknowledges_so_the_server_keeps_few_replies(server):
             counter.increment()
     # (At least 90: an earlier test's session may end meanwhile, taking its few replies.)
     assert spindle.status()["replies"] - after >= 90
+
+
+@pytest.fixture
+def older_server() -> Iterator[Tuple[str, List[list]]]:
+    """A server of protocol 1 before ``acked``: its hello lists no ``features``, and it
+    refuses a ``call`` of more than 8 items and a ``create`` of more than 9, as servers did
+    then. Yields its address and the calls and creates it took."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: List[list] = []
+    most = {"call": 8, "create": 9}
+
+    def serve(conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as stream:
+            while header := stream.read(4):
+                request = unpackb(stream.read(int.from_bytes(header, "big")))
+                rid, op = request[0], request[1]
+                if op == "hello":
+                    reply = [rid, 0, {"server": "spindle", "version": "0.1.0", "protocol": 1, "resumed": False}]
+                elif op in most and len(request) <= most[op]:
+                    taken.append(request)
+                    reply = [rid, 0, True if op == "create" else len(taken)]
+                else:
+                    reply = [rid, 1, ["ProtocolError", f"'{op}' takes at most {most.get(op)} items", None]]
+                conn.sendall(frame(reply))
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield "127.0.0.1:%d" % listener.getsockname()[1], taken
+    listener.close()
+
+
+def test_a_server_whose_hello_lists_no_acked_gets_calls_without_it(older_server):
+    address, taken = older_server
+    client = Client(address)
+    try:
+        assert client.create("Counter", "hits", [], owned=False, persistent=True)
+        assert [client.call("Counter", "hits", "add", [1]) for _ in range(3)] == [2, 3, 4]
+    finally:
+        client.close()
+    # The shell's client too: a create and a call, then another create and call.
+    env = dict(os.environ, SPINDLE_ADDRESS=address)
+    for _ in range(2):
+        done = subprocess.run([server_binary(), "counter", "-n", "hits", "increment"],
+                              capture_output=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr.decode()
+    assert [request[1] for request in taken] == ["create"] + ["call"] * 3 + ["create", "call"] * 2
 
 
 def test_a_call_started_before_a_scope_ends_in_its_own_session(server, monkeypatch):

@@ -96,3 +96,22 @@ def test_the_pipe_encoding_is_a_queue_of_chunks_ended_by_none(uniq: str) -> None
     feeder.start()
     assert sh("pipe", "-n", f"{uniq}.back", "read").stdout == data
     feeder.join()
+
+
+def test_a_long_put_from_the_shell_leaves_the_server_few_replies(uniq: str) -> None:
+    # The queue holds 2000: the shell's 2001st put waits, so its session is still open.
+    jobs = spindle.Queue(2000, name=f"{uniq}.jobs")
+    before = spindle.status()["replies"]
+    items = [arg for i in range(2001) for arg in ("-1", str(i))]
+    putter = subprocess.Popen([server_binary(), "queue", "-n", f"{uniq}.jobs", "put", *items],
+                              stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: jobs.qsize() == 2000)
+        # Each put acknowledged the replies before it: the server keeps the one in flight,
+        # not 2000.
+        assert spindle.status()["replies"] - before <= 2
+        assert jobs.get() == 0
+    finally:
+        _, err = putter.communicate(timeout=60)
+    assert putter.returncode == 0, err.decode()
+    assert jobs.qsize() == 2000

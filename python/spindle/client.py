@@ -3,9 +3,9 @@
 One synchronous socket per thread (so a call parked in the server blocks only its own
 thread), all sharing the process's session id. Every call carries ``(session, seq)`` with
 ``seq`` from one process-wide counter, so a call resent after a reconnect is applied once,
-and the lowest seq still waiting for its reply (``acked``), so the server keeps only the
-replies of calls in flight. After ``fork`` the child gets a fresh session and drops the
-inherited sockets unused.
+and the lowest seq still waiting for its reply (``acked``, where the server's hello lists
+it), so the server keeps only the replies of calls in flight. After ``fork`` the child gets a
+fresh session and drops the inherited sockets unused.
 """
 
 from __future__ import annotations
@@ -357,6 +357,9 @@ class Client:
         # (type, version) of the user-defined classes this client has sent with `define`.
         self.defined: Set[Tuple[str, str]] = set()
         self._new_session()
+        # Whether the servers take `acked` (their hello lists it): unknown until the first
+        # hello, and off for good once one does not (an older server refuses the operand).
+        self._acks: Optional[bool] = None
         self._presence: Optional[Presence] = None  # started on learning it is a cluster
         self._presence_lock = threading.Lock()
         # The sessions of `scope`s running now (invocations of functions), with their depths.
@@ -463,7 +466,7 @@ class Client:
         state, seq = self._state, 0
         try:
             seq, acked = state.calls.start()
-            return self.request(request(seq, acked), seq, ship, key, state)
+            return self.request(request(seq, acked if self._acks else 0), seq, ship, key, state)
         finally:
             state.calls.done(seq)
 
@@ -683,6 +686,8 @@ class Client:
             state.local.__dict__.setdefault("others", {})[address] = conn
         with self._conns_lock:
             state.conns.add(conn)
+        if self._acks is not False:
+            self._acks = "acked" in (conn.hello.get("features") or ())
         if conn.hello.get("shards") and not self.shards:
             self._load_map(conn)
         if self.shards and self._presence is None:

@@ -47,6 +47,11 @@ pub(crate) struct Client {
     next_seq: u64,
     /// The session id given in `hello`.
     session: String,
+    /// Whether the server takes `acked` (its hello lists it).
+    acks: bool,
+    /// Whether the session pipelines recorded calls ([`call_seq`](Self::call_seq)): a call's
+    /// reply may then still be out when the next goes, so none acknowledges.
+    pipelined: bool,
 }
 
 impl Client {
@@ -65,6 +70,8 @@ impl Client {
                         next_id: 1,
                         next_seq: 1,
                         session: session_id(),
+                        acks: false,
+                        pipelined: false,
                     };
                     client.hello()?;
                     return Ok(client);
@@ -86,7 +93,12 @@ impl Client {
         if let Some(token) = std::env::var("SPINDLE_TOKEN").ok().filter(|t| !t.is_empty()) {
             hello.push(("token".into(), token.into()));
         }
-        self.request("hello", vec![Value::Map(hello)]).map(drop)
+        let reply = self.request("hello", vec![Value::Map(hello)])?;
+        // An older server refuses the operand.
+        self.acks = field(&reply, "features")
+            .and_then(Value::as_array)
+            .is_some_and(|features| features.iter().any(|f| f.as_str() == Some("acked")));
+        Ok(())
     }
 
     fn request(&mut self, op: &str, operands: Vec<Value>) -> Result<Value, String> {
@@ -162,6 +174,12 @@ impl Client {
         Value::from(seq)
     }
 
+    /// A call's last operand, `acked`: its own seq (calls one at a time: every earlier one
+    /// was answered, or given up and never sent again), so the server forgets their replies.
+    fn acked(&self, seq: &Value) -> Option<Value> {
+        (self.acks && !self.pipelined).then(|| seq.clone())
+    }
+
     /// `create`: `true` if the object was created, `false` if it existed.
     pub(crate) fn create(
         &mut self,
@@ -172,7 +190,8 @@ impl Client {
         persistent: bool,
     ) -> Result<bool, Failure> {
         let seq = self.next_seq();
-        let operands = vec![
+        let acked = self.acked(&seq);
+        let mut operands = vec![
             seq,
             0.into(),
             type_name.into(),
@@ -181,6 +200,7 @@ impl Client {
             owned.into(),
             persistent.into(),
         ];
+        operands.extend(acked);
         let created = self.exchange("create", operands, Some(TIMEOUT))?;
         Ok(created.as_bool().unwrap_or(false))
     }
@@ -207,7 +227,8 @@ impl Client {
         wait: Option<Duration>,
     ) -> Result<Value, Failure> {
         let seq = self.next_seq();
-        let operands = vec![
+        let acked = self.acked(&seq);
+        let mut operands = vec![
             seq,
             0.into(),
             type_name.into(),
@@ -215,6 +236,7 @@ impl Client {
             method.into(),
             Value::Array(args),
         ];
+        operands.extend(acked);
         self.exchange("call", operands, wait.map(|w| w.saturating_add(TIMEOUT)))
     }
 
@@ -356,8 +378,10 @@ impl Client {
         &self.session
     }
 
-    /// A fresh call number for a request sent with [`send`](Self::send).
+    /// A fresh call number for a request sent with [`send`](Self::send) (the session
+    /// acknowledges no more: the call's reply may be out when the next one goes).
     pub(crate) fn call_seq(&mut self) -> Value {
+        self.pipelined = true;
         self.next_seq()
     }
 

@@ -1326,16 +1326,24 @@ mod tests {
             assert_eq!(decode_request(&longer), decode_any(&longer));
             assert!(decode_request(&longer).is_err());
         }
-        // Arguments nested as deep as the general path takes them, and one level deeper.
-        let nest = |levels: usize| (0..levels).fold(v(vec![]), |inner, _| v(vec![inner]));
-        let deep: Vec<_> = (508..=512)
-            .map(|levels| decode_request(&call(1.into(), s("k"), v(vec![nest(levels)]))))
-            .collect();
-        assert!(deep.first().is_some_and(Result::is_ok) && deep.last().is_some_and(Result::is_err));
-        for (levels, got) in (508..=512).zip(deep) {
-            let body = call(1.into(), s("k"), v(vec![nest(levels)]));
-            assert_eq!(got, decode_any(&body), "{levels} levels");
-        }
+        // Arguments nested as deep as the general path takes them, and one level deeper (on a
+        // thread with room for rmpv's recursion over 512 levels in a debug build).
+        std::thread::scope(|scope| {
+            let deep = std::thread::Builder::new()
+                .stack_size(64 << 20)
+                .spawn_scoped(scope, || {
+                    let nest = |levels: usize| (0..levels).fold(v(vec![]), |inner, _| v(vec![inner]));
+                    let deep: Vec<_> = (508..=512)
+                        .map(|levels| decode_request(&call(1.into(), s("k"), v(vec![nest(levels)]))))
+                        .collect();
+                    assert!(deep.first().is_some_and(Result::is_ok) && deep.last().is_some_and(Result::is_err));
+                    for (levels, got) in (508..=512).zip(deep) {
+                        let body = call(1.into(), s("k"), v(vec![nest(levels)]));
+                        assert_eq!(got, decode_any(&body), "{levels} levels");
+                    }
+                });
+            deep.expect("a thread").join().expect("nested arguments decode alike");
+        });
         // The same call with its integers in wider encodings than needed.
         let mut wide = vec![0x98, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9, 0xa4];
         wide.extend(b"call");

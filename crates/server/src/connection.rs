@@ -874,12 +874,21 @@ fn unauthorized(what: &str) -> Error {
     Error::new(ErrorKind::Unauthorized, message)
 }
 
+/// The optional operands `hello` lists: `acked` on `call` and `create`.
+const FEATURES: &[&str] = &["acked"];
+
 fn hello_reply(shared: &Shared, resumed: bool) -> Value {
     let mut fields = vec![
         (Value::from("server"), Value::from("spindle")),
         (Value::from("version"), Value::from(crate::VERSION)),
         (Value::from("protocol"), Value::from(PROTOCOL_VERSION)),
         (Value::from("resumed"), Value::Boolean(resumed)),
+        // What this server understands beyond protocol 1's first shape: a client sends an
+        // optional operand only to a server that lists it (older servers refuse them).
+        (
+            Value::from("features"),
+            Value::Array(FEATURES.iter().map(|&f| Value::from(f)).collect()),
+        ),
     ];
     if let Some(cluster) = &shared.cluster {
         // Clients of a cluster route calls by shard: `cluster` tells the shard map.
