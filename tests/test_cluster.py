@@ -4,6 +4,7 @@ directory intact, and membership changes while serving (docs/cluster.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -1033,9 +1034,10 @@ def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
 
 
 def test_threads_sets_how_many_threads_serve(tmp_path):
-    # Nodes sharing a machine split its cores: `--threads` is how (see THREADS).
-    for threads in (1, 3):
-        server = ServerProcess("--threads", str(threads))
+    # Nodes sharing a machine split its cores: `--threads` is how (see THREADS), and
+    # `--shared-cores` has a thread yield the cores before it sleeps.
+    for threads, shared in ((1, ["--shared-cores"]), (3, [])):
+        server = ServerProcess("--threads", str(threads), *shared)
         try:
             tasks = Path(f"/proc/{server.process.pid}/task")
             names = [(task / "comm").read_text().strip() for task in tasks.iterdir()]
@@ -1249,6 +1251,16 @@ def test_a_partitioned_leader_is_replaced_and_no_update_is_lost_or_doubled(netns
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
 
 
+def children(pid: int) -> List[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
 def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_its_data(tmp_path):
     port = stable_port(3)
 
@@ -1269,6 +1281,9 @@ def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_i
 
     proc, address = start()
     try:
+        # The nodes split the machine's cores and yield them before sleeping.
+        flags = [set(Path(f"/proc/{node}/cmdline").read_bytes().split(b"\0")) for node in children(proc.pid)]
+        assert len(flags) == 3 and all({b"--threads", b"--shared-cores"} <= f for f in flags), flags
         client = Client(address)
         client.create("Counter", "local", [], False, persistent=True)
         assert client.call("Counter", "local", "add", [7]) == 7

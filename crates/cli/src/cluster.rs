@@ -23,7 +23,7 @@ enum ClusterCommand {
     /// directory each under DIR) in the foreground, for development and tests; Ctrl-C stops
     /// it. A node that dies is reported and the others keep serving. Started again with
     /// the same DIR, the nodes recover their state. The nodes split the machine's cores
-    /// (`spindle server --threads`).
+    /// (`spindle server --threads`, `--shared-cores`).
     Local {
         /// Number of nodes.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=9))]
@@ -341,6 +341,7 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
         rf.to_string(),
         "--threads".to_string(),
         threads.to_string(),
+        "--shared-cores".to_string(),
     ];
     if let Some(p) = partitions {
         extra.extend(["--partitions".to_string(), p.to_string()]);
