@@ -173,6 +173,7 @@ def older_server() -> Iterator[Tuple[str, List[list]]]:
 
     threading.Thread(target=accept, daemon=True).start()
     yield "127.0.0.1:%d" % listener.getsockname()[1], taken
+    listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread, which ends
     listener.close()
 
 

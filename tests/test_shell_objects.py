@@ -13,12 +13,17 @@ import spindle
 from conftest import server_binary, wait_until
 
 
-def sh(*args: str, input: bytes = b"", check: bool = True) -> subprocess.CompletedProcess:
-    """``spindle TYPE ARGS...`` against the session's server."""
+def shell_env() -> dict:
+    """The environment of a shell command: the session's server, no token."""
     env = dict(os.environ)
     env.pop("SPINDLE_TOKEN", None)
+    return env
+
+
+def sh(*args: str, input: bytes = b"", check: bool = True) -> subprocess.CompletedProcess:
+    """``spindle TYPE ARGS...`` against the session's server."""
     done = subprocess.run(
-        [server_binary(), *args], input=input, capture_output=True, env=env, timeout=60
+        [server_binary(), *args], input=input, capture_output=True, env=shell_env(), timeout=60
     )
     if check:
         assert done.returncode == 0, done.stderr.decode()
@@ -104,13 +109,16 @@ def test_a_long_put_from_the_shell_leaves_the_server_few_replies(uniq: str) -> N
     before = spindle.status()["replies"]
     items = [arg for i in range(2001) for arg in ("-1", str(i))]
     putter = subprocess.Popen([server_binary(), "queue", "-n", f"{uniq}.jobs", "put", *items],
-                              stderr=subprocess.PIPE)
+                              stderr=subprocess.PIPE, env=shell_env())
     try:
         assert wait_until(lambda: jobs.qsize() == 2000)
         # Each put acknowledged the replies before it: the server keeps the one in flight,
         # not 2000.
         assert spindle.status()["replies"] - before <= 2
         assert jobs.get() == 0
+    except BaseException:
+        putter.kill()  # its last put would wait for room forever
+        raise
     finally:
         _, err = putter.communicate(timeout=60)
     assert putter.returncode == 0, err.decode()

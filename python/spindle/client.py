@@ -684,10 +684,13 @@ class Client:
             state.local.conn = conn
         else:
             state.local.__dict__.setdefault("others", {})[address] = conn
+        features = conn.hello.get("features")
         with self._conns_lock:
             state.conns.add(conn)
-        if self._acks is not False:
-            self._acks = "acked" in (conn.hello.get("features") or ())
+            if not (isinstance(features, list) and "acked" in features):
+                self._acks = False
+            elif self._acks is None:
+                self._acks = True
         if conn.hello.get("shards") and not self.shards:
             self._load_map(conn)
         if self.shards and self._presence is None:

@@ -360,7 +360,8 @@ fn spindle_call(args: &Args) -> SpindleCall {
 impl SpindleConn {
     fn push_call(&mut self, call: &SpindleCall, key: &str) -> u64 {
         let seq = self.seq();
-        // Ids grow with seqs: the first call waiting has the lowest seq.
+        // Ids grow with seqs: the first call waiting has the lowest seq. (Sent without asking
+        // hello's `features`: the load generator runs against the server built with it.)
         let acked = self.waiting.first_key_value().map_or(seq, |(_, &lowest)| lowest);
         let id = self.push(
             "call",

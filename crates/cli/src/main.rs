@@ -416,7 +416,6 @@ fn run_server(args: ServerArgs) -> ExitCode {
     })
 }
 
-/// Completes on SIGTERM or SIGINT, or (embedded) when stdin closes.
 /// `--shared-cores`: a worker that runs out of work after a busy spell (calls arriving in a
 /// stream) first lets the other processes ready to run go, and then sleeps only if no call
 /// came meanwhile. It wakes to a batch, which saves per call a sleep and a wakeup (both
@@ -436,6 +435,7 @@ fn yield_before_sleeping(builder: &mut tokio::runtime::Builder) {
     });
 }
 
+/// Completes on SIGTERM or SIGINT, or (embedded) when stdin closes.
 async fn shutdown_signal(embedded: bool) {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {

@@ -1342,7 +1342,8 @@ mod tests {
                         assert_eq!(got, decode_any(&body), "{levels} levels");
                     }
                 });
-            deep.expect("a thread").join().expect("nested arguments decode alike");
+            let joined = deep.expect("a thread").join();
+            joined.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         });
         // The same call with its integers in wider encodings than needed.
         let mut wide = vec![0x98, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9, 0xa4];
