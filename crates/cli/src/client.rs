@@ -174,10 +174,15 @@ impl Client {
         Value::from(seq)
     }
 
-    /// A call's last operand, `acked`: its own seq (calls one at a time: every earlier one
-    /// was answered, or given up and never sent again), so the server forgets their replies.
-    fn acked(&self, seq: &Value) -> Option<Value> {
-        (self.acks && !self.pipelined).then(|| seq.clone())
+    /// A recorded call's operands, which `build` makes from a fresh seq, then `acked` where
+    /// the server takes it: the call's own seq (calls one at a time: every earlier one was
+    /// answered, or given up and never sent again), so the server forgets their replies.
+    fn numbered(&mut self, build: impl FnOnce(Value) -> Vec<Value>) -> Vec<Value> {
+        let seq = self.next_seq();
+        let acked = (self.acks && !self.pipelined).then(|| seq.clone());
+        let mut operands = build(seq);
+        operands.extend(acked);
+        operands
     }
 
     /// `create`: `true` if the object was created, `false` if it existed.
@@ -189,18 +194,17 @@ impl Client {
         owned: bool,
         persistent: bool,
     ) -> Result<bool, Failure> {
-        let seq = self.next_seq();
-        let acked = self.acked(&seq);
-        let mut operands = vec![
-            seq,
-            0.into(),
-            type_name.into(),
-            key.into(),
-            Value::Array(args),
-            owned.into(),
-            persistent.into(),
-        ];
-        operands.extend(acked);
+        let operands = self.numbered(|seq| {
+            vec![
+                seq,
+                0.into(),
+                type_name.into(),
+                key.into(),
+                Value::Array(args),
+                owned.into(),
+                persistent.into(),
+            ]
+        });
         let created = self.exchange("create", operands, Some(TIMEOUT))?;
         Ok(created.as_bool().unwrap_or(false))
     }
@@ -226,17 +230,16 @@ impl Client {
         args: Vec<Value>,
         wait: Option<Duration>,
     ) -> Result<Value, Failure> {
-        let seq = self.next_seq();
-        let acked = self.acked(&seq);
-        let mut operands = vec![
-            seq,
-            0.into(),
-            type_name.into(),
-            key.into(),
-            method.into(),
-            Value::Array(args),
-        ];
-        operands.extend(acked);
+        let operands = self.numbered(|seq| {
+            vec![
+                seq,
+                0.into(),
+                type_name.into(),
+                key.into(),
+                method.into(),
+                Value::Array(args),
+            ]
+        });
         self.exchange("call", operands, wait.map(|w| w.saturating_add(TIMEOUT)))
     }
 
