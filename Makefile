@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CARGO ?= cargo
 
-.PHONY: setup demo test test-rust test-python lint bench clean pypy
+.PHONY: setup demo test test-tools sabotage test-rust test-python lint bench clean pypy
 
 setup: $(VENV)/.installed
 	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found; install Rust (https://rustup.rs)" >&2; exit 1; }
@@ -22,11 +22,24 @@ $(VENV)/.installed: requirements.lock python/pyproject.toml
 demo: setup
 	$(VENV)/bin/spindle run examples/kmeans.py --points 500000 --dims 50 -k 25 --threads 2 --iterations 10
 
-test: setup pypy lint test-rust test-python
+test: setup pypy test-tools lint test-rust test-python
+
+# What the tests need beyond the build: the Porcupine linearizability checker (Go; built once
+# here, so no test fetches a module), and iproute2 for the network-partition tests' namespaces.
+CHECKER := target/linearizability
+test-tools: $(CHECKER)
+	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; } >/dev/null
+	@command -v ip >/dev/null || { echo "error: iproute2 (ip) could not be installed; the partition tests need it" >&2; exit 1; }
+
+$(CHECKER): tests/linearizability/main.go tests/linearizability/go.mod tests/linearizability/go.sum
+	@command -v go >/dev/null || { apt-get update -qq && apt-get install -y -qq golang-go; } >/dev/null
+	@command -v go >/dev/null || { echo "error: Go could not be installed; the linearizability checker needs it" >&2; exit 1; }
+	cd tests/linearizability && go build -o ../../$(CHECKER) .
 
 # Object hosts on PyPy (`spindle server --host-python .venv-pypy/bin/python`): Debian's pypy3
 # and a virtual environment with the SDK, built aside and moved in place whole. Where that
-# cannot be done (no root, no Debian, offline), the tests of such hosts say so and skip.
+# cannot be done (no root, no Debian, offline), the tests of such hosts say so and skip, and
+# under CI (CI=true), where a skip fails the run, this step fails first.
 PYPY_VENV := .venv-pypy
 pypy:
 	@command -v pypy3 >/dev/null || { apt-get update -qq && apt-get install -y -qq pypy3; } >/dev/null 2>&1 || true
@@ -38,8 +51,14 @@ pypy:
 		  && $(PYPY_VENV).tmp/bin/pip install --quiet --disable-pip-version-check --no-deps -e python \
 		  && touch $(PYPY_VENV).tmp/.installed \
 		  && rm -rf $(PYPY_VENV) && mv $(PYPY_VENV).tmp $(PYPY_VENV); } \
-		|| { rm -rf $(PYPY_VENV).tmp; echo "warning: no PyPy environment (pypy3 3.9+ could not be installed or set up): the tests of PyPy object hosts will be skipped" >&2; }; \
+		|| { rm -rf $(PYPY_VENV).tmp; echo "warning: no PyPy environment (pypy3 3.9+ could not be installed or set up): the tests of PyPy object hosts will be skipped" >&2; \
+		     case "$$CI" in true|1|yes) echo "error: CI needs the PyPy environment" >&2; exit 1;; esac; }; \
 	fi
+
+# Breaks the product and the harness on purpose, one way at a time, and checks that the tests
+# catch each (docs/testing.md).
+sabotage: setup test-tools
+	tests/sabotage/run.sh
 
 test-rust:
 	$(CARGO) test --release --locked --workspace

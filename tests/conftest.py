@@ -9,6 +9,8 @@ at most ``POOL`` workers; workers find the SDK and ``tests/remote.py`` on ``PYTH
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 import threading
@@ -50,21 +52,8 @@ def pythonpath_for_tests() -> str:
     return os.pathsep.join(parts)
 
 
-_GATEWAY: List[bool] = []
-
-
-def has_gateway() -> bool:
-    """Whether the binary under test runs functions (its server takes ``--max-workers``)."""
-    if not _GATEWAY:
-        out = subprocess.run([server_binary(), "server", "--help"], capture_output=True, text=True)
-        _GATEWAY.append("--max-workers" in out.stdout)
-    return _GATEWAY[0]
-
-
 def gateway_args(max_workers: int = POOL) -> List[str]:
-    """Server arguments for the function gateway (none if the binary has no gateway yet)."""
-    if not has_gateway():
-        return []
+    """Server arguments for the function gateway: workers run this interpreter."""
     return ["--python", sys.executable, "--max-workers", str(max_workers)]
 
 
@@ -178,17 +167,38 @@ def has_parked_callers(obj: "spindle.proxy.Proxy") -> bool:
 
 
 def free_port() -> int:
-    import socket
-
+    """A free port for a server that is never restarted (use ``stable_port`` for one that is)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def stable_port(count: int = 1) -> int:
+    """The first of ``count`` free consecutive ports below the kernel's ephemeral range, so
+    that no outgoing connection takes one while a server is down: a restarted server gets
+    its port back, and a reconnecting client cannot hold it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low - count)
+        if all(port_free(port + i) for i in range(count)):
+            return port
+    pytest.fail(f"no {count} free consecutive ports below {low}")
+
+
+def port_free(port: int) -> bool:
+    """Whether a server could bind ``port`` on loopback now."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 def listening(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something accepts connections on ``port``."""
-    import socket
-
     try:
         socket.create_connection((host, port), timeout=1).close()
         return True
@@ -196,25 +206,60 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-# A client process for crash tests: increments persistent counters and merges into a
-# persistent Dict until told to stop, recording every acknowledged result. The server (or a
-# cluster's leaders) dies under it again and again; the SDK resends each call, with the same
-# seq, until a server answers. Arguments: address (a list for a cluster), the objects' name
-# prefix, this client's number, the stop file, the output file.
-EXACTLY_ONCE_LOAD = r"""
-import json, os, sys
-import spindle, spindle.client
-spindle.client.RETRIES = 9  # reconnect for up to ~25 s: a restart takes milliseconds
-address, prefix, me, stop, out = sys.argv[1:]
-spindle.connect(address, embedded=False)
-shared = spindle.Counter(name=prefix + ".shared", persistent=True)
-mine = spindle.Counter(name=prefix + ".c" + me, persistent=True)
-merges = spindle.Dict(name=prefix + ".dict", persistent=True)
-seen, adds, merged = [], 0, 0
-while not os.path.exists(stop):
-    seen.append(shared.add(1))
-    adds = mine.add(1)
-    merged = merges.merge("k" + me, 1, "sum")
-with open(out, "w") as f:
-    json.dump({"seen": seen, "adds": adds, "merged": merged}, f)
-"""
+# -- no silent skips --------------------------------------------------------------------------
+#
+# Under CI (`CI=true`, as `.ci/run` runs), a skipped test fails the run unless it is listed
+# here with the reason it may skip there; every run ends with how many tests of each file
+# passed, failed and skipped. A skip hides a missing feature or a missing tool as well as a
+# pass would, so each entry needs a review.
+ALLOWED_SKIPS: dict = {
+    # "tests/test_file.py::test_name": "why this may skip in CI",
+}
+
+_OUTCOMES: dict = {}  # nodeid -> "passed" | "failed" | "skipped" (the worst of its phases)
+_RANK = {"passed": 0, "skipped": 1, "failed": 2}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def _record(nodeid: str, outcome: str) -> None:
+    if _RANK[outcome] >= _RANK[_OUTCOMES.get(nodeid, "passed")]:
+        _OUTCOMES[nodeid] = outcome
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed or report.skipped or report.when == "call":
+        _record(report.nodeid, report.outcome)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:  # a whole module skipped at collection
+        _record(report.nodeid, "skipped")
+
+
+def _unexpected_skips() -> List[str]:
+    return sorted(n for n, o in _OUTCOMES.items() if o == "skipped" and n not in ALLOWED_SKIPS)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if in_ci() and _unexpected_skips() and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    write = terminalreporter.write_line
+    per_file: dict = {}
+    for nodeid, outcome in _OUTCOMES.items():
+        counts = per_file.setdefault(nodeid.split("::")[0], {"passed": 0, "failed": 0, "skipped": 0})
+        counts[outcome] += 1
+    terminalreporter.section("tests per file")
+    for path in sorted(per_file):
+        c = per_file[path]
+        write(f"{path:45} {c['passed']:4} passed {c['failed']:4} failed {c['skipped']:4} skipped")
+    unexpected = _unexpected_skips()
+    if unexpected and in_ci():
+        terminalreporter.section("skips not allowed in CI (see ALLOWED_SKIPS in tests/conftest.py)", red=True)
+        for nodeid in unexpected:
+            write(nodeid)

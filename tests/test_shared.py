@@ -9,6 +9,7 @@ with a short ``--object-call-timeout``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import importlib
@@ -28,19 +29,9 @@ import pytest
 
 import shared_remote
 import spindle
-from conftest import REPO, ServerProcess, gateway_args, has_gateway, server_binary, wait_until
+from conftest import REPO, ServerProcess, gateway_args, wait_until
 from spindle.errors import RemoteTraceback
 from spindle.shared import class_code
-
-
-def has_object_hosts() -> bool:
-    out = subprocess.run([server_binary(), "server", "--help"], capture_output=True, text=True)
-    return "--object-hosts" in out.stdout
-
-
-needs_hosts = pytest.mark.skipif(
-    not has_object_hosts(), reason="this spindle binary has no object hosts (--object-hosts)"
-)
 
 
 class BoxError(Exception):
@@ -88,9 +79,20 @@ class Box:
         return self
 
     def nap(self, seconds: float) -> Tuple[float, float]:
-        start = time.time()
+        start = time.monotonic()  # of the host's clock: compare only spans of one host
         time.sleep(seconds)
-        return start, time.time()
+        return start, time.monotonic()
+
+    def meet(self, here: str, there: str) -> bool:
+        """Marks ``here``, then waits (a minute at most) for ``there``: true when the call
+        that marks ``there`` ran while this one did."""
+        open(here, "w").close()
+        end = time.monotonic() + 60
+        while not os.path.exists(there):
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+        return True
 
     def fail(self, message: str) -> None:
         self.value = -1  # the state stays as the method left it
@@ -201,7 +203,6 @@ def on_two_hosts(make: Any) -> Tuple[Any, Any]:
 # -- construction -----------------------------------------------------------------------------
 
 
-@needs_hosts
 def test_an_unnamed_object_is_constructed_in_a_host():
     box = Box(41)
     assert isinstance(box, Box) and isinstance(box, spindle.Proxy)
@@ -217,7 +218,6 @@ def test_an_unnamed_object_is_constructed_in_a_host():
     assert same == box and type(same) is Box and box.get() == 144
 
 
-@needs_hosts
 def test_a_named_object_is_constructed_once_and_later_constructions_attach(uniq):
     first = Box(5, name=f"{uniq}.box")
     first.add(1)
@@ -226,7 +226,6 @@ def test_a_named_object_is_constructed_once_and_later_constructions_attach(uniq)
     assert again.get() == 6
 
 
-@needs_hosts
 def test_a_raising_constructor_leaves_no_object(uniq):
     with pytest.raises(BoxError, match="the constructor refused"):
         Box(fail=True, name=f"{uniq}.box")
@@ -260,14 +259,12 @@ def test_shared_classes_are_subclassed_through_the_original_class():
     assert callable(Labelled.get)
 
 
-@needs_hosts
 def test_static_and_class_methods_run_here():
     assert Box.helper(1) == 2
     box = Box.boxed(3)  # cls is the proxy class: a shared object
     assert isinstance(box, Box) and box.get() == 3
 
 
-@needs_hosts
 def test_persistent_objects_need_a_data_directory(uniq):
     # Accepted by the decorator (tests/test_shared_durability.py runs them with --data-dir);
     # the session's server has no data directory, so constructing one is refused.
@@ -289,7 +286,6 @@ def test_persistent_objects_need_a_data_directory(uniq):
     assert Ephemeral._type.endswith("Ephemeral") and Ephemeral.__wrapped__().one() == 1
 
 
-@needs_hosts
 def test_a_class_defined_in_a_function_works():
     def local_helper(x: int) -> int:
         return x * 3
@@ -306,7 +302,6 @@ def test_a_class_defined_in_a_function_works():
     assert Local(10).compute(2) == 16
 
 
-@needs_hosts
 def test_a_class_of_main_works_and_its_instances_come_back_as_that_class(child_env, tmp_path, uniq):
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(
@@ -340,18 +335,16 @@ def test_a_class_of_main_works_and_its_instances_come_back_as_that_class(child_e
         last = path.last()
         print(type(last) is Point, last)
         print(Path._type)
-        if {has_gateway()!r}:
-            thread = spindle.Thread(target=extend, args=(5, 6), echo=False)
-            thread.start()
-            thread.join(60)
+        thread = spindle.Thread(target=extend, args=(5, 6), echo=False)
+        thread.start()
+        thread.join(60)
         print(path.last())
         """
     ))
     out = subprocess.run([sys.executable, str(script)], env=child_env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    last = "Point(x=5, y=6)" if has_gateway() else "Point(x=3, y=4)"
-    assert out.stdout.splitlines() == ["True Point(x=3, y=4)", "py:__main__.Path", last]
+    assert out.stdout.splitlines() == ["True Point(x=3, y=4)", "py:__main__.Path", "Point(x=5, y=6)"]
     # Another program reaches it without the class: a generic proxy.
     path = spindle.attach("py:__main__.Path", f"{uniq}.path")
     assert path.add.__name__ == "add"
@@ -361,7 +354,6 @@ def test_a_class_of_main_works_and_its_instances_come_back_as_that_class(child_e
 # -- values -----------------------------------------------------------------------------------
 
 
-@needs_hosts
 def test_methods_take_and_return_numpy_arrays_tuples_and_proxies():
     arrays = Arrays(4)
     scaled = arrays.scale(2.0)
@@ -376,7 +368,6 @@ def test_methods_take_and_return_numpy_arrays_tuples_and_proxies():
     assert arrays.counter_of() == counter and counter.get() == 6
 
 
-@needs_hosts
 def test_instances_of_local_classes_travel_by_value_and_come_back_as_themselves():
     @dataclasses.dataclass
     class Point:
@@ -389,7 +380,6 @@ def test_instances_of_local_classes_travel_by_value_and_come_back_as_themselves(
     assert kwargs == {"other": [Point(3, 4)]}
 
 
-@needs_hosts
 def test_call_by_name_and_keep():
     box = Box(1)
     assert spindle.call(box, "add", 2) == 3
@@ -399,7 +389,6 @@ def test_call_by_name_and_keep():
     spindle.delete(box)
 
 
-@needs_hosts
 def test_a_server_that_forgot_the_class_gets_it_again(monkeypatch):
     @spindle.shared
     class Fresh:
@@ -417,7 +406,6 @@ def test_a_server_that_forgot_the_class_gets_it_again(monkeypatch):
     assert sent == [Fresh._type]  # once per client
 
 
-@needs_hosts
 def test_a_proxy_pickles_as_a_reference():
     box = Box(3)
     copy = pickle.loads(pickle.dumps(box))
@@ -426,7 +414,6 @@ def test_a_proxy_pickles_as_a_reference():
     assert generic == box and generic.get() == 3
 
 
-@needs_hosts
 def test_a_result_that_does_not_pickle_is_a_type_error_naming_the_method():
     box = Box(1)
     with pytest.raises(TypeError, match="Box.returns_generator"):
@@ -436,11 +423,6 @@ def test_a_result_that_does_not_pickle_is_a_type_error_naming_the_method():
 
 # -- functions and concurrency ----------------------------------------------------------------
 
-needs_gateway = pytest.mark.skipif(not has_gateway(), reason="no function gateway")
-
-
-@needs_hosts
-@needs_gateway
 def test_many_functions_incrementing_one_object_are_linearizable():
     counter = Box(0)
     with spindle.Executor(max_workers=8, echo=False) as ex:
@@ -453,8 +435,6 @@ def test_many_functions_incrementing_one_object_are_linearizable():
     assert all(r == sorted(r) for r in results)
 
 
-@needs_hosts
-@needs_gateway
 def test_a_function_without_the_class_gets_a_generic_proxy():
     box = Box(8)
     t = spindle.Thread(target=shared_remote.describe, args=(box,), echo=False)
@@ -481,8 +461,6 @@ class Badge:
         return self
 
 
-@needs_hosts
-@needs_gateway
 def test_methods_named_like_proxy_attributes_stay_methods_without_the_class():
     """A class's ``name`` method wins over the proxy's ``name`` property, also in a function
     that does not have the class: the reference (pickled, or in a method's result) says so."""
@@ -502,7 +480,6 @@ needs_pypy = pytest.mark.skipif(
     reason="no PyPy environment in .venv-pypy (`make pypy` builds it where pypy3 installs)")
 
 
-@needs_hosts
 @needs_pypy
 def test_object_hosts_on_pypy_import_classes_from_their_modules(tmp_path, monkeypatch):
     """`--host-python` runs the hosts on another Python. PyPy cannot load a class CPython
@@ -555,27 +532,24 @@ def test_object_hosts_on_pypy_import_classes_from_their_modules(tmp_path, monkey
         proc.stop()
 
 
-@needs_hosts
-def test_calls_on_objects_of_different_hosts_run_in_parallel():
+def test_calls_on_objects_of_different_hosts_run_in_parallel(tmp_path):
     proc = ServerProcess("--object-hosts", "2", *gateway_args(2))
     try:
         with using(proc):
             a, b = on_two_hosts(Box)
+            # Each call waits for the other to start: they meet only if both run at once
+            # (one after the other, the first would give up after a minute).
+            marks = [str(tmp_path / "a"), str(tmp_path / "b")]
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                met = [pool.submit(a.meet, *marks), pool.submit(b.meet, *reversed(marks))]
+                assert [f.result(120) for f in met] == [True, True]
+
+            # Calls on one object never overlap (one host: one clock).
             spans: dict = {}
 
             def nap(tag: str, box: Any) -> None:
-                spans[tag] = box.nap(1.0)
+                spans[tag] = box.nap(0.5)
 
-            threads = [threading.Thread(target=nap, args=(t, o)) for t, o in
-                       (("a", a), ("b", b))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-            (sa, ea), (sb, eb) = spans["a"], spans["b"]
-            assert max(sa, sb) < min(ea, eb), spans  # the two naps overlapped
-
-            # Calls on one object never overlap.
             threads = [threading.Thread(target=nap, args=(t, a)) for t in ("c", "d")]
             for t in threads:
                 t.start()
@@ -590,7 +564,6 @@ def test_calls_on_objects_of_different_hosts_run_in_parallel():
 # -- errors -----------------------------------------------------------------------------------
 
 
-@needs_hosts
 def test_an_exception_comes_back_with_the_remote_traceback_and_the_state_stays():
     box = Box(5)
     with pytest.raises(BoxError, match="out of luck") as info:
@@ -603,7 +576,6 @@ def test_an_exception_comes_back_with_the_remote_traceback_and_the_state_stays()
     assert box.get() == -1
 
 
-@needs_hosts
 def test_an_exception_that_does_not_pickle_is_a_remote_error():
     box = Box()
     with pytest.raises(spindle.RemoteError, match="holds a lock") as info:
@@ -613,7 +585,6 @@ def test_an_exception_that_does_not_pickle_is_a_remote_error():
     assert box.get() == 0
 
 
-@needs_hosts
 def test_sys_exit_in_a_method_is_an_exception_and_the_host_stays():
     box = Box()
     pid = box.pid()
@@ -622,7 +593,6 @@ def test_sys_exit_in_a_method_is_an_exception_and_the_host_stays():
     assert box.pid() == pid and box.add() == 1
 
 
-@needs_hosts
 def test_attributes_are_not_shared():
     box = Box(2)
     with pytest.raises(AttributeError, match="no method 'value' .*not shared, only its methods"):
@@ -642,7 +612,6 @@ def test_attributes_are_not_shared():
     assert box.get() == 2
 
 
-@needs_hosts
 def test_the_server_refuses_private_missing_and_non_method_names():
     box = Box(2)
     client = spindle.connect()
@@ -657,7 +626,6 @@ def test_the_server_refuses_private_missing_and_non_method_names():
     assert box.get() == 2
 
 
-@needs_hosts
 def test_a_class_that_does_not_pickle_is_a_clear_type_error():
     @spindle.shared
     class Locked:
@@ -670,7 +638,6 @@ def test_a_class_that_does_not_pickle_is_a_clear_type_error():
         Locked()
 
 
-@needs_hosts
 def test_a_name_holding_a_built_in_object_is_a_type_mismatch(uniq):
     spindle.Counter(name=f"{uniq}.c")
     with pytest.raises(spindle.TypeMismatch):
@@ -681,7 +648,6 @@ def test_a_name_holding_a_built_in_object_is_a_type_mismatch(uniq):
     assert box.get() == 1
 
 
-@needs_hosts
 def test_two_versions_of_a_class_cannot_live_under_one_type(uniq):
     module = f"versions_{uniq}"
 
@@ -713,7 +679,6 @@ def test_two_versions_of_a_class_cannot_live_under_one_type(uniq):
     spindle.delete(second)
 
 
-@needs_hosts
 def test_delete_drops_the_object(uniq):
     box = Box(1, name=f"{uniq}.box")
     assert spindle.delete(box) is True
@@ -723,7 +688,6 @@ def test_delete_drops_the_object(uniq):
     assert Box(2, name=f"{uniq}.box").get() == 2  # the name is free again
 
 
-@needs_hosts
 def test_objects_lists_the_type_and_session_end_deletes_unnamed_ones(child_env, uniq):
     script = textwrap.dedent(
         f"""
@@ -758,7 +722,6 @@ def test_objects_lists_the_type_and_session_end_deletes_unnamed_ones(child_env, 
 # -- failures that cost a host ----------------------------------------------------------------
 
 
-@needs_hosts
 def test_a_method_running_past_the_call_timeout_loses_its_object(short_timeout):
     with using(short_timeout):
         looping, bystander = on_two_hosts(Box)
@@ -776,7 +739,6 @@ def test_a_method_running_past_the_call_timeout_loses_its_object(short_timeout):
         spindle.delete(looping)
 
 
-@needs_hosts
 def test_os_exit_in_a_method_loses_its_objects_and_the_server_carries_on(short_timeout, uniq):
     with using(short_timeout):
         dying, bystander = on_two_hosts(Box)
@@ -794,7 +756,6 @@ def test_os_exit_in_a_method_loses_its_objects_and_the_server_carries_on(short_t
         assert again.get() == 42 and neighbour.get() == 42
 
 
-@needs_hosts
 def test_a_result_over_the_frame_limit_is_an_error(short_timeout):
     with using(short_timeout):
         box = Box(1)
@@ -829,7 +790,6 @@ def _blocking_cases() -> List[Tuple[str, Any, str, tuple, dict]]:
     ]
 
 
-@needs_hosts
 @pytest.mark.parametrize("case", _blocking_cases(), ids=lambda c: c[0])
 def test_calls_that_could_wait_are_refused_inside_a_method(case):
     _, make, method, args, kwargs = case
@@ -856,12 +816,10 @@ def test_calls_that_could_wait_are_refused_inside_a_method(case):
         (lambda: spindle.Counter(4), "add", (1,), 5),
     ],
 )
-@needs_hosts
 def test_calls_that_cannot_wait_are_allowed_inside_a_method(make, method, args, expected):
     assert Attempt().run(make(), method, *args) == expected
 
 
-@needs_hosts
 def test_non_waiting_failures_are_the_usual_exceptions_inside_a_method():
     attempt = Attempt()
     with pytest.raises(queue.Empty):
@@ -870,7 +828,6 @@ def test_non_waiting_failures_are_the_usual_exceptions_inside_a_method():
         attempt.run(spindle.Future(), "result", 0)
 
 
-@needs_hosts
 def test_starting_functions_and_constructing_objects_are_refused_inside_a_method():
     attempt = Attempt()
     with pytest.raises(spindle.BlockingCallError, match="starting a spindle function"):
@@ -911,7 +868,6 @@ def test_the_blocking_rule_refuses_before_sending_anything(monkeypatch):
 # -- review: versions cover the code a class uses ---------------------------------------------
 
 
-@needs_hosts
 def test_editing_a_helper_a_constant_or_a_base_class_makes_a_new_version(
     tmp_path, monkeypatch, uniq
 ):
@@ -1017,7 +973,6 @@ spindle.delete(first)
 '''
 
 
-@needs_hosts
 def test_a_notebook_cell_run_again_attaches_to_its_named_object(child_env, uniq):
     """A class of a notebook cell has no source for ``inspect`` (``__main__`` has no file): its
     version must still be the same each time the unchanged cell runs (in any kernel), so
@@ -1028,7 +983,6 @@ def test_a_notebook_cell_run_again_attaches_to_its_named_object(child_env, uniq)
     assert out.stdout.split("\n")[:2] == ["10", "edited: TypeMismatch"]
 
 
-@needs_hosts
 def test_instances_of_classes_of_the_programs_own_modules_travel_by_value(
     tmp_path, monkeypatch, uniq
 ):
@@ -1075,7 +1029,6 @@ class Person:
         return self.person
 
 
-@needs_hosts
 def test_a_constructor_parameter_called_name_missing_says_why(uniq):
     """``name=`` is the Spindle object's name: a class's own ``name`` parameter left out
     because of it is explained, not just reported missing."""
@@ -1089,7 +1042,6 @@ def test_a_constructor_parameter_called_name_missing_says_why(uniq):
         Person()  # unnamed: nothing to explain
 
 
-@needs_hosts
 def test_a_program_run_again_gets_its_own_classes_back(child_env, tmp_path, uniq):
     """The server keeps the first code sent for a version, with the classes it carries: the
     results and exceptions of a second program (or the same one run again) must still be of
@@ -1142,7 +1094,6 @@ class Tally:
         return self.total
 
 
-@needs_hosts
 def test_a_dataclass_is_versioned_by_its_source_as_other_classes(child_env, uniq):
     """A dataclass's generated methods have no source: its version must still come from its
     source (not from its pickle, which differs in every process), so that another program
@@ -1176,7 +1127,6 @@ def test_a_connection_that_could_not_open_is_dropped_quietly(monkeypatch):
     assert unraisable == []
 
 
-@needs_hosts
 def test_a_class_using_helpers_of_other_modules_of_the_program_works(
     tmp_path, monkeypatch, uniq
 ):
@@ -1209,14 +1159,12 @@ class Inspector:
         return isinstance(value, spindle.ObjectLost)
 
 
-@needs_hosts
 def test_spindles_own_classes_reach_a_host_as_themselves():
     """Spindle's modules are in every host however Spindle is installed (an editable install
     is not under site-packages): its classes travel by reference, not as copies."""
     assert Inspector().is_object_lost(spindle.ObjectLost("lost", "a test"))
 
 
-@needs_hosts
 def test_a_child_spawned_by_multiprocessing_has_the_main_scripts_types(child_env, tmp_path, uniq):
     """multiprocessing's spawn (and forkserver) children import the main script as
     ``__mp_main__``: its classes must still be the ``py:__main__...`` types, so that a child
@@ -1259,7 +1207,6 @@ class Fluent:
         return [self, {"me": self, "pair": (self, 1)}]
 
 
-@needs_hosts
 def test_the_object_anywhere_in_a_result_comes_back_as_its_proxy():
     """As ``return self`` does: the object in a list, dict or tuple of the result is its
     proxy, not a copy of its state (which may not even pickle)."""

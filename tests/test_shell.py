@@ -22,12 +22,8 @@ import msgpack
 import pytest
 
 import spindle
-from conftest import ServerProcess, gateway_args, has_gateway, wait_until
+from conftest import ServerProcess, gateway_args, wait_until
 from spindle.shell import DRAIN_GRACE
-
-pytestmark = pytest.mark.skipif(
-    not has_gateway(), reason="this spindle binary has no function gateway (--max-workers)"
-)
 
 # A bound on a failure only (a hung client), never a performance budget.
 HANG = 60
