@@ -5,6 +5,7 @@ directory intact, and membership changes while serving (docs/cluster.md)."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import random
@@ -17,14 +18,14 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional
 
 import pytest
 
 import spindle
 from spindle.client import Client, Connection, frame, shard_of
-from conftest import EXACTLY_ONCE_LOAD as LOAD
-from conftest import REPO, ServerProcess, free_port, listening, pythonpath_for_tests, server_binary, wait_until
+from conftest import REPO, ServerProcess, listening, pythonpath_for_tests, server_binary, stable_port, wait_until
+from load import EXACTLY_ONCE, FAULT_AFTER, LoadClients
 
 SHARDS = 4
 # The nodes split the machine's cores, as `spindle cluster local` does.
@@ -33,16 +34,15 @@ THREADS = max(1, len(os.sched_getaffinity(0)) // 3)
 NETNS_TOKEN = "cluster-test-token"
 
 
-def stable_port(count: int = 1) -> int:
-    """The first of ``count`` free consecutive ports below the kernel's ephemeral range, so
-    that no outgoing connection takes one while a node is down (a restart reuses its port)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(1000):
-        port = rng.randrange(max(1024, low - 12000), low - count)
-        if all(_port_free(port + i) for i in range(count)):
-            return port
-    return free_port()
+def cluster_map(host: str, port: int) -> Dict:
+    """The view of the cluster of the node at ``host:port`` (the `cluster` request)."""
+    conn = Connection(host, port, "cluster-test", 1)
+    try:
+        reply = conn.roundtrip(frame([2, "cluster"]), 2)
+    finally:
+        conn.close()
+    assert reply[1] == 0, reply
+    return reply[2]
 
 
 class Node:
@@ -82,13 +82,7 @@ class Node:
 
     def map(self) -> Dict:
         """This node's view of the cluster (the `cluster` request)."""
-        conn = Connection(self.host, self.port, "cluster-test", 1)
-        try:
-            reply = conn.roundtrip(frame([2, "cluster"]), 2)
-        finally:
-            conn.close()
-        assert reply[1] == 0, reply
-        return reply[2]
+        return cluster_map(self.host, self.port)
 
     def kill(self) -> None:
         assert self.server is not None
@@ -165,6 +159,15 @@ class Cluster:
             return {g["shard"]: g["leader"] for g in via.map()["groups"]}
         return {shard: g["leader"] for shard, g in self.views().items() if shard != "meta"}
 
+    def every_shard_led(self, via: Optional[Node] = None, without: Optional[Node] = None) -> bool:
+        """Whether every shard has a leader (as ``leaders(via)`` sees them), none of them
+        ``without``. A shard missing from the map, or with no leader, is not led."""
+        leaders = self.leaders(via)
+        return (
+            set(leaders) == set(range(SHARDS)) and all(leaders.values())
+            and (without is None or without.node_id not in leaders.values())
+        )
+
     def busiest_leader(self) -> Node:
         counts: Dict[int, int] = {}
         for leader in self.leaders().values():
@@ -208,49 +211,156 @@ def cluster(tmp_path):
     c.stop()
 
 
-def run_load(cluster: Cluster, tmp_path: Path, during, clients: int = 3) -> List[dict]:
-    """Run ``clients`` LOAD processes against the cluster, call ``during()``, stop them and
-    return what each saw acknowledged."""
-    stop = tmp_path / "stop"
-    env = dict(os.environ, PYTHONPATH=pythonpath_for_tests())
-    if cluster.nodes[0].netns:
-        env["SPINDLE_TOKEN"] = NETNS_TOKEN
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", LOAD, cluster.addresses, "load", str(i), str(stop), str(tmp_path / f"out{i}")],
-            env=env,
+class History:
+    """Client threads calling ``add`` and ``get`` at random on persistent counters, each call
+    recorded with its outcome and its call and return times (one monotonic clock, the same
+    in every process of the machine) for the Porcupine checker (tests/linearizability). A
+    call that failed has an unknown outcome (``known`` false): it may have applied or not."""
+
+    def __init__(self, address: str, keys: List[str], clients: int = 4) -> None:
+        setup = Client(address)
+        try:
+            for key in keys:
+                setup.create("Counter", key, [], False, persistent=True)
+        finally:
+            setup.close()
+        self.keys = keys
+        self.ops: List[dict] = []
+        self.faults: List[tuple] = []  # (what, start, end), monotonic ns
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self.client_loop, args=(address, i), daemon=True)
+                        for i in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def client_loop(self, address: str, me: int) -> None:
+        client = Client(address)
+        rng = random.Random(me)
+        try:
+            while not self.stopping.is_set():
+                key = rng.choice(self.keys)
+                op, arg = ("add", rng.randint(1, 5)) if rng.random() < 0.6 else ("get", 0)
+                call = time.monotonic_ns()
+                try:
+                    out = client.call("Counter", key, op, [arg] if op == "add" else [])
+                    known = True
+                except (spindle.SpindleError, OSError):
+                    out, known = 0, False
+                ret = time.monotonic_ns()
+                with self.lock:
+                    self.ops.append({"client": me, "op": op, "key": key, "arg": arg, "out": out,
+                                     "known": known, "call": call, "ret": ret})
+        finally:
+            client.close()
+
+    def known(self, since: int = 0, op: Optional[str] = None, keys: Optional[Iterable[str]] = None) -> int:
+        """Acknowledged calls made at or after ``since`` (of ``op`` on ``keys``, if given)."""
+        keys = None if keys is None else set(keys)
+        with self.lock:
+            return sum(1 for o in self.ops if o["known"] and o["call"] >= since
+                       and (op is None or o["op"] == op) and (keys is None or o["key"] in keys))
+
+    def wait_known(self, count: int, since: int = 0, **which) -> None:
+        assert wait_until(lambda: self.known(since, **which) >= count, 120, interval=0.02), (
+            f"{self.known(since, **which)} of {count} calls {which or ''} acknowledged"
         )
-        for i in range(clients)
-    ]
-    try:
-        time.sleep(0.5)
-        during()
-        time.sleep(0.5)
-        stop.touch()
-        for p in procs:
-            assert p.wait(90) == 0
-    finally:
-        stop.touch()
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [json.loads((tmp_path / f"out{i}").read_text()) for i in range(clients)]
+
+    @contextlib.contextmanager
+    def fault(self, what: str) -> Iterator[None]:
+        """Inject a fault (the body) once ``FAULT_AFTER`` calls were acknowledged since the
+        last one ended, and wait for as many more once it is over."""
+        self.wait_known(FAULT_AFTER, since=self.faults[-1][2] if self.faults else 0)
+        start = time.monotonic_ns()
+        yield
+        end = time.monotonic_ns()
+        self.faults.append((what, start, end))
+        self.wait_known(FAULT_AFTER, since=end)
+
+    def check(self, tmp_path: Path, more: Iterable[dict] = ()) -> None:
+        """The history (with ``more`` operations recorded elsewhere) is linearizable, and
+        each fault had ``FAULT_AFTER`` acknowledged calls before it and after it."""
+        self.stopping.set()
+        for t in self.threads:
+            t.join(60)
+            assert not t.is_alive(), "a history client is stuck in a call"
+        ops = self.ops + list(more)
+        (tmp_path / "history.jsonl").write_text("".join(json.dumps(op) + "\n" for op in ops))
+        assert self.faults, "no fault was injected"
+        since = 0
+        for what, start, end in self.faults:
+            before = sum(1 for o in ops if o["known"] and since <= o["call"] and o["ret"] < start)
+            after = sum(1 for o in ops if o["known"] and o["call"] >= end)
+            print(f"history: {what}: {before} calls acknowledged before it, {after} after it")
+            assert before >= FAULT_AFTER and after >= FAULT_AFTER, (
+                f"{what}: {before} calls acknowledged before it, {after} after it"
+            )
+            since = end
+        out = check_history(ops)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    def __enter__(self) -> "History":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(60)
 
 
-def check_exactly_once(cluster: Cluster, results: List[dict]) -> None:
-    """Every acknowledged update is in the cluster, each exactly once."""
+def keys_on_every_shard(prefix: str) -> List[str]:
+    """One key per shard, the i-th on shard i."""
+    return [next(f"{prefix}{shard}.{i}" for i in range(1000) if shard_of(f"{prefix}{shard}.{i}", SHARDS) == shard)
+            for shard in range(SHARDS)]
+
+
+class LoadRun(NamedTuple):
+    results: List[dict]  # what each load client saw acknowledged
+    before: int  # calls acknowledged when the fault began
+    fault_over: int  # calls acknowledged when it was over
+
+
+def run_load(cluster: Cluster, tmp_path: Path, during, clients: int = 3, history: Optional[History] = None) -> LoadRun:
+    """Run ``clients`` ``EXACTLY_ONCE`` load processes against the cluster; once they had
+    ``FAULT_AFTER`` calls acknowledged (and ``history`` too), inject the fault: ``during(load)``;
+    once it is over, wait for ``FAULT_AFTER`` more, and stop them."""
+    address = cluster.addresses
+    with LoadClients(EXACTLY_ONCE, lambda i: [address, "load", str(i)], clients, tmp_path) as load:
+        load.wait_acknowledged(FAULT_AFTER)
+        with history.fault(during.__name__) if history else contextlib.nullcontext():
+            before = load.acknowledged()
+            during(load)
+            fault_over = load.acknowledged()
+        load.wait_acknowledged(fault_over + FAULT_AFTER)
+        return LoadRun(load.stop(), before, fault_over)
+
+
+def check_exactly_once(cluster: Cluster, run: LoadRun) -> None:
+    """The fault landed under load, and the load outlived it; every acknowledged update is
+    in the cluster, each exactly once."""
     client = Client(cluster.addresses)
     try:
-        seen = sorted(v for r in results for v in r["seen"])
-        assert len(seen) > 30, "the load ran"
+        seen = sorted(v for r in run.results for v in r["seen"])
+        print(f"load: {run.before} calls acknowledged before the fault, {run.fault_over - run.before} during it, "
+              f"{len(seen) - run.fault_over} after it")
+        assert run.before >= FAULT_AFTER, f"only {run.before} calls were acknowledged before the fault"
+        assert len(seen) - run.fault_over >= FAULT_AFTER, (
+            f"only {len(seen) - run.fault_over} calls were acknowledged after the fault"
+        )
         assert seen == list(range(1, len(seen) + 1)), "an acknowledged increment was lost or applied twice"
         assert client.call("Counter", "load.shared", "get", []) == len(seen)
-        for i, r in enumerate(results):
+        for i, r in enumerate(run.results):
             assert client.call("Counter", f"load.c{i}", "get", []) == r["adds"]
             assert client.call("Dict", "load.dict", "getitem", [f"k{i}"]) == r["merged"]
             assert r["adds"] == r["merged"] == len(r["seen"])
     finally:
         client.close()
+
+
+def load_goes_on(load: LoadClients) -> None:
+    """Wait for ``FAULT_AFTER`` more acknowledged calls: the load carries on while the
+    fault is in place."""
+    load.wait_acknowledged(load.acknowledged() + FAULT_AFTER)
 
 
 def test_every_shard_is_replicated_on_three_nodes_and_calls_reach_their_leader(cluster):
@@ -431,15 +541,14 @@ def test_a_keep_whose_target_leader_is_paused_follows_the_name_to_its_new_leader
 def test_killing_the_busiest_leader_under_load_loses_and_repeats_nothing(cluster, tmp_path):
     victim = cluster.busiest_leader()
 
-    def crash_and_restart() -> None:
+    def crash_and_restart(load: LoadClients) -> None:
         victim.kill()  # SIGKILL
         # The others elect new leaders; the load carries on against them.
-        assert wait_until(lambda: victim.node_id not in cluster.leaders().values(), 20)
-        time.sleep(1.0)
+        assert wait_until(lambda: cluster.every_shard_led(without=victim), 20), cluster.describe()
+        load_goes_on(load)
         victim.start()  # its data directory is intact
 
-    results = run_load(cluster, tmp_path, crash_and_restart)
-    check_exactly_once(cluster, results)
+    check_exactly_once(cluster, run_load(cluster, tmp_path, crash_and_restart))
     # The restarted node caught up with everything committed while it was down.
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
 
@@ -474,21 +583,17 @@ def test_a_crashed_leaders_shards_elect_their_first_surviving_replica_in_placeme
 
 def test_a_stopped_leader_is_replaced_and_catches_up_after_it_resumes(cluster, tmp_path):
     victim = cluster.busiest_leader()
+    other = next(n for n in cluster.nodes if n is not victim)
 
-    def pause() -> None:
+    def pause(load: LoadClients) -> None:
         os.kill(victim.server.process.pid, signal.SIGSTOP)  # a slow node, not a dead one
         try:
-            assert wait_until(
-                lambda: victim.node_id not in cluster.leaders(via=next(n for n in cluster.nodes if n is not victim)).values(),
-                20,
-            )
-            time.sleep(1.0)
+            assert wait_until(lambda: cluster.every_shard_led(via=other, without=victim), 20), cluster.describe()
+            load_goes_on(load)  # served by the new leaders while the old one is stopped
         finally:
             os.kill(victim.server.process.pid, signal.SIGCONT)
-        time.sleep(1.0)
 
-    results = run_load(cluster, tmp_path, pause)
-    check_exactly_once(cluster, results)
+    check_exactly_once(cluster, run_load(cluster, tmp_path, pause))
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
 
 
@@ -529,7 +634,7 @@ def test_calls_waiting_on_a_paused_leader_complete_on_the_new_one_before_it_resu
 
 
 def test_removing_a_node_under_load_keeps_every_update(cluster, tmp_path):
-    def remove_third() -> None:
+    def remove_third(load: LoadClients) -> None:
         out = subprocess.run(
             [server_binary(), "cluster", "remove", "3", "--address", cluster.nodes[0].address],
             capture_output=True, text=True, timeout=90,
@@ -537,8 +642,10 @@ def test_removing_a_node_under_load_keeps_every_update(cluster, tmp_path):
         assert out.returncode == 0, out.stderr
         assert cluster.voters_everywhere({1, 2}), cluster.describe()
 
-    results = run_load(cluster, tmp_path, remove_third)
-    check_exactly_once(cluster, results)
+    with History(cluster.addresses, keys_on_every_shard("leave")) as history:
+        run = run_load(cluster, tmp_path, remove_third, history=history)
+    check_exactly_once(cluster, run)
+    history.check(tmp_path)
     cluster.nodes[2].stop()
     # Two voters of two: every shard still serves without the removed node.
     client = Client(f"{cluster.nodes[0].address},{cluster.nodes[1].address}")
@@ -597,14 +704,16 @@ def test_with_one_replica_each_shard_lives_on_one_node_and_the_shards_spread(tmp
 
 
 def test_a_joining_node_takes_its_replicas_under_load_with_no_update_lost(cluster, tmp_path):
-    def join_a_fourth() -> None:
+    def join_a_fourth(load: LoadClients) -> None:
         node = cluster.add()
         assert wait_until(cluster.settled, 60), cluster.describe()
         held = [s for s, g in cluster.views().items() if node.node_id in g["voters"]]
         assert held, "the new node holds replicas"
 
-    results = run_load(cluster, tmp_path, join_a_fourth)
-    check_exactly_once(cluster, results)
+    with History(cluster.addresses, keys_on_every_shard("join")) as history:
+        run = run_load(cluster, tmp_path, join_a_fourth, history=history)
+    check_exactly_once(cluster, run)
+    history.check(tmp_path)
 
 
 # Raft snapshots after this many bytes of log, so that a test's few thousand calls take many.
@@ -675,9 +784,7 @@ def test_snapshots_compact_the_log_and_new_and_restarted_nodes_recover_from_them
             node.stop()
         for node in cluster.nodes:
             node.start()
-        assert wait_until(lambda: len(cluster.leaders()) == SHARDS and all(cluster.leaders().values()), 30), (
-            cluster.describe()
-        )
+        assert wait_until(cluster.every_shard_led, 30), cluster.describe()
         client = Client(cluster.addresses)
         for key, value in expected.items():
             assert client.call("Counter", key, "add", [1]) == value + 1
@@ -770,8 +877,7 @@ def test_a_damaged_snapshot_on_the_leaders_is_replaced_by_a_fresh_one(tmp_path):
     victim = cluster.nodes[2]
     victim.kill()
     others = cluster.nodes[:2]
-    assert wait_until(lambda: set(cluster.leaders(via=others[0]).values()) <= {n.node_id for n in others}
-                      and all(cluster.leaders(via=others[0]).values()), 20), cluster.describe()
+    assert wait_until(lambda: cluster.every_shard_led(via=others[0], without=victim), 20), cluster.describe()
     client = Client(",".join(n.address for n in others))
     try:
         keys = count_on_every_shard(client, "damaged")
@@ -819,8 +925,7 @@ def test_a_leader_whose_latest_snapshot_is_damaged_rebuilds_from_the_one_before(
         os.kill(victim.server.process.pid, signal.SIGSTOP)
         try:
             others = [n for n in cluster.nodes if n is not victim]
-            assert wait_until(lambda: not set(led) & {s for s, l in cluster.leaders(via=others[0]).items()
-                                                     if l == victim.node_id}, 20)
+            assert wait_until(lambda: cluster.every_shard_led(via=others[0], without=victim), 20), cluster.describe()
         finally:
             os.kill(victim.server.process.pid, signal.SIGCONT)
         for key in keys:
@@ -842,34 +947,38 @@ def test_a_leader_whose_latest_snapshot_is_damaged_rebuilds_from_the_one_before(
 def test_leaders_killed_under_load_while_snapshots_are_taken_lose_and_repeat_nothing(tmp_path):
     cluster = Cluster(tmp_path, extra=SMALL_SNAPSHOTS)
     try:
-        def crash_twice() -> None:
+        def crash_twice(load: LoadClients) -> None:
             for _ in range(2):
                 victim = cluster.busiest_leader()
                 victim.kill()
-                assert wait_until(lambda: victim.node_id not in cluster.leaders().values(), 20)
-                time.sleep(1.0)
+                assert wait_until(lambda: cluster.every_shard_led(without=victim), 20), cluster.describe()
+                load_goes_on(load)
                 victim.start()
                 assert wait_until(lambda: cluster.caught_up(victim), 30), cluster.describe()
 
-        results = run_load(cluster, tmp_path, crash_twice)
-        check_exactly_once(cluster, results)
+        check_exactly_once(cluster, run_load(cluster, tmp_path, crash_twice))
         assert any(raft_files(n, "snap") for n in cluster.nodes), "snapshots were taken"
     finally:
         cluster.stop()
 
 
-def test_a_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster):
+def test_every_node_restarted_with_its_data_directory_rejoins_with_its_state(cluster, tmp_path):
+    """A full restart under load: the history of the calls made before, across and after
+    it is linearizable (nothing acknowledged before the restart is lost)."""
     client = Client(cluster.addresses)
     try:
         client.create("Dict", "kept", [], False, persistent=True)
         client.call("Dict", "kept", "setitem", ["a", 1])
     finally:
         client.close()
-    for node in cluster.nodes:
-        node.stop()
-    for node in cluster.nodes:
-        node.start()
-    assert wait_until(lambda: all(cluster.leaders().values()), 30), cluster.describe()
+    with History(cluster.addresses, keys_on_every_shard("restart")) as history:
+        with history.fault("restart every node"):
+            for node in cluster.nodes:
+                node.stop()
+            for node in cluster.nodes:
+                node.start()  # on its port: the clients reconnect there
+            assert wait_until(cluster.every_shard_led, 30), cluster.describe()
+    history.check(tmp_path)
     client = Client(cluster.addresses)
     try:
         assert client.call("Dict", "kept", "getitem", ["a"]) == 1
@@ -896,7 +1005,7 @@ def test_a_single_replica_killed_after_acknowledging_keeps_every_write_once(tmp_
         node = cluster.nodes[0]
         node.kill()
         node.start()
-        assert wait_until(lambda: len(cluster.leaders()) == SHARDS, 30), cluster.describe()
+        assert wait_until(cluster.every_shard_led, 30), cluster.describe()
         client = Client(cluster.addresses)
         try:
             assert [client.call("Counter", k, "get", []) for k in keys] == [25] * len(keys)
@@ -1040,28 +1149,37 @@ def test_threads_sets_how_many_threads_serve(tmp_path):
         server = ServerProcess("--threads", str(threads), *shared)
         try:
             tasks = Path(f"/proc/{server.process.pid}/task")
-            names = [(task / "comm").read_text().strip() for task in tasks.iterdir()]
-            assert names.count("tokio-rt-worker") == threads, names
+
+            def names() -> List[str]:
+                return [(task / "comm").read_text().strip() for task in tasks.iterdir()]
+
+            # A thread names itself once it runs: the server may print its address first.
+            assert wait_until(lambda: names().count("tokio-rt-worker") >= threads, 10), names()
             client = Client(server.address)
             try:
                 client.create("Counter", "threads", [], False)
                 assert client.call("Counter", "threads", "add", [threads]) == threads
             finally:
                 client.close()
+            assert names().count("tokio-rt-worker") == threads, names()
         finally:
             server.stop()
 
 
 def linearizability_checker() -> str:
-    """The Porcupine-based checker of tests/linearizability, built with Go."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("the linearizability checker needs Go (it builds tests/linearizability with Porcupine)")
+    """The Porcupine-based checker of tests/linearizability: built once by `make setup`
+    (into target/linearizability), or here with Go if its sources are newer."""
     source = REPO / "tests" / "linearizability"
     binary = REPO / "target" / "linearizability"
-    if not binary.exists() or binary.stat().st_mtime < max(p.stat().st_mtime for p in source.iterdir()):
-        out = subprocess.run([go, "build", "-o", str(binary), "."], cwd=source, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr
+    if binary.exists() and binary.stat().st_mtime >= max(p.stat().st_mtime for p in source.iterdir()):
+        return str(binary)
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail(f"no up-to-date linearizability checker at {binary}, and no `go` to build it: run `make setup`")
+    built = binary.with_name(f"linearizability.{os.getpid()}.tmp")  # whole or not at all
+    out = subprocess.run([go, "build", "-o", str(built), "."], cwd=source, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"building the linearizability checker failed:\n{out.stderr}"
+    os.replace(built, binary)
     return str(binary)
 
 
@@ -1105,95 +1223,84 @@ def test_histories_with_leaders_killed_and_paused_are_linearizable(tmp_path, sna
 
 
 def _check_linearizable_under_faults(cluster: Cluster, tmp_path: Path) -> None:
-    keys = ["lin0", "lin1", "lin2", "lin3"]
-    setup = Client(cluster.addresses)
-    for key in keys:
-        setup.create("Counter", key, [], False, persistent=True)
-    setup.close()
-    history: List[dict] = []
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def client_loop(me: int) -> None:
-        client = Client(cluster.addresses)
-        rng = random.Random(me)
-        while not stop.is_set():
-            key = rng.choice(keys)
-            op, arg = ("add", rng.randint(1, 5)) if rng.random() < 0.6 else ("get", 0)
-            call = time.monotonic_ns()
-            try:
-                out = client.call("Counter", key, op, [arg] if op == "add" else [])
-                known = True
-            except (spindle.SpindleError, OSError):
-                out, known = 0, False
-            ret = time.monotonic_ns()
-            with lock:
-                history.append({"client": me, "op": op, "key": key, "arg": arg, "out": out,
-                                "known": known, "call": call, "ret": ret})
-        client.close()
-
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    try:
-        time.sleep(0.5)
+    with History(cluster.addresses, keys_on_every_shard("lin"), clients=6) as history:
         victim = cluster.busiest_leader()
-        victim.kill()
-        assert wait_until(lambda: victim.node_id not in cluster.leaders().values(), 20)
-        time.sleep(0.5)
-        victim.start()
-        assert wait_until(cluster.settled, 30), cluster.describe()
+        with history.fault(f"kill -9 of node {victim.node_id}"):
+            victim.kill()
+            assert wait_until(lambda: cluster.every_shard_led(without=victim), 20), cluster.describe()
+            # The calls go on against the new leaders while it is down.
+            history.wait_known(FAULT_AFTER, since=time.monotonic_ns())
+            victim.start()
+            assert wait_until(cluster.settled, 30), cluster.describe()
         paused = cluster.busiest_leader()
-        os.kill(paused.server.process.pid, signal.SIGSTOP)
-        try:
-            others = next(n for n in cluster.nodes if n is not paused)
-            assert wait_until(lambda: paused.node_id not in cluster.leaders(via=others).values(), 20)
-            time.sleep(0.5)
-        finally:
-            os.kill(paused.server.process.pid, signal.SIGCONT)
-        time.sleep(0.5)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(60)
-    assert sum(op["known"] for op in history) > 200, "the clients ran"
-    out = check_history(history)
-    (tmp_path / "history.jsonl").write_text("".join(json.dumps(op) + "\n" for op in history))
-    assert out.returncode == 0, out.stdout + out.stderr
+        other = next(n for n in cluster.nodes if n is not paused)
+        with history.fault(f"SIGSTOP of node {paused.node_id}"):
+            os.kill(paused.server.process.pid, signal.SIGSTOP)
+            try:
+                assert wait_until(lambda: cluster.every_shard_led(via=other, without=paused), 20), cluster.describe()
+                history.wait_known(FAULT_AFTER, since=time.monotonic_ns())
+            finally:
+                os.kill(paused.server.process.pid, signal.SIGCONT)
+    history.check(tmp_path)
 
 
 class Netns:
     """Network namespaces for the nodes, each joined to a bridge by a veth pair, so that a
-    test can cut one node off (its veth down) and heal it. Needs root (CAP_NET_ADMIN)."""
-
-    SUBNET = "10.213.77"
+    test can cut one node off (its veth down) and heal it. Needs root (CAP_NET_ADMIN). The
+    names and the subnet are this run's own: a subnet no address or route of the machine
+    overlaps, so the nodes' traffic goes nowhere but between the namespaces and this one
+    (they have no other route)."""
 
     def __init__(self, size: int) -> None:
-        self.tag = f"sp{os.getpid() % 100000}"
+        rng = random.Random(f"{os.getpid()}.{time.time_ns()}")
+        self.tag = f"sp{os.getpid() % 100000}{rng.randrange(16 ** 4):04x}"  # + 2 chars: 15 at most
+        self.subnet = self.unused_subnet(rng)
         self.size = size
         self.bridge = f"{self.tag}br"
-        self.ip("link", "add", self.bridge, "type", "bridge")
-        self.ip("addr", "add", f"{self.SUBNET}.254/24", "dev", self.bridge)
-        self.ip("link", "set", self.bridge, "up")
-        for i in range(1, size + 1):
-            ns, outside, inside = f"{self.tag}n{i}", f"{self.tag}v{i}", f"{self.tag}p{i}"
-            self.ip("netns", "add", ns)
-            self.ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-            self.ip("link", "set", inside, "netns", ns)
-            self.ip("-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", inside)
-            self.ip("-n", ns, "link", "set", inside, "up")
-            self.ip("-n", ns, "link", "set", "lo", "up")
-            self.ip("link", "set", outside, "master", self.bridge)
-            self.ip("link", "set", outside, "up")
+        try:
+            self.ip("link", "add", self.bridge, "type", "bridge")
+            self.ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+            self.ip("link", "set", self.bridge, "up")
+            for i in range(1, size + 1):
+                ns, outside, inside = f"{self.tag}n{i}", f"{self.tag}v{i}", f"{self.tag}p{i}"
+                self.ip("netns", "add", ns)
+                self.ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+                self.ip("link", "set", inside, "netns", ns)
+                self.ip("-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", inside)
+                self.ip("-n", ns, "link", "set", inside, "up")
+                self.ip("-n", ns, "link", "set", "lo", "up")
+                self.ip("link", "set", outside, "master", self.bridge)
+                self.ip("link", "set", outside, "up")
+        except OSError:
+            self.remove()
+            raise
 
     @staticmethod
-    def ip(*args: str) -> None:
+    def ip(*args: str) -> str:
         out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
         if out.returncode != 0:
             raise OSError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+        return out.stdout
+
+    @classmethod
+    def unused_subnet(cls, rng: random.Random) -> str:
+        """``10.X.Y`` (X from the pid, Y at random) whose /24 overlaps no address or route
+        of this namespace: another run's (whose bridge holds one), or a real network's."""
+        taken = []
+        for line in cls.ip("-o", "-4", "addr").splitlines():
+            words = line.split()
+            taken.append(ipaddress.ip_network(words[words.index("inet") + 1], strict=False))
+        for line in cls.ip("-4", "route").splitlines():
+            if line.split()[0] != "default":
+                taken.append(ipaddress.ip_network(line.split()[0], strict=False))
+        for attempt in range(1000):
+            subnet = f"10.{(os.getpid() + attempt) % 256}.{rng.randrange(256)}"
+            if not any(ipaddress.ip_network(f"{subnet}.0/24").overlaps(t) for t in taken):
+                return subnet
+        raise OSError(f"no free 10.X.Y.0/24 subnet: {taken}")
 
     def host(self, node: int) -> str:
-        return f"{self.SUBNET}.{node}"
+        return f"{self.subnet}.{node}"
 
     def exec_prefix(self, node: int) -> List[str]:
         return ["ip", "netns", "exec", f"{self.tag}n{node}"]
@@ -1211,14 +1318,16 @@ class Netns:
 
 
 @pytest.fixture
-def netns_cluster(tmp_path):
+def netns_cluster(tmp_path, monkeypatch):
+    """A cluster whose nodes live in network namespaces of their own. Not having them is a
+    failure, not a skip: `make setup` installs iproute2, and the tests run as root."""
     if shutil.which("ip") is None:
-        pytest.skip("network partition tests need iproute2 (`ip`)")
+        pytest.fail("the partition tests need iproute2 (`ip`): run `make setup`")
     try:
         netns = Netns(3)
     except OSError as exc:
-        pytest.skip(f"network namespaces are not available here ({exc}); partition tests skipped")
-    os.environ["SPINDLE_TOKEN"] = NETNS_TOKEN
+        pytest.fail(f"cannot make network namespaces ({exc}): the partition tests need root (CAP_NET_ADMIN)")
+    monkeypatch.setenv("SPINDLE_TOKEN", NETNS_TOKEN)
     cluster = None
     try:
         cluster = Cluster(tmp_path, netns=netns)
@@ -1226,7 +1335,6 @@ def netns_cluster(tmp_path):
     finally:
         if cluster is not None:
             cluster.stop()
-        os.environ.pop("SPINDLE_TOKEN", None)
         netns.remove()
 
 
@@ -1235,20 +1343,120 @@ def test_a_partitioned_leader_is_replaced_and_no_update_is_lost_or_doubled(netns
     victim = cluster.busiest_leader()
     others = [n for n in cluster.nodes if n is not victim]
 
-    def partition() -> None:
+    def partition(load: LoadClients) -> None:
         netns.isolate(victim.node_id)
         try:
-            # The majority elects new leaders while the old one is cut off; it cannot
-            # acknowledge anything alone (every reply waits for a majority).
-            assert wait_until(lambda: victim.node_id not in cluster.leaders(via=others[0]).values(), 20)
-            time.sleep(1.0)
+            # The majority elects new leaders while the old one is cut off, and serves the
+            # load; the old one cannot acknowledge anything alone (every reply waits for a
+            # majority).
+            assert wait_until(lambda: cluster.every_shard_led(via=others[0], without=victim), 20), cluster.describe()
+            load_goes_on(load)
         finally:
             netns.heal(victim.node_id)
         assert wait_until(cluster.settled, 30), cluster.describe()
 
-    results = run_load(cluster, tmp_path, partition)
-    check_exactly_once(cluster, results)
+    with History(cluster.addresses, keys_on_every_shard("part")) as history:
+        run = run_load(cluster, tmp_path, partition, history=history)
+    check_exactly_once(cluster, run)
+    history.check(tmp_path)
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
+
+
+# Reads a node's counters, on one connection of its own to that node alone (never
+# redirected), until told to stop; each attempt is a JSON line: key, call and return times,
+# outcome ("ok", the error's kind, or the exception that ended the wait) and the value read.
+# Arguments: the node's address, the token, the keys (comma-separated), stop file, output.
+CUT_OFF_READS = r"""
+import json, os, sys, time
+from spindle.client import Connection, frame
+address, token, keys, stop, out = sys.argv[1:]
+host, port = address.rsplit(":", 1)
+keys = keys.split(",")
+conn, seq = None, 0
+with open(out, "w") as f:
+    while not os.path.exists(stop):
+        seq += 1
+        key = keys[seq % len(keys)]
+        call = time.monotonic_ns()
+        try:
+            if conn is None:
+                conn = Connection(host, int(port), "cut-off-reader", 1, token=token, timeout=1.0)
+            reply = conn.roundtrip(frame([seq + 1, "call", seq, 1, "Counter", key, "get", []]), seq + 1)
+            outcome, value = ("ok", reply[2]) if reply[1] == 0 else (str(reply[2][0]), None)
+        except OSError as exc:  # no answer in time: the stream may be out of step, reconnect
+            if conn is not None:
+                conn.close()
+            conn, outcome, value = None, type(exc).__name__, None
+        f.write(json.dumps({"key": key, "call": call, "ret": time.monotonic_ns(), "outcome": outcome,
+                            "out": value}) + "\n")
+        f.flush()
+        if outcome != "ok":
+            time.sleep(0.05)  # paces the attempts on a node that refuses or does not answer
+"""
+
+
+def cut_off_reads(path: Path) -> List[dict]:
+    """The attempts ``CUT_OFF_READS`` wrote so far (a line being written is left out)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
+
+
+def test_a_leader_cut_off_by_a_partition_never_answers_a_read_with_stale_state(netns_cluster, tmp_path):
+    """Reads sent straight to a leader cut off from the others, by a client in its namespace
+    that knows that node alone, while the majority elects new leaders and acknowledges
+    writes to the same counters: whatever the deposed leader answers is linearizable with
+    those writes (a read of a persistent object commits an entry first). Its refusals and
+    unanswered reads are left out of the history: a read changes nothing."""
+    cluster, netns = netns_cluster
+    victim = cluster.busiest_leader()
+    other = next(n for n in cluster.nodes if n is not victim)
+    leaders = cluster.leaders()
+    assert set(leaders) == set(range(SHARDS)), cluster.describe()
+    keys = keys_on_every_shard("cut")
+    read = [k for k in keys if leaders[shard_of(k, SHARDS)] == victim.node_id]
+    reads, stop = tmp_path / "cut-off-reads.jsonl", tmp_path / "cut-off-reads.stop"
+    with History(cluster.addresses, keys) as history:
+        reader = subprocess.Popen(
+            [*netns.exec_prefix(victim.node_id), sys.executable, "-c", CUT_OFF_READS, victim.address, NETNS_TOKEN,
+             ",".join(read), str(stop), str(reads)],
+            env=dict(os.environ, PYTHONPATH=pythonpath_for_tests()),
+        )
+        try:
+            # It reads from the leader before the cut.
+            assert wait_until(lambda: sum(r["outcome"] == "ok" for r in cut_off_reads(reads)) >= 10, 60), (
+                cut_off_reads(reads)[-5:]
+            )
+            with history.fault(f"cut node {victim.node_id} off"):
+                netns.isolate(victim.node_id)
+                cut = time.monotonic_ns()
+                try:
+                    assert wait_until(lambda: cluster.every_shard_led(via=other, without=victim), 20), (
+                        cluster.describe()
+                    )
+                    # The majority acknowledges writes to the counters the reader reads...
+                    history.wait_known(FAULT_AFTER, since=cut, op="add", keys=read)
+                    written = time.monotonic_ns()
+                    # ...and the reader asks the old leader again after them.
+                    assert wait_until(lambda: sum(r["call"] >= written for r in cut_off_reads(reads)) >= 3, 60)
+                    healed = time.monotonic_ns()
+                finally:
+                    netns.heal(victim.node_id)
+                assert wait_until(cluster.settled, 30), cluster.describe()
+        finally:
+            stop.touch()
+            try:
+                assert reader.wait(30) == 0, "the cut-off reader failed"
+            finally:
+                if reader.poll() is None:
+                    reader.kill()
+    attempts = cut_off_reads(reads)
+    during = [r["outcome"] for r in attempts if cut <= r["call"] and r["ret"] <= healed]
+    print(f"{len(attempts)} reads of the old leader; during the cut: "
+          + ", ".join(f"{during.count(o)} {o}" for o in sorted(set(during))))
+    answered = [{"client": -1, "op": "get", "key": r["key"], "arg": 0, "out": r["out"], "known": True,
+                 "call": r["call"], "ret": r["ret"]} for r in attempts if r["outcome"] == "ok"]
+    history.check(tmp_path, answered)
 
 
 def children(pid: int) -> List[int]:
@@ -1261,23 +1469,29 @@ def children(pid: int) -> List[int]:
     return found
 
 
+def start_local_cluster(directory: Path, port: int, stderr=None) -> "tuple[subprocess.Popen, str]":
+    """`spindle cluster local` with three nodes from ``port`` on; once it says the cluster is
+    up, the process and its ``SPINDLE_ADDRESS``."""
+    proc = subprocess.Popen(
+        [server_binary(), "cluster", "local", "--dir", str(directory), "--port", str(port),
+         "--partitions", str(SHARDS)],
+        stdout=subprocess.PIPE, stderr=stderr, text=True,
+    )
+    address = None
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if line.startswith("export SPINDLE_ADDRESS="):
+            address = line.split("=", 1)[1].strip()
+        if line.startswith("the cluster is up"):
+            break
+    assert address == ",".join(f"127.0.0.1:{port + i}" for i in range(3)), address
+    return proc, address
+
+
 def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_its_data(tmp_path):
     port = stable_port(3)
 
     def start() -> "tuple[subprocess.Popen, str]":
-        proc = subprocess.Popen(
-            [server_binary(), "cluster", "local", "--dir", str(tmp_path / "c"), "--port", str(port),
-             "--partitions", str(SHARDS)],
-            stdout=subprocess.PIPE, text=True,
-        )
-        address = None
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if line.startswith("export SPINDLE_ADDRESS="):
-                address = line.split("=", 1)[1].strip()
-            if line.startswith("the cluster is up"):
-                break
-        assert address == ",".join(f"127.0.0.1:{port + i}" for i in range(3)), address
-        return proc, address
+        return start_local_cluster(tmp_path / "c", port)
 
     proc, address = start()
     try:
@@ -1303,17 +1517,45 @@ def test_one_command_runs_a_local_cluster_that_stops_with_it_and_restarts_with_i
         proc.wait(10)
 
 
-def _port_free(port: int) -> bool:
-    import socket
+def test_a_local_cluster_reports_a_node_that_dies_and_the_others_keep_serving(tmp_path):
+    port = stable_port(3)
+    errors = tmp_path / "cluster-local.err"
+    with open(errors, "w") as stderr:
+        proc, address = start_local_cluster(tmp_path / "c", port, stderr=stderr)
+    try:
+        # "Up" means every shard has a leader; wait until each also has its three voters,
+        # so that losing one leaves a majority.
+        def three_voters_each() -> bool:
+            view = cluster_map("127.0.0.1", port)
+            groups = view["groups"] + [view["metadata"]]
+            return len(groups) == SHARDS + 1 and all(sorted(g["voters"]) == [1, 2, 3] for g in groups)
 
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
+        assert wait_until(three_voters_each, 30), cluster_map("127.0.0.1", port)
+        client = Client(address)
+        keys = keys_on_every_shard("local")
+        for key in keys:
+            client.create("Counter", key, [], False, persistent=True)
+            assert client.call("Counter", key, "add", [1]) == 1
+        nodes = {}
+        for pid in children(proc.pid):
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            nodes[int(args[args.index(b"--node-id") + 1])] = pid
+        assert sorted(nodes) == [1, 2, 3], nodes
+        os.kill(nodes[2], signal.SIGKILL)
+        report = f"spindle: node 2 exited (signal: 9 (SIGKILL)); see {tmp_path / 'c' / 'node2.log'}\n"
+        assert wait_until(lambda: errors.read_text() == report, 15), errors.read_text()
+        # The command goes on running the others, and they serve every shard.
+        assert proc.poll() is None
+        assert sorted(children(proc.pid)) == sorted([nodes[1], nodes[3]])
+        assert [client.call("Counter", key, "add", [1]) for key in keys] == [2] * SHARDS
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    # Stopped, it stops the nodes left and returns as usual.
+    assert proc.returncode == 0, errors.read_text()
+    assert not any(listening(port + i) for i in range(3))
+    assert errors.read_text() == report
 
 
 def test_shell_object_commands_follow_redirects_to_each_shards_leader(cluster):
@@ -1380,8 +1622,20 @@ def test_an_ephemeral_object_lost_with_its_leader_raises_a_clear_error(cluster):
         client.create("Counter", key, [], False)
         assert client.call("Counter", key, "add", [1]) == 1
         victim.kill()
-        with pytest.raises(spindle.ObjectLost, match="ephemeral object lives on its shard's leader only"):
+        # What the new leader answers (the server's `NotFound`).
+        missing = f"Counter '{key}' does not exist (it was deleted, or the session that created it ended)"
+        # The call finds the leader gone, and its new leader without the object: the SDK,
+        # having seen the failover, says why.
+        with pytest.raises(spindle.ObjectLost) as lost:
             client.call("Counter", key, "add", [1])
+        assert str(lost.value) == (
+            f"{missing}: the leader of its shard changed during the call, and an ephemeral object lives on its "
+            "shard's leader only (persistent=True keeps an object through failovers)"
+        )
+        # A later call is answered by the new leader alone: there is no such object.
+        with pytest.raises(spindle.ObjectNotFound) as not_found:
+            client.call("Counter", key, "add", [1])
+        assert str(not_found.value) == missing
     finally:
         client.close()
 
@@ -1435,6 +1689,7 @@ def test_cluster_requests_to_a_single_server_and_malformed_ones_get_clear_errors
 def test_hostile_raft_frames_do_not_disturb_a_cluster(cluster):
     node = cluster.nodes[1]
     before = cluster.leaders()
+    assert len(before) == SHARDS, cluster.describe()
     # An empty proposal (raft-rs would panic on it), garbage, and a shard that does not
     # exist: all dropped, nothing answered.
     hostile = [b"\x08\x02", b"\xff\xff\xff", b""]

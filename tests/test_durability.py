@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,8 +17,12 @@ from typing import Iterator, List
 import pytest
 
 import spindle
-from conftest import EXACTLY_ONCE_LOAD as LOAD
-from conftest import ServerProcess, free_port, pythonpath_for_tests, server_binary, wait_until
+from conftest import ServerProcess, pythonpath_for_tests, server_binary, stable_port, wait_until
+from load import EXACTLY_ONCE, FAULT_AFTER, LoadClients
+
+# Acknowledged calls the load makes between two kills, so that every kill lands under load.
+BETWEEN_KILLS = 5
+
 
 @contextlib.contextmanager
 def connected(address: str) -> Iterator[None]:
@@ -54,42 +58,32 @@ def start_refused(data_dir: Path) -> subprocess.CompletedProcess:
 # snapshots are captured and written, and recovery starts from one.
 @pytest.mark.parametrize("snapshots", [[], ["--snapshot-after", "4096"]], ids=["log-only", "snapshots"])
 def test_acknowledged_updates_survive_20_kills_exactly_once(tmp_path, snapshots):
-    port = free_port()
+    port = stable_port()
     server = durable_server(tmp_path, "--session-ttl", "30", *snapshots, port=port)
     address = f"127.0.0.1:{port}"
-    stop = tmp_path / "stop"
-    env = dict(os.environ, PYTHONPATH=pythonpath_for_tests(), SPINDLE_ADDRESS=address)
-    clients = [
-        subprocess.Popen(
-            [sys.executable, "-c", LOAD, address, "load", str(i), str(stop), str(tmp_path / f"out{i}")],
-            env=env,
-        )
-        for i in range(3)
-    ]
+    env = dict(os.environ, SPINDLE_ADDRESS=address)
     rng = random.Random(5)
     try:
-        time.sleep(0.3)
-        for _ in range(20):
-            time.sleep(rng.uniform(0.05, 0.4))
-            server.kill()  # SIGKILL
-            server = durable_server(tmp_path, "--session-ttl", "30", *snapshots, port=port)
-        time.sleep(0.3)
-        stop.touch()
-        for c in clients:
-            assert c.wait(60) == 0
+        with LoadClients(EXACTLY_ONCE, lambda i: [address, "load", str(i)], 3, tmp_path, env) as load:
+            before = load.wait_acknowledged(FAULT_AFTER)
+            for _ in range(20):
+                server.kill()  # SIGKILL
+                server = durable_server(tmp_path, "--session-ttl", "30", *snapshots, port=port)
+                load.wait_acknowledged(load.acknowledged() + BETWEEN_KILLS)
+                time.sleep(rng.uniform(0, 0.05))  # where in a call the next kill lands
+            after_faults = load.acknowledged()
+            load.wait_acknowledged(after_faults + FAULT_AFTER)
+            results = load.stop()
     finally:
-        stop.touch()
-        for c in clients:
-            if c.poll() is None:
-                c.kill()
         server.kill()
-    results = [json.loads((tmp_path / f"out{i}").read_text()) for i in range(3)]
     # One last crash, then check what the log rebuilt.
     server = durable_server(tmp_path, port=port)
     try:
         client = spindle.Client(server.address)
         seen = sorted(v for r in results for v in r["seen"])
-        assert len(seen) > 50, "the load ran"
+        # The kills landed under load: acknowledged calls before the first and after the last.
+        assert before >= FAULT_AFTER, f"{before} calls acknowledged before the first kill"
+        assert len(seen) - after_faults >= FAULT_AFTER, f"{len(seen) - after_faults} after the last"
         # Every acknowledged increment is there, each exactly once: the results the
         # clients saw are 1..n with no gap and no repeat.
         assert seen == list(range(1, len(seen) + 1))
@@ -113,7 +107,7 @@ def recovered_records(log: str) -> int:
 
 
 def test_recovery_loads_a_snapshot_and_replays_only_the_log_after_it(tmp_path):
-    port = free_port()
+    port = stable_port()
     flags = ["--partitions", "2", "--snapshot-after", "4096"]
     server = durable_server(tmp_path, *flags, port=port)
     try:
@@ -162,7 +156,7 @@ time.sleep(600)
 # With a TTL of 0 the session ends during recovery, which must log it too.
 @pytest.mark.parametrize("ttl", ["1", "0"])
 def test_a_session_that_never_comes_back_after_a_restart_ends(tmp_path, ttl):
-    port = free_port()
+    port = stable_port()
     server = durable_server(tmp_path, "--session-ttl", ttl, port=port)
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, server.address],
@@ -195,7 +189,7 @@ def test_a_session_that_never_comes_back_after_a_restart_ends(tmp_path, ttl):
 
 
 def test_a_damaged_newest_snapshot_falls_back_to_the_older_one(tmp_path):
-    port = free_port()
+    port = stable_port()
     flags = ["--partitions", "1", "--snapshot-after", "2048"]
     server = durable_server(tmp_path, *flags, port=port)
     try:
@@ -220,7 +214,7 @@ def test_a_damaged_newest_snapshot_falls_back_to_the_older_one(tmp_path):
 
 
 def test_ephemeral_objects_are_gone_after_a_restart_persistent_ones_are_there(tmp_path):
-    port = free_port()
+    port = stable_port()
     server = durable_server(tmp_path, port=port)
     try:
         with connected(server.address):
@@ -259,7 +253,7 @@ def test_ephemeral_objects_are_gone_after_a_restart_persistent_ones_are_there(tm
 @pytest.mark.parametrize("fsync", ["always", "interval=10ms", "never"])
 def test_every_fsync_policy_survives_a_crash_of_the_server(tmp_path, fsync):
     # A process crash loses nothing under any policy: written means in the page cache.
-    port = free_port()
+    port = stable_port()
     server = durable_server(tmp_path, "--fsync", fsync, port=port)
     try:
         with connected(server.address):
@@ -274,21 +268,34 @@ def test_every_fsync_policy_survives_a_crash_of_the_server(tmp_path, fsync):
 
 
 def test_a_parked_get_does_not_survive_a_restart(tmp_path):
-    port = free_port()
+    port = stable_port()
     server = durable_server(tmp_path, port=port)
     script = (
         "import spindle, sys\n"
         "spindle.connect(sys.argv[1], embedded=False)\n"
-        "spindle.Queue(name='q', persistent=True).get()\n"
+        "spindle.attach('Queue', 'q').get()\n"
     )
     env = dict(os.environ, PYTHONPATH=pythonpath_for_tests())
-    getter = subprocess.Popen([sys.executable, "-c", script, server.address], env=env)
+    getter = None
     try:
         with connected(server.address):
             queue = spindle.Queue(name="q", persistent=True)
-            time.sleep(0.5)  # the getter parks
+            # `has_parked_callers` cannot probe a persistent object (it refuses the move), so:
+            # the getter's get is the only call on this server after ours. It is parked once
+            # the server counted it (a first status) and, in a second, had no reply recorded
+            # for it while the getter is still connected (its session's end would drop one).
+            before = spindle.status()
+            getter = subprocess.Popen([sys.executable, "-c", script, server.address], env=env)
+
+            def parked() -> bool:
+                applied = spindle.status()["calls"] == before["calls"] + 1
+                now = spindle.status()
+                still_connected = now["connections"] == before["connections"] + 1
+                return applied and now["replies"] == before["replies"] and still_connected
+
+            assert wait_until(parked)
             getter.kill()
-            getter.wait()
+            assert getter.wait() == -signal.SIGKILL, "the getter was still waiting in get"
             server.kill()
             server = durable_server(tmp_path, port=port)
             # Its put finds no getter from the old server: the item stays.
@@ -297,7 +304,8 @@ def test_a_parked_get_does_not_survive_a_restart(tmp_path):
             server = durable_server(tmp_path, port=port)
             assert queue.qsize() == 1
     finally:
-        getter.kill()
+        if getter is not None:
+            getter.kill()
         server.stop()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -19,8 +20,12 @@ from typing import Any, Iterator, List, Tuple
 import pytest
 
 import spindle
-from conftest import ServerProcess, free_port, pythonpath_for_tests
+from conftest import ServerProcess, pythonpath_for_tests, stable_port
+from load import FAULT_AFTER, LoadClients
 from spindle.shared import class_code
+
+# Acknowledged calls the load makes between two kills, so that every kill lands under load.
+BETWEEN_KILLS = 5
 
 
 @spindle.shared(persistent=True)
@@ -45,9 +50,10 @@ class Ledger:
         self.entries.append(entry)
         os._exit(3)
 
-    def add_then_hang(self, entry: Any) -> None:
+    def add_then_hang(self, entry: Any, ended: str) -> None:
         self.entries.append(entry)
         time.sleep(60)
+        open(ended, "w").close()
 
     def add_unpicklable(self, entry: Any) -> int:
         self.entries.append(entry)
@@ -99,7 +105,7 @@ class Durable:
 
     def __init__(self, data_dir: Path, *args: str) -> None:
         self.data_dir, self.args = data_dir, args
-        self.port = free_port()
+        self.port = stable_port()
         self.server = self._start()
 
     def _start(self) -> ServerProcess:
@@ -216,10 +222,10 @@ def test_a_method_past_the_call_timeout_restores_rather_than_loses(tmp_path):
     with durable(tmp_path, "--object-call-timeout", "1") as d:
         ledger = Ledger(name="slow")
         ledger.add("kept")
-        started = time.monotonic()
+        ended = tmp_path / "ended"
         with pytest.raises(spindle.ObjectLost, match="ran longer than the object call timeout"):
-            ledger.add_then_hang("gone")
-        assert time.monotonic() - started < 30
+            ledger.add_then_hang("gone", str(ended))
+        assert not ended.exists(), "answered while the method still ran, not when it ended"
         assert ledger.get() == ["kept"]
         ledger.add("after")
         d.crash_and_restart()
@@ -295,10 +301,12 @@ def test_a_retried_call_after_a_restart_gets_its_recorded_reply(tmp_path):
 
 # A client appending to a persistent ledger until told to stop, recording every
 # acknowledged result; the server dies under it again and again and the SDK resends each
-# call, with the same seq, until the restarted server answers.
+# call, with the same seq, until the restarted server answers. Arguments: address, then the
+# stop, progress and output files (see load.py).
 LOAD = r"""
 import json, os, sys
 import spindle, spindle.client
+from load import Progress
 spindle.client.RETRIES = 9
 
 @spindle.shared(persistent=True)
@@ -313,14 +321,16 @@ class Ledger:
     def get(self):
         return list(self.entries)
 
-address, stop, out = sys.argv[1:]
+address, stop, progress, out = sys.argv[1:]
 spindle.connect(address, embedded=False)
 ledger = Ledger(name="load")
+progress = Progress(progress)
 acked = []
 i = 0
 while not os.path.exists(stop):
     i += 1
     acked.append([i, ledger.add(i)])
+    progress.acknowledged(i)
 with open(out, "w") as f:
     json.dump({"acked": acked, "final": ledger.get()}, f)
 """
@@ -331,27 +341,26 @@ with open(out, "w") as f:
 @pytest.mark.parametrize("snapshots", [[], ["--snapshot-after", "4096"]], ids=["log-only", "snapshots"])
 def test_no_acknowledged_call_is_lost_or_repeated_across_kills(tmp_path, snapshots):
     d = Durable(tmp_path / "data", *snapshots)
-    stop, out = tmp_path / "stop", tmp_path / "out.json"
-    env = dict(os.environ, PYTHONPATH=pythonpath_for_tests(), SPINDLE_ADDRESS=d.address)
-    client = subprocess.Popen([sys.executable, "-c", LOAD, d.address, str(stop), str(out)], env=env)
+    env = dict(os.environ, SPINDLE_ADDRESS=d.address)
+    rng = random.Random(7)
     try:
-        time.sleep(1.0)
-        for _ in range(5):
-            time.sleep(0.3)
-            d.crash_and_restart()
-        time.sleep(0.3)
-        stop.touch()
-        assert client.wait(60) == 0
+        with LoadClients(LOAD, lambda i: [d.address], 1, tmp_path, env) as load:
+            before = load.wait_acknowledged(FAULT_AFTER)
+            for _ in range(5):
+                d.crash_and_restart()
+                load.wait_acknowledged(load.acknowledged() + BETWEEN_KILLS)
+                time.sleep(rng.uniform(0, 0.05))  # where in a call the next kill lands
+            after_faults = load.acknowledged()
+            load.wait_acknowledged(after_faults + FAULT_AFTER)
+            [result] = load.stop()
     finally:
-        stop.touch()
-        if client.poll() is None:
-            client.kill()
         d.stop()
-    result = json.loads(out.read_text())
     acked, final = result["acked"], result["final"]
-    assert len(acked) > 20, "the load ran"
+    # The kills landed under load: acknowledged calls before the first and after the last.
+    assert before >= FAULT_AFTER, f"{before} calls acknowledged before the first kill"
+    assert len(acked) - after_faults >= FAULT_AFTER, f"{len(acked) - after_faults} after the last"
     # Each call ran exactly once, in order: entry i is at position i.
+    assert acked == [[i, i] for i in range(1, len(acked) + 1)]
     assert final == list(range(1, len(acked) + 1))
-    assert all(pos == i for i, pos in acked)
     if snapshots:
         assert list((tmp_path / "data").glob("snap-*.sps")), "snapshots were written"
