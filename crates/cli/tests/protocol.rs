@@ -202,6 +202,11 @@ fn a_truncated_frame_is_dropped_and_the_server_keeps_serving() {
     ));
     conn.send_raw(&create[..create.len() - 1]);
     drop(conn);
+    // Checked once the server has seen the connection end (where a half frame could be
+    // taken for a whole one), not before: only the status probe's own connection is left.
+    common::eventually("the truncator's close is noticed", || {
+        field(&server.status(), "connections") == &Value::from(1)
+    });
 
     let mut other = server.session("observer");
     assert_eq!(kind(other.call("Counter", "half", "get", vec![])), "NotFound");

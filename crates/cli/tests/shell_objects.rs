@@ -11,7 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{eventually, Server, Value};
+use common::{eventually, ParkedProbe, Server, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_spindle");
 const TYPES: [&str; 11] = spindle_proto::SHELL_OBJECT_COMMANDS;
@@ -140,6 +140,21 @@ fn failed(out: &Output, code: i32, what: &str) -> String {
 
 fn wait_output(child: Child) -> Output {
     child.wait_with_output().expect("wait")
+}
+
+/// Wait until a call is parked on `type_name` `key` (an exact probe, `common::ParkedProbe`),
+/// while `children`, the processes that may park there, are still running: fails the test
+/// if one of them exits first, or if nothing parks within a generous bound.
+fn parks(server: &Server, children: &mut [&mut Child], type_name: &str, key: &str) {
+    let mut probe = ParkedProbe::new(server, type_name, key);
+    eventually(&format!("a call parks on {type_name} '{key}'"), || {
+        for child in children.iter_mut() {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                panic!("a process exited ({status}) instead of waiting on {type_name} '{key}'");
+            }
+        }
+        probe.parked()
+    });
 }
 
 #[test]
@@ -409,11 +424,13 @@ fn a_barrier_of_four_processes_opens_together() {
 fn rdv_hands_a_value_from_one_process_to_others() {
     let server = Server::start(&[]);
     let sh = Shell::new(&server);
-    let waiters: Vec<Child> = vec![sh.spawn("rdv", &["-n", "R"]), sh.spawn("rdv", &["R", "-t", "30"])];
+    let (mut first, mut second) = (sh.spawn("rdv", &["-n", "R"]), sh.spawn("rdv", &["R", "-t", "30"]));
+    // A waiter is parked on the rendezvous (the probe cannot tell one from two), so the
+    // value below wakes a waiting process rather than meeting one that has yet to ask.
+    parks(&server, &mut [&mut first, &mut second], "Future", "R");
     let mut conn = server.session("probe");
-    eventually("the waiters created the rendezvous", || {
-        conn.call("Future", "R", "done", vec![]) == Ok(false.into())
-    });
+    assert_eq!(conn.call("Future", "R", "done", vec![]), Ok(false.into()));
+    let waiters = [first, second];
     // CRUCIAL's rewritten pipes publish an address with `rdv NAME -1 $IP`.
     assert_eq!(sh.ok("rdv", &["R", "-1", "10.0.0.7:8080"]), "");
     for w in waiters {
@@ -448,8 +465,9 @@ fn semaphore_permits_outlive_the_process_that_took_them() {
     assert_eq!(sh.ok("semaphore", &["-n", "S", "available"]), "0\n");
     let err = sh.fails("semaphore", &["-n", "S", "acquire", "-t", "0.1"], 1);
     assert_eq!(err, "semaphore: 'S' has no free permit after 0.1 s");
-    let waiter = sh.spawn("semaphore", &["-n", "S", "acquire"]);
-    std::thread::sleep(Duration::from_millis(200));
+    let mut waiter = sh.spawn("semaphore", &["-n", "S", "acquire"]);
+    // The release must find the acquirer waiting, not arrive before it asked.
+    parks(&server, &mut [&mut waiter], "Semaphore", "S");
     assert_eq!(sh.ok("semaphore", &["-n", "S", "release"]), "");
     assert_eq!(succeeded(wait_output(waiter), "semaphore", &[]), "");
     assert_eq!(sh.ok("semaphore", &["-n", "S", "available"]), "0\n");
@@ -465,7 +483,9 @@ fn semaphore_permits_outlive_the_process_that_took_them() {
 fn latch_releases_its_waiters_at_zero() {
     let server = Server::start(&[]);
     let sh = Shell::new(&server);
-    let waiter = sh.spawn("latch", &["-n", "L", "-p", "2", "await"]);
+    let mut waiter = sh.spawn("latch", &["-n", "L", "-p", "2", "await"]);
+    // The waiter waits before the count reaches zero (else its await would return at once).
+    parks(&server, &mut [&mut waiter], "CountDownLatch", "L");
     assert_eq!(sh.ok("latch", &["-n", "L", "-p", "2", "count"]), "2\n");
     assert_eq!(sh.ok("latch", &["-n", "L", "countDown"]), "");
     assert_eq!(
@@ -504,8 +524,16 @@ fn queue_operations() {
 fn a_parked_call_waits_past_the_clients_five_second_timeout() {
     let server = Server::start(&[]);
     let sh = Shell::new(&server);
-    let getter = sh.spawn("queue", &["-n", "slow", "get"]);
+    let mut getter = sh.spawn("queue", &["-n", "slow", "get"]);
+    parks(&server, &mut [&mut getter], "Queue", "slow");
+    // Not a wait for a condition: the scenario is time passing. The get was sent before it
+    // parked, so it has waited longer than the client's 5 s timeout when this sleep ends.
     std::thread::sleep(Duration::from_millis(6500));
+    assert!(getter.try_wait().unwrap().is_none(), "the getter gave up waiting");
+    assert!(
+        ParkedProbe::new(&server, "Queue", "slow").parked(),
+        "the get is still parked"
+    );
     let mut conn = server.session("probe");
     conn.call("Queue", "slow", "put", vec!["late".into()]).unwrap();
     assert_eq!(succeeded(wait_output(getter), "queue", &[]), "late\n");
@@ -566,7 +594,17 @@ fn a_pipe_streams_mebibytes_exactly_with_back_pressure() {
     let mut stdin = writer.stdin.take().unwrap();
     let feed = input.clone();
     let feeder = std::thread::spawn(move || stdin.write_all(&feed));
-    // A slow reader: this test reads the reader's stdout in small sips.
+    // Back-pressure, whatever the machine's speed: with no reader yet, the writer fills the
+    // pipe's 16 items and then waits, its put parked on the full queue. It cannot have
+    // finished instead: 4 MiB is more than 16 chunks of at most 64 KiB.
+    parks(&server, &mut [&mut writer], "Queue", "P");
+    let mut conn = server.session("probe");
+    assert_eq!(
+        conn.call("Queue", "P", "qsize", vec![]),
+        Ok(16.into()),
+        "the writer waits on a full pipe"
+    );
+    // The reader: this test reads its stdout in small sips, the pipe never holding more.
     let mut reader = sh
         .command("pipe", &["-n", "P", "read"])
         .stdout(Stdio::piped())
@@ -574,34 +612,23 @@ fn a_pipe_streams_mebibytes_exactly_with_back_pressure() {
         .spawn()
         .unwrap();
     let mut stdout = reader.stdout.take().unwrap();
-    let mut conn = server.session("probe");
     let mut got = Vec::new();
-    let mut most = 0;
     let mut sip = [0u8; 16 * 1024];
     loop {
-        if let Ok(Value::Integer(n)) = conn.call("Queue", "P", "qsize", vec![]) {
-            let n = n.as_u64().unwrap();
-            assert!(n <= 16, "the pipe holds at most 16 chunks, held {n}");
-            most = most.max(n);
-        }
+        let held = conn.call("Queue", "P", "qsize", vec![]).expect("the pipe's size");
+        let held = held.as_u64().unwrap_or_else(|| panic!("qsize is a count: {held}"));
+        assert!(held <= 16, "the pipe holds at most 16 chunks, held {held}");
         let n = stdout.read(&mut sip).unwrap();
         if n == 0 {
             break;
         }
         got.extend_from_slice(&sip[..n]);
-        if got.len() < input.len() / 2 {
-            std::thread::sleep(Duration::from_millis(2));
-        }
     }
     feeder.join().unwrap().unwrap();
     assert!(writer.wait().unwrap().success());
     assert!(reader.wait().unwrap().success());
     assert_eq!(got.len(), input.len());
     assert!(got == input, "the bytes come out as they went in");
-    assert_eq!(
-        most, 16,
-        "the writer got ahead of the slow reader until the queue was full"
-    );
 }
 
 #[test]
@@ -666,13 +693,9 @@ fn pipe_items_are_line_aligned_chunks_ended_by_nil() {
 fn a_deleted_pipe_ends_its_reader_and_a_closed_stdout_ends_it_quietly() {
     let server = Server::start(&[]);
     let sh = Shell::new(&server);
-    let reader = sh.spawn("pipe", &["-n", "gone", "read"]);
-    let mut conn = server.session("probe");
-    // Once the reader made the pipe, deleting it ends the reader's wait (or its next get).
-    eventually("the reader made the pipe", || {
-        conn.call("Queue", "gone", "qsize", vec![]).is_ok()
-    });
-    std::thread::sleep(Duration::from_millis(100));
+    let mut reader = sh.spawn("pipe", &["-n", "gone", "read"]);
+    // Once the reader waits on the pipe, deleting it ends the reader's wait.
+    parks(&server, &mut [&mut reader], "Queue", "gone");
     assert_eq!(sh.ok("pipe", &["-n", "gone", "close"]), "");
     let out = wait_output(reader);
     assert_eq!(failed(&out, 1, "pipe read"), "pipe: pipe gone was closed");

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{eventually, field, kind, Server, Value};
+use common::{eventually, field, kind, ParkedProbe, Server, Value};
 
 #[test]
 fn a_parked_acquire_is_answered_when_the_holder_releases() {
@@ -115,6 +115,33 @@ fn keep_is_refused_while_calls_are_parked() {
     let seq = owner.next_seq();
     let keep = vec![seq.into(), "Queue".into(), "~owner.1".into(), "named-queue".into()];
     assert_eq!(owner.request("keep", keep), Ok("named-queue".into()));
+}
+
+#[test]
+fn the_parked_probe_sees_parked_calls_and_moves_nothing() {
+    // The harness's probe (`common::ParkedProbe`), which other tests wait on.
+    for partitions in ["1", "8"] {
+        let server = Server::start(&["--partitions", partitions]);
+        let mut owner = server.session("owner");
+        let mut waiter = server.session("waiter");
+        let mut probe = ParkedProbe::new(&server, "Queue", "q");
+        assert!(!probe.parked(), "nobody waits on a missing object");
+        owner.create("Queue", "q", vec![], false).unwrap();
+        owner.call("Queue", "q", "put", vec![1.into()]).unwrap();
+        assert!(!probe.parked());
+        // Still under its key, contents and all: the probe moved nothing.
+        assert_eq!(owner.call("Queue", "q", "get", vec![]), Ok(1.into()));
+
+        let get = waiter.send_call("Queue", "q", "get", vec![]);
+        // Requests on a connection are applied in order: the get is parked now.
+        assert_eq!(waiter.request("ping", vec![]), Ok("pong".into()));
+        assert!(probe.parked());
+        assert!(probe.parked(), "probing leaves the parked call alone");
+        owner.call("Queue", "q", "put", vec![2.into()]).unwrap();
+        assert_eq!(waiter.recv_reply(), (get, Ok(2.into())));
+        assert!(!probe.parked());
+        assert_eq!(owner.call("Queue", "q", "qsize", vec![]), Ok(0.into()));
+    }
 }
 
 #[test]

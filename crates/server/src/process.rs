@@ -283,13 +283,19 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         // A quiet tree (this test process allocates while other tests run): a shell and
-        // the sleep it waits for.
+        // the sleep it waits for (killed below; its length only outlasts a slow machine).
         let mut shell = std::process::Command::new("sh")
-            .args(["-c", "sleep 5 & wait"])
+            .args(["-c", "sleep 60 & wait"])
             .spawn()
             .expect("sh");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while children(shell.id()).is_empty() && std::time::Instant::now() < deadline {
+        // The deadline only bounds a failure.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while children(shell.id()).is_empty() {
+            if std::time::Instant::now() > deadline {
+                let _ = shell.kill();
+                let _ = shell.wait();
+                panic!("the shell started no child");
+            }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let tree = tree_resident_bytes(shell.id()).expect("the shell's tree");

@@ -382,6 +382,10 @@ pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::AtomicBool;
+    use std::task::{Context, Poll};
     use std::time::{Duration, Instant};
 
     use tokio::io::AsyncReadExt;
@@ -389,9 +393,53 @@ mod tests {
 
     use super::*;
 
+    /// How often a future was polled, and whether its last poll left it waiting.
+    #[derive(Default)]
+    struct Polls {
+        count: AtomicU64,
+        waiting: AtomicBool,
+    }
+
+    impl Polls {
+        fn count(&self) -> u64 {
+            self.count.load(Ordering::SeqCst)
+        }
+
+        fn waiting(&self) -> bool {
+            self.waiting.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A future that counts its polls in [`Polls`].
+    struct Counted<F> {
+        inner: Pin<Box<F>>,
+        polls: Arc<Polls>,
+    }
+
+    impl<F: Future> Future for Counted<F> {
+        type Output = F::Output;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            self.polls.count.fetch_add(1, Ordering::SeqCst);
+            let poll = self.inner.as_mut().poll(cx);
+            self.polls.waiting.store(poll.is_pending(), Ordering::SeqCst);
+            poll
+        }
+    }
+
+    /// Yield to the runtime until `condition` holds; the deadline only bounds a failure.
+    async fn until(what: &str, condition: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !condition() {
+            assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// A connected pair whose sending side has small kernel buffers, so writes come up short
-    /// soon: the outbox (with its writer task) on one end, the raw peer on the other.
-    async fn pair() -> (Arc<Outbox>, tokio::task::JoinHandle<()>, TcpStream) {
+    /// soon: the outbox (with its writer task, whose polls are counted) on one end, the raw
+    /// peer on the other.
+    async fn pair() -> (Arc<Outbox>, tokio::task::JoinHandle<()>, TcpStream, Arc<Polls>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let socket = TcpSocket::new_v4().unwrap();
         socket.set_send_buffer_size(256 * 1024).unwrap();
@@ -400,8 +448,12 @@ mod tests {
         let (_, write) = ours.into_split();
         let write = Arc::new(write);
         let outbox = Arc::new(Outbox::new(write.clone()));
-        let writer = tokio::spawn(write_loop(write, outbox.clone(), 1));
-        (outbox, writer, theirs)
+        let polls = Arc::new(Polls::default());
+        let writer = tokio::spawn(Counted {
+            inner: Box::pin(write_loop(write, outbox.clone(), 1)),
+            polls: polls.clone(),
+        });
+        (outbox, writer, theirs, polls)
     }
 
     /// Frame `seq` of `producer`: a length-prefixed body of `(producer, seq)` and filler.
@@ -435,27 +487,21 @@ mod tests {
         next
     }
 
-    fn thread_cpu() -> Duration {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: `ts` is a valid timespec to write to.
-        assert_eq!(
-            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
-            0
-        );
-        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-    }
-
     /// One producer, frames of mixed sizes: some go out directly, some come up short and
     /// queue, later ones queue behind them; the peer gets every frame, in order, then EOF.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn direct_and_queued_writes_keep_order() {
-        let (outbox, writer, mut peer) = pair().await;
-        // The peer starts reading late, so that the socket's buffer fills and writes come up
-        // short whatever the machine's speed.
+        let (outbox, writer, mut peer, _) = pair().await;
+        // The peer starts reading only once a write came up short, so that the socket's
+        // buffer fills and writes come up short whatever the machine's speed (23 MB are more
+        // than the kernel buffers).
+        let (came_up_short, short) = tokio::sync::oneshot::channel::<()>();
         let reader = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Sent, or dropped when no write came up short (the test fails below).
+            let _ = short.await;
             read_all(&mut peer, 1).await
         });
+        let mut came_up_short = Some(came_up_short);
         let mut frames = Vec::new();
         let mut left_over = 0;
         for seq in 0..4_000u32 {
@@ -463,12 +509,16 @@ mod tests {
             frame(0, seq, filler, &mut frames);
             if outbox.push_frames(&mut frames) > 0 {
                 left_over += 1;
+                if let Some(tx) = came_up_short.take() {
+                    let _ = tx.send(());
+                }
             }
             assert!(frames.is_empty());
             if seq % 100 == 0 {
                 tokio::task::yield_now().await;
             }
         }
+        drop(came_up_short);
         assert!(
             left_over > 0,
             "no write came up short: the test does not test partial writes"
@@ -483,7 +533,7 @@ mod tests {
     /// another): each one's frames arrive in its order, none lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_producers_keep_their_order() {
-        let (outbox, writer, mut peer) = pair().await;
+        let (outbox, writer, mut peer, _) = pair().await;
         let reader = tokio::spawn(async move { read_all(&mut peer, 4).await });
         let threads: Vec<_> = (0..4u32)
             .map(|producer| {
@@ -510,7 +560,7 @@ mod tests {
     /// waits without spinning, and everything arrives once the peer reads again.
     #[tokio::test(flavor = "current_thread")]
     async fn stalled_peer_queues_without_spinning() {
-        let (outbox, writer, mut peer) = pair().await;
+        let (outbox, writer, mut peer, polls) = pair().await;
         let mut frames = Vec::new();
         let mut pending = 0;
         let mut seq = 0;
@@ -521,15 +571,20 @@ mod tests {
             pending = now;
             seq += 1;
         }
-        // The writer runs (on this thread) and finds the socket full: it must sleep.
-        let cpu = thread_cpu();
-        let start = Instant::now();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let busy = thread_cpu() - cpu;
+        // The writer runs (on this thread) and finds the socket full: it must wait for room.
+        until("the writer ran and waits", || polls.count() > 0 && polls.waiting()).await;
+        // A counter, not a clock: while this task yields, a writer that waits is polled only
+        // when the socket frees room (a few times at most, the peer reading nothing), one
+        // that spins at every turn of the runtime, at least once per yield.
+        const YIELDS: u64 = 10_000;
+        let before = polls.count();
+        for _ in 0..YIELDS {
+            tokio::task::yield_now().await;
+        }
+        let spins = polls.count() - before;
         assert!(
-            busy < Duration::from_millis(60),
-            "busy {busy:?} of {:?}",
-            start.elapsed()
+            spins < YIELDS / 10,
+            "the writer was polled {spins} times in {YIELDS} yields"
         );
         let stuck = {
             let state = outbox.lock();
@@ -549,7 +604,7 @@ mod tests {
     /// After the peer goes away, frames are dropped, not queued forever.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dead_socket_drops_frames() {
-        let (outbox, writer, peer) = pair().await;
+        let (outbox, writer, peer, _) = pair().await;
         drop(peer); // our next writes get a reset, then fail
         let mut frames = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -573,12 +628,21 @@ mod tests {
 
     #[tokio::test]
     async fn closing_during_a_direct_write_still_ends_the_writer() {
-        let (outbox, writer, mut theirs) = pair().await;
+        let (outbox, writer, mut theirs, polls) = pair().await;
         // Another thread (the op-log writer releasing replies) claimed the socket for a direct write.
         outbox.lock().writing = true;
-        // The reader ends meanwhile; the writer task finds the socket busy and waits.
+        // The reader ends meanwhile; the writer task finds the socket busy and waits (having
+        // used up the close's wake-up, so only the end of the direct write can wake it).
+        let before = polls.count();
         outbox.close();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        until("the writer ran after the close and waits", || {
+            polls.count() > before && polls.waiting()
+        })
+        .await;
+        {
+            let state = outbox.lock();
+            assert!(state.closing && state.writing, "the direct write is still on");
+        }
         // The direct write completes with everything written.
         let mut frames = Vec::new();
         frame(1, 1, 10, &mut frames);

@@ -308,6 +308,71 @@ pub fn kind(reply: Reply) -> String {
     }
 }
 
+/// An exact probe for "calls are parked on this object", one that moves nothing: the
+/// counterpart of `has_parked_callers` in tests/conftest.py.
+///
+/// The server refuses `keep` under a new name with `Busy` ("... has parked callers ...")
+/// while calls are parked on the object, and it checks that before it looks at the new name
+/// (docs/protocol.md, `keep`). The probe asks to keep the object under the name of another
+/// object in the same shard: when nobody is parked, the move fails with `TypeMismatch`
+/// ("'NAME' is already a ...") and the object is put back under the same hold of the shard's
+/// lock, so no call ever finds it missing (`Shards::keep`, crates/server/src/shards.rs).
+/// Any other answer fails the test.
+pub struct ParkedProbe {
+    conn: Conn,
+    type_name: String,
+    key: String,
+    /// The placeholder object the probe tries to move onto, in the key's shard.
+    taken: String,
+}
+
+impl ParkedProbe {
+    pub fn new(server: &Server, type_name: &str, key: &str) -> ParkedProbe {
+        let mut conn = server.session("parked-probe");
+        let status = conn.request("status", vec![]).expect("status");
+        let partitions = field(&status, "partitions").as_u64().expect("partitions is a count") as usize;
+        assert!(partitions > 0, "a server has shards: {status}");
+        let shard = spindle_server::shard_of(key, partitions);
+        let taken = (0..)
+            .map(|i| format!("parked-probe.{i}"))
+            .find(|name| name != key && spindle_server::shard_of(name, partitions) == shard)
+            .expect("a name in the key's shard");
+        conn.create("Counter", &taken, vec![], false)
+            .expect("the probe's placeholder object");
+        ParkedProbe {
+            conn,
+            type_name: type_name.to_string(),
+            key: key.to_string(),
+            taken,
+        }
+    }
+
+    /// Whether calls are parked on the object right now (false while it does not exist).
+    pub fn parked(&mut self) -> bool {
+        let seq = self.conn.next_seq();
+        let reply = self.conn.request(
+            "keep",
+            vec![
+                seq.into(),
+                self.type_name.as_str().into(),
+                self.key.as_str().into(),
+                self.taken.as_str().into(),
+            ],
+        );
+        match reply {
+            Err(e) if e.kind == "Busy" && e.message.contains("parked") => true,
+            Err(e) if e.kind == "TypeMismatch" && e.message.starts_with(&format!("'{}' is already a", self.taken)) => {
+                false
+            }
+            Err(e) if e.kind == "NotFound" => false,
+            other => panic!(
+                "probing {} '{}' for parked calls: unexpected answer {other:?}",
+                self.type_name, self.key
+            ),
+        }
+    }
+}
+
 /// Poll `condition` until it holds; fails the test after a generous bound.
 pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + EVENTUALLY;

@@ -144,7 +144,16 @@ mod tests {
             assert_eq!(r.len(), 1);
             *load.entry(r[0]).or_insert(0) += 1;
         }
-        assert!(load.values().all(|&n| n >= 10), "every node holds shards: {load:?}");
+        // Keyed by node: a node that holds no shard is missing, not a zero.
+        assert_eq!(
+            load.keys().copied().collect::<Vec<u64>>(),
+            [1, 2, 3],
+            "every node holds shards"
+        );
+        assert!(
+            load.values().all(|&n| n >= 10),
+            "every node holds enough shards: {load:?}"
+        );
         // A fourth node takes shards only from the others: none moves between old nodes.
         let four = meta(&[1, 2, 3, 4], 1);
         let moved: Vec<u64> = (0..shards)
