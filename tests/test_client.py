@@ -8,14 +8,13 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from typing import Iterator, List, Tuple
 
 import pytest
 
 import spindle
-from conftest import has_parked_callers, server_binary, wait_until
+from conftest import ServerProcess, has_parked_callers, server_binary, wait_until
 from spindle.client import Client, Connection, frame, parse_address
 from spindle.codec import unpackb
 
@@ -117,8 +116,23 @@ def test_replies_below_acked_are_forgotten_and_the_calls_own_kept(server):
     conn.close()
 
 
-def test_the_client_acknowledges_so_the_server_keeps_few_replies(server):
+@pytest.fixture
+def own_server() -> Iterator[ServerProcess]:
+    """A server of the test's own, this process connected to it for the test: its counters
+    (replies, connections) move only with what the test does."""
+    saved = os.environ["SPINDLE_ADDRESS"]
+    proc = ServerProcess()
+    spindle.connect(proc.address)
+    try:
+        yield proc
+    finally:
+        spindle.connect(saved)
+        proc.stop()
+
+
+def test_the_client_acknowledges_so_the_server_keeps_few_replies(own_server):
     client = spindle.connect()
+    assert client.address == own_server.address
     counter = spindle.Counter()  # one key: one partition
     before = spindle.status()["replies"]
 
@@ -139,8 +153,7 @@ def test_the_client_acknowledges_so_the_server_keeps_few_replies(server):
     with client.scope(uuid.uuid4().hex):
         for _ in range(100):
             counter.increment()
-    # (At least 90: an earlier test's session may end meanwhile, taking its few replies.)
-    assert spindle.status()["replies"] - after >= 90
+    assert spindle.status()["replies"] - after >= 100
 
 
 @pytest.fixture
@@ -238,9 +251,15 @@ def test_requests_before_hello_are_refused(server):
 
 
 def test_ping_and_session_resume(server):
-    conn = raw_connection(server.address, spindle.connect().session)
+    client = spindle.connect()
+    client.ping()  # the process's session is open on the server
+    conn = raw_connection(server.address, client.session)
+    assert conn.hello["resumed"] is True
     assert conn.roundtrip(frame([2, "ping"]), 2) == [2, 0, "pong"]
     conn.close()
+    fresh = raw_connection(server.address, uuid.uuid4().hex)
+    assert fresh.hello["resumed"] is False
+    fresh.close()
 
 
 def test_disconnect_then_implicit_reconnect():
@@ -250,22 +269,24 @@ def test_disconnect_then_implicit_reconnect():
     assert counter.add(3) == 5  # implicit connect; the session of unnamed objects lives on
 
 
-def test_finished_threads_close_their_connections(server):
+def test_finished_threads_close_their_connections(own_server):
     counter = spindle.Counter()
     before = spindle.status()["connections"]
+    assert before >= 1  # this thread's own
+    seen: List[int] = []  # the connections while each thread ran
 
     def bump() -> None:
         counter.increment()
+        seen.append(spindle.status()["connections"])
 
     for _ in range(200):
         t = threading.Thread(target=bump)
         t.start()
         t.join()
     assert counter.get() == 200
-    deadline = time.monotonic() + 30  # only bounds a failure; the server sees closes at once
-    while spindle.status()["connections"] > before + 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert spindle.status()["connections"] <= before + 5
+    # Each thread had a connection of its own while it ran; all of them are closed again.
+    assert len(seen) == 200 and min(seen) >= before + 1
+    assert wait_until(lambda: spindle.status()["connections"] == before)
 
 
 def test_an_interrupted_wait_keeps_the_threads_locks(server):

@@ -6,10 +6,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import spindle
-from conftest import free_port, listening
+from conftest import ServerProcess, free_port, listening, wait_until
 
 
 def test_connect_reuses_the_listening_server(server):
@@ -47,10 +46,7 @@ def test_connect_starts_an_embedded_server_when_nothing_listens(child_env):
     assert lines[2] == "True"
     assert lines[3] == "6"
     # The embedded server ends with the program.
-    end = time.monotonic() + 30
-    while listening(port) and time.monotonic() < end:
-        time.sleep(0.05)
-    assert not listening(port)
+    assert wait_until(lambda: not listening(port), interval=0.05)
 
 
 def test_workers_and_hosts_never_start_a_server_of_their_own(child_env):
@@ -75,18 +71,27 @@ def test_workers_and_hosts_never_start_a_server_of_their_own(child_env):
 
 
 def test_objects_status_and_delete(uniq):
-    c = spindle.Counter(name=f"{uniq}.c")
-    spindle.Dict(name=f"{uniq}.d")
-    assert spindle.objects(uniq) == [(f"{uniq}.c", "Counter"), (f"{uniq}.d", "Dict")]
-    status = spindle.status()
-    assert status["objects"] >= 2 and status["connections"] >= 1
-    assert spindle.delete(c) is True
-    assert spindle.delete(c) is False
-    assert spindle.objects(uniq) == [(f"{uniq}.d", "Dict")]
+    # A server of its own: its status counts only this test's objects and connections.
+    saved = os.environ["SPINDLE_ADDRESS"]
+    private = ServerProcess()
+    spindle.connect(private.address)
     try:
-        c.get()
-    except spindle.ObjectNotFound as exc:
-        assert isinstance(exc, LookupError)
-    else:
-        raise AssertionError("a deleted object answered")
-    assert os.environ["SPINDLE_ADDRESS"] == spindle.connect().address
+        c = spindle.Counter(name=f"{uniq}.c")
+        spindle.Dict(name=f"{uniq}.d")
+        assert spindle.objects(uniq) == [(f"{uniq}.c", "Counter"), (f"{uniq}.d", "Dict")]
+        status = spindle.status()
+        assert status["objects"] == 2 and status["connections"] == 1
+        assert spindle.delete(c) is True
+        assert spindle.delete(c) is False
+        assert spindle.objects(uniq) == [(f"{uniq}.d", "Dict")]
+        assert spindle.status()["objects"] == 1
+        try:
+            c.get()
+        except spindle.ObjectNotFound as exc:
+            assert isinstance(exc, LookupError)
+        else:
+            raise AssertionError("a deleted object answered")
+        assert os.environ["SPINDLE_ADDRESS"] == spindle.connect().address == private.address
+    finally:
+        spindle.connect(saved)
+        private.stop()

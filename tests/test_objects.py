@@ -354,9 +354,9 @@ def test_lock_and_rlock():
     errors = []
 
     def other_thread():
+        assert rlock.acquire(timeout=0.05) is False
+        assert not rlock.is_owned()
         try:
-            assert rlock.acquire(timeout=0.05) is False
-            assert not rlock.is_owned()
             rlock.release()
         except RuntimeError as exc:
             errors.append(exc)
@@ -384,13 +384,30 @@ def test_semaphores():
         bounded.release()
 
 
+def set_once_parked(obj, complete) -> "list[bool]":
+    """Start a thread that calls ``complete()`` once a call is parked on ``obj`` in the server
+    (or after the failure deadline); the list it returns gets whether one was."""
+    parked: "list[bool]" = []
+
+    def run() -> None:
+        parked.append(wait_until(lambda: has_parked_callers(obj)))
+        complete()
+
+    threading.Thread(target=run, daemon=True).start()
+    return parked
+
+
 def test_event_between_threads():
     event = spindle.Event()
     assert event.wait(0.05) is False
-    threading.Timer(0.1, event.set).start()
-    assert event.wait(30) is True and event.is_set()
-    event.clear()
-    assert not event.is_set()
+    parked = set_once_parked(event, event.set)
+    try:
+        assert event.wait(60) is True and event.is_set()
+        assert parked == [True]  # the wait was parked when the other thread set the flag
+        event.clear()
+        assert not event.is_set()
+    finally:
+        spindle.delete(event)  # probing moved it to a name
 
 
 def test_condition_wait_notify_between_threads():
@@ -403,9 +420,12 @@ def test_condition_wait_notify_between_threads():
             assert cond.wait_for(lambda: len(items) >= 3, timeout=30)
             got.extend(items)
 
+    calls = count_calls(cond)
     threads = [threading.Thread(target=consumer) for _ in range(2)]
     for t in threads:
         t.start()
+    # Both consumers wait (their tickets registered, the lock released) before any notify.
+    assert wait_until(lambda: calls.count("wait") == 2)
     for i in range(3):
         with cond:
             items.append(i)
@@ -509,11 +529,15 @@ def test_future_result_and_exception():
     assert not f.done()
     with pytest.raises(TimeoutError):
         f.result(timeout=0.05)
-    threading.Timer(0.05, f.set_result, args=({"x": 1},)).start()
-    assert f.result(30) == {"x": 1}
-    assert f.done() and f.exception() is None
-    with pytest.raises(concurrent.futures.InvalidStateError):
-        f.set_result(2)
+    parked = set_once_parked(f, lambda: f.set_result({"x": 1}))
+    try:
+        assert f.result(60) == {"x": 1}
+        assert parked == [True]  # the result was set while the caller waited for it
+        assert f.done() and f.exception() is None
+        with pytest.raises(concurrent.futures.InvalidStateError):
+            f.set_result(2)
+    finally:
+        spindle.delete(f)  # probing moved it to a name
 
     g = spindle.Future()
     g.set_exception(CustomError("boom"))

@@ -10,7 +10,7 @@ import threading
 from typing import List
 
 import spindle
-from conftest import server_binary, wait_until
+from conftest import ServerProcess, server_binary, wait_until
 
 
 def shell_env() -> dict:
@@ -104,22 +104,31 @@ def test_the_pipe_encoding_is_a_queue_of_chunks_ended_by_none(uniq: str) -> None
 
 
 def test_a_long_put_from_the_shell_leaves_the_server_few_replies(uniq: str) -> None:
-    # The queue holds 2000: the shell's 2001st put waits, so its session is still open.
-    jobs = spindle.Queue(2000, name=f"{uniq}.jobs")
-    before = spindle.status()["replies"]
-    items = [arg for i in range(2001) for arg in ("-1", str(i))]
-    putter = subprocess.Popen([server_binary(), "queue", "-n", f"{uniq}.jobs", "put", *items],
-                              stderr=subprocess.PIPE, env=shell_env())
+    # A server of its own: its reply count moves only with this test's calls.
+    saved = os.environ["SPINDLE_ADDRESS"]
+    private = ServerProcess()
+    spindle.connect(private.address)
     try:
-        assert wait_until(lambda: jobs.qsize() == 2000)
-        # Each put acknowledged the replies before it: the server keeps the one in flight,
-        # not 2000.
-        assert spindle.status()["replies"] - before <= 2
-        assert jobs.get() == 0
-    except BaseException:
-        putter.kill()  # its last put would wait for room forever
-        raise
+        # The queue holds 2000: the shell's 2001st put waits, so its session is still open.
+        jobs = spindle.Queue(2000, name=f"{uniq}.jobs")
+        before = spindle.status()["replies"]
+        items = [arg for i in range(2001) for arg in ("-1", str(i))]
+        putter = subprocess.Popen([server_binary(), "queue", "-n", f"{uniq}.jobs", "put", *items],
+                                  stderr=subprocess.PIPE,
+                                  env={**shell_env(), "SPINDLE_ADDRESS": private.address})
+        try:
+            assert wait_until(lambda: jobs.qsize() == 2000)
+            # Each put acknowledged the replies before it: the server keeps the one in
+            # flight, not 2000.
+            assert spindle.status()["replies"] - before <= 2
+            assert jobs.get() == 0
+        except BaseException:
+            putter.kill()  # its last put would wait for room forever
+            raise
+        finally:
+            _, err = putter.communicate(timeout=60)
+        assert putter.returncode == 0, err.decode()
+        assert jobs.qsize() == 2000
     finally:
-        _, err = putter.communicate(timeout=60)
-    assert putter.returncode == 0, err.decode()
-    assert jobs.qsize() == 2000
+        spindle.connect(saved)
+        private.stop()
