@@ -35,8 +35,9 @@ NETNS_TOKEN = "cluster-test-token"
 
 
 def cluster_map(host: str, port: int) -> Dict:
-    """The view of the cluster of the node at ``host:port`` (the `cluster` request)."""
-    conn = Connection(host, port, "cluster-test", 1)
+    """The view of the cluster of the node at ``host:port`` (the `cluster` request), asked
+    with ``$SPINDLE_TOKEN`` as the SDK would."""
+    conn = Connection(host, port, "cluster-test", 1, os.environ.get("SPINDLE_TOKEN"))
     try:
         reply = conn.roundtrip(frame([2, "cluster"]), 2)
     finally:
@@ -75,7 +76,7 @@ class Node:
         args += self.extra
         prefix: List[str] = []
         if self.netns:
-            args += ["--host", self.host, "--token", NETNS_TOKEN]
+            args += ["--host", self.host, "--token", NETNS_TOKEN, "--insecure"]
             prefix = self.netns.exec_prefix(self.node_id)
         with open(self.log, "a") as log:
             self.server = ServerProcess(*args, port=self.port, stderr=log, prefix=prefix)

@@ -24,7 +24,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from .codec import packb, unpackb
-from .errors import ObjectLost, ServerUnavailable, error_from_reply
+from .errors import ObjectLost, ServerUnavailable, Unauthorized, error_from_reply
 from .embedded import EmbeddedServer
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
@@ -544,6 +544,8 @@ class Client:
                 if routed and len(self.nodes) > 1:
                     moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn)
                 reply = conn.roundtrip(data, req_id, moved)
+            except Unauthorized:  # a refused hello (a PermissionError, so an OSError): final
+                raise
             except OSError as exc:  # connection lost (or refused): reconnect and resend
                 failed = conn.address if conn is not None else (address or self.nodes[0])
                 if conn is not None:

@@ -105,7 +105,8 @@ class FunctionTimeout(SpindleTimeout):  # type: ignore[misc, valid-type]
 
 
 class Unauthorized(SpindleError, PermissionError):
-    """The server runs code only for sessions that give its token (``$SPINDLE_TOKEN``)."""
+    """The server refused this client: a server with a token serves only connections that
+    give it (``$SPINDLE_TOKEN``)."""
 
 
 class StorageError(SpindleError, OSError):

@@ -76,6 +76,9 @@ struct ServerArgs {
     /// TCP port (0 picks a free one; the listening line tells which).
     #[arg(long, default_value_t = 7070)]
     port: u16,
+    /// Serve an interface beyond loopback in plaintext (without TLS).
+    #[arg(long)]
+    insecure: bool,
     /// Number of object partitions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     partitions: Option<u16>,
@@ -188,7 +191,7 @@ pub(crate) struct FunctionArgs {
     /// the python3 next to this executable, else python3 on PATH].
     #[arg(long)]
     python: Option<PathBuf>,
-    /// Token that sessions must give in `hello` to run functions [default: $SPINDLE_TOKEN].
+    /// Token that every connection must give in `hello` before any operation [default: $SPINDLE_TOKEN].
     #[arg(long, env = "SPINDLE_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Seconds a started worker may take to connect before its waiting call fails.
@@ -342,6 +345,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
     let config = Config {
         host: args.host,
         port: args.port,
+        insecure: args.insecure,
         partitions: args.partitions.map_or_else(default_partitions, usize::from),
         max_frame: args.max_frame,
         session_ttl,

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::fake_python::{Announced, FakePython};
-use common::{field, request, Conn, Server, Value};
+use common::{field, kind, request, Conn, Server, Value};
 
 /// The test speaking for a worker on its task connection.
 struct WorkerConn {
@@ -371,31 +371,41 @@ fn eventually_queued(server: &Server, queued: u64) {
 }
 
 #[test]
-fn invoking_needs_the_token_when_the_server_has_one() {
+fn every_operation_needs_the_token_when_the_server_has_one() {
     let python = FakePython::waiting();
     let server = Server::start(&["--python", &python.path(), "--token", "sekrit", "--max-workers", "1"]);
-    let mut anonymous = server.session("anonymous");
-    let id = invoke(&mut anonymous, b"x", vec![]);
-    let (got, reply) = anonymous.recv_reply();
-    assert_eq!(got, id);
-    assert_eq!(reply.unwrap_err().kind, "Unauthorized");
-    // Objects need no token.
-    assert!(anonymous.create("Counter", "c", vec![], false).is_ok());
-
-    let mut wrong = server.connect();
-    let hello = |token: &str| {
-        Value::Map(vec![
-            ("client".into(), "c".into()),
-            ("protocol".into(), 1.into()),
-            ("token".into(), token.into()),
-        ])
+    let hello = |token: Option<&str>| {
+        let mut fields = vec![("client".into(), "c".into()), ("protocol".into(), 1.into())];
+        fields.extend(token.map(|t| ("token".into(), t.into())));
+        Value::Map(fields)
     };
-    wrong.request("hello", vec![hello("guess")]).unwrap();
-    invoke(&mut wrong, b"x", vec![]);
-    assert_eq!(wrong.recv_reply().1.unwrap_err().kind, "Unauthorized");
+    // Without the token, or with a wrong one, hello is refused and nothing runs after it:
+    // not code, and not data operations either (a stored pickle is code to its reader).
+    for token in [None, Some("guess"), Some("")] {
+        let mut stranger = server.connect();
+        let refused = stranger.request("hello", vec![hello(token)]).unwrap_err();
+        assert_eq!(refused.kind, "Unauthorized", "{token:?}");
+        assert_eq!(kind(stranger.create("Counter", "c", vec![], false)), "NoSession");
+        assert_eq!(kind(stranger.call("Counter", "c", "add", vec![1.into()])), "NoSession");
+        assert_eq!(kind(stranger.request("status", vec![])), "NoSession");
+        assert_eq!(kind(stranger.request("objects", vec!["".into()])), "NoSession");
+        let id = invoke(&mut stranger, b"x", vec![]);
+        let (got, reply) = stranger.recv_reply();
+        assert_eq!((got, reply.unwrap_err().kind.as_str()), (id, "NoSession"));
+    }
 
     let mut trusted = server.connect();
-    trusted.request("hello", vec![hello("sekrit")]).unwrap();
+    trusted.request("hello", vec![hello(Some("sekrit"))]).unwrap();
+    assert!(trusted.create("Counter", "c", vec![], false).is_ok());
+    assert_eq!(
+        trusted.call("Counter", "c", "add", vec![2.into()]).unwrap(),
+        Value::from(2)
+    );
+    // A wrong token in a second hello is refused too, and changes nothing.
+    assert_eq!(
+        trusted.request("hello", vec![hello(Some("guess"))]).unwrap_err().kind,
+        "Unauthorized"
+    );
     let id = invoke(&mut trusted, b"x", vec![]);
     let announced = python.next();
     assert_eq!(
@@ -420,15 +430,27 @@ fn invoking_needs_the_token_when_the_server_has_one() {
 }
 
 #[test]
-fn a_server_on_a_public_interface_needs_a_token() {
-    let output = Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["server", "--host", "0.0.0.0", "--port", "0"])
-        .env_remove("SPINDLE_TOKEN")
-        .output()
-        .unwrap();
+fn a_server_on_a_public_interface_needs_a_token_and_tls_or_insecure() {
+    let start = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_spindle"))
+            .args(["server", "--host", "0.0.0.0", "--port", "0"])
+            .args(args)
+            .env_remove("SPINDLE_TOKEN")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let output = start(&[]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("without a token"), "{stderr}");
+    let output = start(&["--token", "sekrit"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("in plaintext") && stderr.contains("--insecure"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -34,7 +34,7 @@ pub enum ErrorKind {
     WorkerCrashed,
     /// A function ran past its timeout.
     FunctionTimeout,
-    /// Code execution without the server's token.
+    /// Authentication failed (no token, or a wrong one), or the operation needs it.
     Unauthorized,
     /// A user-defined object's method (or constructor) raised.
     Raised,

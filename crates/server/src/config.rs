@@ -10,6 +10,9 @@ pub struct Config {
     pub host: String,
     /// TCP port; 0 picks a free one (read it back from [`crate::Server::local_addr`]).
     pub port: u16,
+    /// Serve beyond loopback in plaintext (`--insecure`): tokens and data then cross the
+    /// network readable by anyone on the path.
+    pub insecure: bool,
     /// Number of shards the object space is split into.
     pub partitions: usize,
     /// Largest frame body accepted, in bytes.
@@ -106,7 +109,7 @@ pub struct FunctionsConfig {
     pub memory_limit_mb: u64,
     /// The interpreter that runs `-m spindle.worker`.
     pub python: PathBuf,
-    /// When set, `invoke` needs a session whose `hello` carried this token.
+    /// When set, every connection must give it in `hello` before any operation.
     pub token: Option<String>,
     /// A started worker that has not connected after this long is killed, and a waiting
     /// call fails, so a broken worker setup never hangs callers.
@@ -121,6 +124,7 @@ impl Default for Config {
         Config {
             host: "127.0.0.1".into(),
             port: 7070,
+            insecure: false,
             partitions: default_partitions(),
             max_frame: spindle_proto::DEFAULT_MAX_FRAME,
             session_ttl: Duration::from_secs(5),
@@ -160,6 +164,13 @@ impl Config {
         }
         if self.functions.token.as_deref() == Some("") {
             return Err("the token must not be empty".into());
+        }
+        if !self.insecure && !is_loopback(&self.host) {
+            return Err(format!(
+                "refusing to listen on {} in plaintext: the token and every value would cross the \
+                 network readable by anyone on the path; pass --insecure to serve without TLS",
+                self.host
+            ));
         }
         if self.functions.fs == private_fs() {
             check_private_dir(&self.functions.fs)?;
@@ -280,6 +291,11 @@ mod tests {
         };
         assert!(config.check().unwrap_err().contains("--token"));
         config.functions.token = Some("secret".into());
+        assert!(
+            config.check().unwrap_err().contains("--insecure"),
+            "and TLS, or --insecure"
+        );
+        config.insecure = true;
         assert!(config.check().is_ok());
         assert!(Config::default().check().is_ok());
     }

@@ -47,6 +47,8 @@ enum End {
 
 struct Connection {
     id: ConnId,
+    /// The client's address, for the audit log.
+    peer: SocketAddr,
     shared: Arc<Shared>,
     /// The session, once `hello` arrived.
     client: Option<Arc<str>>,
@@ -58,7 +60,9 @@ struct Connection {
     /// Replies to this connection's own requests in the current batch, flushed to the
     /// outbox once per read.
     replies: Vec<u8>,
-    /// Whether `hello` carried the server's token (needed to `invoke`).
+    /// Whether `hello` passed authentication. Every operation needs a session, so this is
+    /// set whenever one runs; the operations that run code check it once more, so that no
+    /// path to them (a worker's or host's channel) can skip authentication.
     authorized: bool,
     /// This connection invoked functions: the gateway must hear of its end.
     invoked: bool,
@@ -145,6 +149,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
 
     let mut conn = Connection {
         id,
+        peer,
         touched: vec![false; shared.shards.count()],
         shared,
         client: None,
@@ -675,7 +680,16 @@ impl Connection {
             let message = "this connection already said 'worker' or 'host'; their hello comes before it";
             return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
         }
-        self.authorized = self.shared.gateway.authorizes(token.as_deref());
+        // With a token configured, nothing runs for a connection that did not give it: data
+        // operations included (a pickled value is code to whoever reads it).
+        if !self.shared.gateway.authorizes(token.as_deref()) {
+            let message = match token {
+                None => "this server needs a token: pass it in hello as \"token\" (the SDK and the spindle command read SPINDLE_TOKEN)",
+                Some(_) => "wrong token",
+            };
+            return self.reply(id, Err(Error::new(ErrorKind::Unauthorized, message)));
+        }
+        self.authorized = true;
         if let Some(current) = &self.client {
             if **current != *client {
                 let message = format!("this connection already said hello as client '{current}'");
@@ -787,8 +801,10 @@ impl Connection {
     }
 
     fn reply(&mut self, id: u64, reply: Reply) {
-        if let Err(e) = &reply {
-            log_error_reply(self.id, id, e);
+        match &reply {
+            Err(e) if e.kind == ErrorKind::Unauthorized => self.shared.audit.refused(self.peer.ip(), &e.message),
+            Err(e) => log_error_reply(self.id, id, e),
+            Ok(_) => {}
         }
         encode_reply(id, &reply, &mut self.replies);
     }

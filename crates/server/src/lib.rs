@@ -1,7 +1,8 @@
 //! The Spindle state server: accepts connections, runs calls on sharded partitions,
 //! parks and wakes waiters, and ends sessions.
 //!
-//! Layout: [`config`] (settings), `connection` (per-client reader and writer),
+//! Layout: [`config`] (settings), `connection` (per-client reader and writer), `audit`
+//! (refusals, logged without flooding),
 //! `shards` (partitions behind mutexes, timers, `keep`), `registry` (reply routing),
 //! `sessions` (session lifetimes), `status` (counters and the `status` reply), `gateway`
 //! (functions: the worker pool and invocations), `hosts` (user-defined objects: their classes
@@ -9,6 +10,7 @@
 //! Python child processes), `cluster` (cluster mode: every shard a Raft group, see
 //! docs/cluster.md).
 
+mod audit;
 mod cluster;
 pub mod config;
 mod connection;
@@ -51,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) registry: registry::Registry,
     pub(crate) sessions: sessions::Sessions,
     pub(crate) stats: status::Stats,
+    /// Refused requests, logged once a minute per client.
+    pub(crate) audit: audit::Audit,
     pub(crate) gateway: gateway::Gateway,
     pub(crate) hosts: hosts::Hosts,
     /// This node's part in a cluster (`--node-id`).
@@ -120,6 +124,7 @@ impl Server {
             registry: registry::Registry::new(),
             sessions: sessions::Sessions::new(),
             stats: status::Stats::new(),
+            audit: audit::Audit::default(),
             gateway: gateway::Gateway::new(config.functions.clone()),
             hosts: hosts::Hosts::new(&config),
             worker_address: reachable.to_string(),

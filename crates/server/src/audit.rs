@@ -1,0 +1,93 @@
+//! The audit log of refusals: a client whose requests are refused is logged once a minute at
+//! most, with how many refusals the quiet spell held, so that a client hammering the server
+//! with bad credentials cannot flood its log (nor grow this table without bound).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tracing::warn;
+
+/// At most one line per client in this long.
+const EVERY: Duration = Duration::from_secs(60);
+/// Clients remembered at once; past it, the ones quiet for a minute are forgotten, and while
+/// none is, a refusal from yet another client is logged unremembered.
+const MAX_CLIENTS: usize = 4096;
+
+#[derive(Default)]
+pub(crate) struct Audit {
+    /// Per client: when it was last logged, and its refusals since.
+    clients: Mutex<HashMap<IpAddr, (Instant, u64)>>,
+}
+
+impl Audit {
+    /// A request of the client at `peer` was refused (`why`: what it was told).
+    pub(crate) fn refused(&self, peer: IpAddr, why: &str) {
+        if let Some(since) = self.admit(peer, Instant::now()) {
+            match since {
+                0 => warn!(%peer, "refused: {why}"),
+                n => warn!(%peer, "refused: {why} (and {n} more refusals in the last minute)"),
+            }
+        }
+    }
+
+    /// Whether to log a refusal at `now`: `Some(refusals held back since the last line)`.
+    fn admit(&self, peer: IpAddr, now: Instant) -> Option<u64> {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((logged, held)) = clients.get_mut(&peer) {
+            if now.duration_since(*logged) < EVERY {
+                *held += 1;
+                return None;
+            }
+            let since = std::mem::take(held);
+            *logged = now;
+            return Some(since);
+        }
+        if clients.len() >= MAX_CLIENTS {
+            clients.retain(|_, (logged, _)| now.duration_since(*logged) < EVERY);
+        }
+        if clients.len() < MAX_CLIENTS {
+            clients.insert(peer, (now, 0));
+        }
+        Some(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_is_logged_once_a_minute_with_what_it_held_back() {
+        let audit = Audit::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let t0 = Instant::now();
+        assert_eq!(audit.admit(a, t0), Some(0));
+        for i in 1..=5 {
+            assert_eq!(audit.admit(a, t0 + Duration::from_secs(i)), None);
+        }
+        assert_eq!(
+            audit.admit(b, t0 + Duration::from_secs(6)),
+            Some(0),
+            "another client is its own"
+        );
+        assert_eq!(audit.admit(a, t0 + EVERY), Some(5));
+        assert_eq!(audit.admit(a, t0 + EVERY + Duration::from_secs(1)), None);
+    }
+
+    #[test]
+    fn the_table_stays_bounded() {
+        let audit = Audit::default();
+        let t0 = Instant::now();
+        for i in 0..(MAX_CLIENTS as u32 + 100) {
+            let peer = IpAddr::from(i.to_be_bytes());
+            assert_eq!(audit.admit(peer, t0), Some(0), "a new client is always logged");
+        }
+        assert_eq!(audit.clients.lock().unwrap().len(), MAX_CLIENTS);
+        // A minute on, the quiet ones make room.
+        let late = IpAddr::from([255, 255, 255, 255]);
+        assert_eq!(audit.admit(late, t0 + EVERY), Some(0));
+        assert_eq!(audit.clients.lock().unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,145 @@
+"""Security against a real server started with ``--token``: what a client without the token
+can reach (nothing), and that clients with it work as before (docs/protocol.md, Security)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from typing import Iterator
+
+import msgpack
+import pytest
+
+import spindle
+from conftest import ServerProcess, gateway_args, pythonpath_for_tests
+from spindle.client import Connection, frame
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[ServerProcess]:
+    proc = ServerProcess("--token", TOKEN, *gateway_args(2))
+    yield proc
+    proc.stop()
+
+
+def run_as(address: str, token: str | None, script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh Python process connected to ``address`` with ``token``."""
+    env = dict(os.environ, SPINDLE_ADDRESS=address, PYTHONPATH=pythonpath_for_tests())
+    env.pop("SPINDLE_TOKEN", None)
+    if token is not None:
+        env["SPINDLE_TOKEN"] = token
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_stored_pickle_attack_fails_at_its_first_step(guarded):
+    """An attacker without the token tries to plant a pickle in a named Dict, for the next
+    authorized reader (or a function) to unpickle, which would copy the reader's token: the
+    server refuses the connection before any operation, so nothing is stored."""
+    attack = """
+        import os, spindle
+
+        class Exploit:
+            def __reduce__(self):
+                return (os.system, ("echo $SPINDLE_TOKEN > /tmp/stolen",))
+
+        try:
+            spindle.connect(embedded=False)
+            spindle.Dict(name="config")["plugin"] = Exploit()
+            print("stored")
+        except PermissionError as exc:
+            print("refused", type(exc).__name__, exc)
+        """
+    for token in (None, "guessed"):
+        out = run_as(guarded.address, token, attack)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("refused Unauthorized"), out.stdout + out.stderr
+    # The owner finds nothing planted.
+    out = run_as(guarded.address, TOKEN, """
+        import spindle
+        spindle.connect(embedded=False)
+        print(spindle.objects("config"))
+        """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def exchange(sock: socket.socket, request: list) -> list:
+    """Send one request frame on ``sock`` and read its reply ``[id, status, result]``."""
+    sock.sendall(frame(request))
+    head = sock.recv(4, socket.MSG_WAITALL)
+    body = sock.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL)
+    return msgpack.unpackb(body)
+
+
+@pytest.mark.parametrize("request_", [
+    ["create", 1, 0, "Dict", "config", [], False],
+    ["call", 1, 0, "Dict", "config", "setitem", ["k", 1]],
+    ["delete", 1, "config"],
+    ["keep", 1, "Dict", "config", "other"],
+    ["objects", ""],
+    ["status"],
+    ["invoke", "python", b"x", {}],
+], ids=lambda r: r[0])
+def test_without_the_token_no_operation_runs(guarded, request_):
+    host, port = guarded.address.rsplit(":", 1)
+    with pytest.raises(spindle.Unauthorized, match="needs a token"):
+        Connection(host, int(port), "stranger", 1)
+    # After a refused hello, the connection has no session: nothing runs on it.
+    for hello in ({"client": "stranger", "protocol": 1}, {"client": "stranger", "protocol": 1, "token": "x"}):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            refused = exchange(sock, [1, "hello", hello])
+            assert refused[1] != 0 and refused[2][0] == "Unauthorized", refused
+            reply = exchange(sock, [2, *request_])
+            assert reply[1] != 0 and reply[2][0] == "NoSession", reply
+
+
+def test_clients_with_the_single_token_work_as_before(guarded):
+    """Upgrading: today's single --token setup keeps working for clients that give it:
+    objects, functions and user-defined objects."""
+    out = run_as(guarded.address, TOKEN, """
+        import spindle, remote
+        spindle.connect(embedded=False)
+        hits = spindle.Counter(name="hits")
+        hits.add(5)
+        words = spindle.Dict(name="words")
+        words["a"] = 1
+        with spindle.Executor(echo=False) as ex:
+            squared = ex.submit(remote.square, 7).result(60)
+
+        @spindle.shared
+        class Box:
+            def __init__(self, v):
+                self.v = v
+
+            def get(self):
+                return self.v
+
+        print(hits.get(), dict(words), squared, Box(3).get())
+        """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["5", "{'a':", "1}", "49", "3"]
+
+
+def test_refusals_are_logged_once_a_minute_per_client(tmp_path):
+    """A client hammering the server with bad credentials gets one log line, not one each."""
+    log = tmp_path / "server.log"
+    with open(log, "w") as stderr:
+        proc = ServerProcess("--token", TOKEN, stderr=stderr)
+    try:
+        host, port = proc.address.rsplit(":", 1)
+        for attempt in range(50):
+            with pytest.raises(spindle.Unauthorized):
+                Connection(host, int(port), f"guesser{attempt}", 1, token=f"guess{attempt}")
+        # The server is still there for the owner, and has logged the refusals once.
+        Connection(host, int(port), "owner", 1, token=TOKEN).close()
+    finally:
+        proc.stop()
+    refusals = [line for line in log.read_text().splitlines() if "refused:" in line]
+    assert len(refusals) == 1, refusals
+    assert "wrong token" in refusals[0] and "127.0.0.1" in refusals[0]
