@@ -37,7 +37,7 @@ NETNS_TOKEN = "cluster-test-token"
 def cluster_map(host: str, port: int) -> Dict:
     """The view of the cluster of the node at ``host:port`` (the `cluster` request), asked
     with ``$SPINDLE_TOKEN`` as the SDK would."""
-    conn = Connection(host, port, "cluster-test", 1, os.environ.get("SPINDLE_TOKEN"))
+    conn = Connection(host, port, "cluster-test-session", 1, os.environ.get("SPINDLE_TOKEN"))
     try:
         reply = conn.roundtrip(frame([2, "cluster"]), 2)
     finally:
@@ -402,7 +402,7 @@ def test_a_node_that_does_not_lead_the_shard_answers_with_its_leader(cluster):
     key = next(f"k{i}" for i in range(1000) if shard_of(f"k{i}", SHARDS) == shard)
     follower = next(n for n in cluster.nodes if n.node_id != leader)
     leader_node = next(n for n in cluster.nodes if n.node_id == leader)
-    conn = Connection("127.0.0.1", follower.port, "redirect-test", 1)
+    conn = Connection("127.0.0.1", follower.port, "redirect-test-session", 1)
     try:
         reply = conn.roundtrip(frame([2, "create", 1, 0, "Counter", key, [], False]), 2)
         assert reply[1] == 1 and reply[2][0] == "NotLeader", reply
@@ -472,7 +472,7 @@ def test_keep_moves_an_object_to_a_name_whose_shard_another_node_leads(cluster):
     # was; another move to the name finds it taken; an expired one is refused.
     name = "adopted"
     leader = next(n for n in cluster.nodes if n.node_id == leaders[shard_of(name, SHARDS)])
-    conn = Connection(leader.host, leader.port, "adopt-test", 1)
+    conn = Connection(leader.host, leader.port, "adopt-test-session", 1)
     try:
         state = {"v": 1, "value": 41}
         later = int(time.time() * 1000) + 60_000
@@ -1049,7 +1049,7 @@ def test_a_new_leader_ends_the_sessions_of_dead_clients_and_keeps_those_of_live_
         live_key = next(unnamed_keys_on(live, shards))
         live.create("Counter", live_key, [0], True, persistent=True)
         live._close_connections()
-        with live.scope("an-invocation"):
+        with live.scope("an-invocation-secret"):
             scoped_key = next(unnamed_keys_on(live, shards))
             live.create("Counter", scoped_key, [0], True, persistent=True)
             live._close_connections()
@@ -1058,7 +1058,7 @@ def test_a_new_leader_ends_the_sessions_of_dead_clients_and_keeps_those_of_live_
             # A client that talks only to that node, and dies (a bare connection: no presence).
             dead_key = next(k for k in (f"~dead-client.{i}" for i in range(1000))
                             if shard_of(k, SHARDS) in shards)
-            conn = Connection(doomed.host, doomed.port, "dead-client", 1)
+            conn = Connection(doomed.host, doomed.port, "dead-client-session", 1)
             reply = conn.roundtrip(frame([2, "create", 2, 0, "Counter", dead_key, [0], True, True]), 2)
             assert reply[1:] == [0, True], reply
             conn.close()
@@ -1381,7 +1381,7 @@ with open(out, "w") as f:
         call = time.monotonic_ns()
         try:
             if conn is None:
-                conn = Connection(host, int(port), "cut-off-reader", 1, token=token, timeout=1.0)
+                conn = Connection(host, int(port), "cut-off-reader-session", 1, token=token, timeout=1.0)
             reply = conn.roundtrip(frame([seq + 1, "call", seq, 1, "Counter", key, "get", []]), seq + 1)
             outcome, value = ("ok", reply[2]) if reply[1] == 0 else (str(reply[2][0]), None)
         except OSError as exc:  # no answer in time: the stream may be out of step, reconnect

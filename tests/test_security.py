@@ -16,6 +16,7 @@ import pytest
 import spindle
 from conftest import ServerProcess, gateway_args, pythonpath_for_tests
 from spindle.client import Connection, frame
+from spindle.sessions import new_secret, session_id, unnamed_key
 
 TOKEN = "s3cret-token"
 
@@ -137,9 +138,45 @@ def test_refusals_are_logged_once_a_minute_per_client(tmp_path):
             with pytest.raises(spindle.Unauthorized):
                 Connection(host, int(port), f"guesser{attempt}", 1, token=f"guess{attempt}")
         # The server is still there for the owner, and has logged the refusals once.
-        Connection(host, int(port), "owner", 1, token=TOKEN).close()
+        Connection(host, int(port), "owner-session-secret", 1, token=TOKEN).close()
     finally:
         proc.stop()
     refusals = [line for line in log.read_text().splitlines() if "refused:" in line]
     assert len(refusals) == 1, refusals
     assert "wrong token" in refusals[0] and "127.0.0.1" in refusals[0]
+
+
+def test_a_session_is_resumed_with_its_secret_only(server):
+    """Knowing a session's id (it shows in logs and errors) is not enough to act as it."""
+    client = spindle.connect()
+    client.ping()  # the process's session is open
+    victim = session_id(client.session)
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reply = exchange(sock, [1, "hello", {"client": victim, "protocol": 1}])
+        assert reply[1] != 0 and reply[2][0] == "Unauthorized" and "its secret only" in reply[2][1], reply
+        reply = exchange(sock, [2, "hello", {"client": victim, "protocol": 1, "secret": new_secret()}])
+        assert reply[1] != 0 and reply[2][0] == "ProtocolError", reply
+        reply = exchange(sock, [3, "hello", {"client": victim, "protocol": 1, "secret": "short"}])
+        assert reply[1] != 0 and "16 characters" in reply[2][1], reply
+        # Still no session: a call as the victim does not run.
+        reply = exchange(sock, [4, "call", 1, 0, "Counter", "c", "add", [1]])
+        assert reply[1] != 0 and reply[2][0] == "NoSession", reply
+    # Its holder resumes it.
+    conn = Connection(host, int(port), client.session, 1)
+    assert conn.hello["resumed"] is True
+    conn.close()
+
+
+def test_unnamed_keys_are_unguessable_from_the_session_id():
+    """An unnamed object's key is a digest of the session's secret and its number: neither
+    the session id nor another key of the session tells it."""
+    client = spindle.connect()
+    first, second = spindle.Counter(), spindle.Counter()
+    for counter in (first, second):
+        assert counter.key.startswith("~") and len(counter.key) == 33, counter.key
+        assert session_id(client.session)[1:] not in counter.key
+        assert client.session not in counter.key
+    assert first.key != second.key
+    # Only the secret's holder can compute them.
+    assert {first.key, second.key} <= {unnamed_key(client.session, n) for n in range(1, 10_000)}

@@ -19,12 +19,12 @@ import select
 import socket
 import threading
 import time
-import uuid
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from .codec import packb, unpackb
 from .errors import ObjectLost, ServerUnavailable, Unauthorized, error_from_reply
+from .sessions import new_secret, session_id, unnamed_key
 from .embedded import EmbeddedServer
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
@@ -69,7 +69,7 @@ class Connection:
     __slots__ = ("sock", "buf", "sent", "intact", "address", "hello", "__weakref__")
 
     def __init__(
-        self, host: str, port: int, session: str, hello_id: int, token: Optional[str] = None,
+        self, host: str, port: int, secret: str, hello_id: int, token: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> None:
         # The hello, too, must be answered promptly: a paused node accepts connections (the
@@ -80,7 +80,7 @@ class Connection:
         self.buf = b""
         self.sent = self.intact = True
         try:
-            hello = {"client": session, "protocol": PROTOCOL}
+            hello = {"client": session_id(secret), "secret": secret, "protocol": PROTOCOL}
             if token:
                 hello["token"] = token
             reply = self.roundtrip(frame([hello_id, "hello", hello]), hello_id)
@@ -311,22 +311,22 @@ class Calls:
 
 
 class _Session:
-    """What a client's calls run as: the session id, its calls, its unnamed-object numbers
+    """What a client's calls run as: the session's secret, its calls, its unnamed-object numbers
     and its connections (one per thread and node). ``scope`` swaps it whole, and a call reads
     it once, so a call that started before a scope ends as it began."""
 
-    __slots__ = ("id", "calls", "unnamed", "local", "conns")
+    __slots__ = ("secret", "calls", "unnamed", "local", "conns")
 
     def __init__(self, identity: Tuple[str, Calls, "itertools.count[int]"]) -> None:
-        self.id, self.calls, self.unnamed = identity
+        self.secret, self.calls, self.unnamed = identity
         self.local = threading.local()
         # Weak: a thread's connection closes when the thread ends and drops its local.
         self.conns: "weakref.WeakSet[Connection]" = weakref.WeakSet()
 
 
 def _new_identity() -> Tuple[str, Calls, "itertools.count[int]"]:
-    """This process's session id, calls and unnamed-object numbers."""
-    return (uuid.uuid4().hex, Calls(), itertools.count(1))
+    """This process's session secret, calls and unnamed-object numbers."""
+    return (new_secret(), Calls(), itertools.count(1))
 
 
 # One session per process, kept across disconnect()/connect() and renewed after fork.
@@ -373,7 +373,9 @@ class Client:
 
     @property
     def session(self) -> str:
-        return self._state.id
+        """The session's secret: only this client's connections give it (its id, which the
+        server sees, is ``sessions.session_id`` of it)."""
+        return self._state.secret
 
     @property
     def _seq(self) -> "itertools.count[int]":
@@ -424,9 +426,9 @@ class Client:
             self._presence = None
 
     def unnamed_key(self) -> str:
-        """A fresh key for an unnamed object: ``~<session>.<n>``."""
+        """A fresh key for an unnamed object (see ``sessions.unnamed_key``)."""
         state = self._state
-        return f"~{state.id}.{next(state.unnamed)}"
+        return unnamed_key(state.secret, next(state.unnamed))
 
     # -- requests --------------------------------------------------------------------------
 
@@ -681,7 +683,7 @@ class Client:
         ``address`` (``None``: the first node)."""
         state = state or self._state
         host, port = parse_address(address) if address is not None else (self.host, self.port)
-        conn = Connection(host, port, state.id, next(state.calls.numbers), self.token)
+        conn = Connection(host, port, state.secret, next(state.calls.numbers), self.token)
         if address is None:
             state.local.conn = conn
         else:

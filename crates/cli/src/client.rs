@@ -45,8 +45,8 @@ pub(crate) struct Client {
     next_id: u64,
     /// The session's call numbers: one attempt per call, so never reused.
     next_seq: u64,
-    /// The session id given in `hello`.
-    session: String,
+    /// The session's secret, given in `hello` (see `spindle_proto::session`).
+    secret: String,
     /// Whether the server takes `acked` (its hello lists it).
     acks: bool,
     /// Whether the session pipelines recorded calls ([`call_seq`](Self::call_seq)): a call's
@@ -69,7 +69,7 @@ impl Client {
                         address: address.to_string(),
                         next_id: 1,
                         next_seq: 1,
-                        session: session_id(),
+                        secret: new_secret()?,
                         acks: false,
                         pipelined: false,
                     };
@@ -87,7 +87,8 @@ impl Client {
 
     fn hello(&mut self) -> Result<(), String> {
         let mut hello = vec![
-            ("client".into(), self.session.as_str().into()),
+            ("client".into(), spindle_proto::session_id(&self.secret).into()),
+            ("secret".into(), self.secret.as_str().into()),
             ("protocol".into(), spindle_proto::PROTOCOL_VERSION.into()),
         ];
         if let Some(token) = std::env::var("SPINDLE_TOKEN").ok().filter(|t| !t.is_empty()) {
@@ -376,9 +377,9 @@ impl Client {
 /// Pipelined requests, for `spindle sh` (sh.rs): many in flight on the connection, replies
 /// read as they come.
 impl Client {
-    /// The session id (unnamed objects of this session are `~<session>.<n>`).
-    pub(crate) fn session(&self) -> &str {
-        &self.session
+    /// The key of this session's `n`th unnamed object.
+    pub(crate) fn unnamed_key(&self, n: u64) -> String {
+        spindle_proto::unnamed_key(&self.secret, n)
     }
 
     /// A fresh call number for a request sent with [`send`](Self::send) (the session
@@ -440,10 +441,14 @@ fn open_stream(address: &str) -> Result<TcpStream, String> {
     })
 }
 
-/// A fresh random session id (16 bytes from [`random_bytes`]).
-fn session_id() -> String {
-    let hex: String = random_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    format!("spindle-cli-{hex}")
+/// A fresh session secret: 16 bytes from the kernel, in hex (no fallback: a guessable
+/// secret would hand the session to whoever guesses it).
+fn new_secret() -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("cannot read /dev/urandom for a session secret: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// 16 random bytes from the kernel; without /dev/urandom, the clock and the pid (unique

@@ -222,10 +222,9 @@ fn sh(args: ShArgs) -> Result<u8, Fail> {
     // the pipelined requests below reach their leader with no redirect.
     let led = client.shards_led_here()?;
     let mut next_key = 0;
-    let session = client.session().to_string();
     let mut unnamed = || loop {
         next_key += 1;
-        let key = format!("~{session}.{next_key}");
+        let key = client.unnamed_key(next_key);
         if led
             .as_ref()
             .is_none_or(|(shards, mine)| mine.contains(&spindle_server::shard_of(&key, *shards)))
@@ -513,7 +512,7 @@ fn write_all(fd: libc::c_int, mut bytes: &[u8]) -> std::io::Result<()> {
 /// paces ours). Returns its key.
 fn forward_stdin(address: &str) -> Result<String, Fail> {
     let mut feeder = Client::connect(address)?;
-    let key = format!("~{}.1", feeder.session());
+    let key = feeder.unnamed_key(1);
     feeder.create("Queue", &key, vec![PIPE_ITEMS.into()], true, false)?;
     let queue = key.clone();
     std::thread::spawn(move || {

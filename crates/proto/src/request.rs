@@ -15,8 +15,10 @@ pub enum Request {
     Hello {
         id: u64,
         client: String,
-        /// The server's token, needed to run code (`invoke`) when the server has one.
+        /// The server's token, needed for any operation when the server has one.
         token: Option<String>,
+        /// The session's secret (see [`crate::session`]): `client` is its id.
+        secret: Option<String>,
     },
     Create {
         id: u64,
@@ -373,8 +375,13 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
     let request = match op.as_str() {
         "hello" => {
             p.arity("[id, \"hello\", {\"client\": str, \"protocol\": 1}]", 1)?;
-            let (client, token) = p.hello()?;
-            Request::Hello { id, client, token }
+            let (client, token, secret) = p.hello()?;
+            Request::Hello {
+                id,
+                client,
+                token,
+                secret,
+            }
         }
         "create" => {
             p.arity_range(
@@ -748,8 +755,9 @@ impl Operands<'_> {
         })
     }
 
-    /// The `hello` map: `{"client": str, "protocol": 1, "token": str}`.
-    fn hello(&mut self) -> Result<(String, Option<String>), RequestError> {
+    /// The `hello` map: `{"client": str, "protocol": 1, "token": str, "secret": str}`.
+    #[allow(clippy::type_complexity)]
+    fn hello(&mut self) -> Result<(String, Option<String>, Option<String>), RequestError> {
         let entries = match self.next() {
             Value::Map(entries) => entries,
             other => return Err(self.error("the operand", "a map {\"client\": str, \"protocol\": 1}", &other)),
@@ -757,6 +765,7 @@ impl Operands<'_> {
         let mut client = None;
         let mut protocol = None;
         let mut token = None;
+        let mut secret = None;
         for (k, v) in entries {
             match k.as_str() {
                 Some("client") => client = Some(v),
@@ -765,6 +774,11 @@ impl Operands<'_> {
                     Value::Nil => {}
                     Value::String(s) => token = s.into_str(),
                     other => return Err(self.error("token", "a str or nil", &other)),
+                },
+                Some("secret") => match v {
+                    Value::Nil => {}
+                    Value::String(s) => secret = s.into_str(),
+                    other => return Err(self.error("secret", "a str or nil", &other)),
                 },
                 // Unknown fields are ignored so newer clients can send more.
                 _ => {}
@@ -783,7 +797,7 @@ impl Operands<'_> {
         }
         match client {
             Some(Value::String(s)) => match s.into_str() {
-                Some(c) if !c.is_empty() => Ok((c, token)),
+                Some(c) if !c.is_empty() => Ok((c, token, secret)),
                 Some(_) => Err(bad(self.id, "'hello': client must be a non-empty str")),
                 None => Err(bad(self.id, "'hello': client is not valid UTF-8")),
             },
@@ -821,20 +835,23 @@ mod tests {
             Request::Hello {
                 id: 1,
                 client: "c1".into(),
-                token: None
+                token: None,
+                secret: None,
             }
         );
         let with_token = Value::Map(vec![
             (s("client"), s("c1")),
             (s("protocol"), 1.into()),
             (s("token"), s("t")),
+            (s("secret"), s("0123456789abcdef")),
         ]);
         assert_eq!(
             parse_request(v(vec![1.into(), s("hello"), with_token])).unwrap(),
             Request::Hello {
                 id: 1,
                 client: "c1".into(),
-                token: Some("t".into())
+                token: Some("t".into()),
+                secret: Some("0123456789abcdef".into()),
             }
         );
         let invoke = v(vec![

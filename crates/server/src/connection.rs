@@ -280,7 +280,12 @@ impl Connection {
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
         }
         match request {
-            Request::Hello { id, client, token } => self.hello(id, client, token),
+            Request::Hello {
+                id,
+                client,
+                token,
+                secret,
+            } => self.hello(id, client, token, secret),
             Request::Create {
                 id,
                 seq,
@@ -675,7 +680,7 @@ impl Connection {
         }
     }
 
-    fn hello(&mut self, id: u64, client: String, token: Option<String>) {
+    fn hello(&mut self, id: u64, client: String, token: Option<String>, secret: Option<String>) {
         if self.worker.is_some() || self.host.is_some() {
             let message = "this connection already said 'worker' or 'host'; their hello comes before it";
             return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
@@ -690,6 +695,9 @@ impl Connection {
             return self.reply(id, Err(Error::new(ErrorKind::Unauthorized, message)));
         }
         self.authorized = true;
+        if let Err(e) = sessions::check_secret(&client, secret.as_deref()) {
+            return self.reply(id, Err(e));
+        }
         if let Some(current) = &self.client {
             if **current != *client {
                 let message = format!("this connection already said hello as client '{current}'");

@@ -1,9 +1,14 @@
 //! Sessions: a client id shared by every connection of one client process. A session ends
 //! `session_ttl` after its last connection closes, unless a connection comes back first.
+//! A session with a secret (`#` ids, see `spindle_proto::session`) is opened and resumed
+//! only by connections that give its secret.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
+
+use spindle_core::{Error, ErrorKind};
+use spindle_proto::{session_id, MIN_SECRET_LEN, SECRET_SESSION_PREFIX};
 
 use crate::{hosts, Shared};
 
@@ -62,6 +67,30 @@ impl Sessions {
             },
         );
         (id, false)
+    }
+}
+
+/// Whether a `hello` as `client` with `secret` may open or resume that session: a secret
+/// must be long enough and be the one `client` is the id of, and an id made from a secret
+/// needs it (it is the session's capability). Ids without a secret are older clients'.
+pub(crate) fn check_secret(client: &str, secret: Option<&str>) -> Result<(), Error> {
+    match secret {
+        Some(secret) if secret.chars().count() < MIN_SECRET_LEN => Err(Error::new(
+            ErrorKind::ProtocolError,
+            format!("a session secret has {MIN_SECRET_LEN} characters at least"),
+        )),
+        Some(secret) if session_id(secret) != client => Err(Error::new(
+            ErrorKind::ProtocolError,
+            format!(
+                "'client' must be the id of the session's secret ({})",
+                session_id(secret)
+            ),
+        )),
+        None if client.starts_with(SECRET_SESSION_PREFIX) => Err(Error::new(
+            ErrorKind::Unauthorized,
+            format!("session '{client}' is resumed with its secret only"),
+        )),
+        _ => Ok(()),
     }
 }
 

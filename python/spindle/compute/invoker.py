@@ -18,7 +18,6 @@ import os
 import pickle
 import sys
 import threading
-import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import cloudpickle
@@ -26,6 +25,7 @@ import cloudpickle
 from .. import client as _client_mod
 from ..client import Connection, frame
 from ..codec import unpackb
+from ..sessions import new_secret
 from ..errors import (
     FunctionTimeout,
     ServerUnavailable,
@@ -323,8 +323,8 @@ def current_invoker() -> Invoker:
 
 
 def new_session() -> str:
-    """A fresh session id for one invocation (and its retries)."""
-    return uuid.uuid4().hex
+    """A fresh session (its secret) for one invocation and its retries."""
+    return new_secret()
 
 
 def echo_output(label: str, stdout: bytes, stderr: bytes, truncated: int = 0) -> None:
