@@ -162,3 +162,26 @@ def print_then_sleep(text: str, seconds: float) -> None:
 
 def raise_huge(size: int) -> None:
     raise ValueError(b"x" * size)
+
+
+def escape(megabytes: int, hold: float, pidfile: str) -> int:
+    """Double-fork a process of its own session (out of this worker's process group and, but
+    for a subreaper, out of its tree) that writes its pid to ``pidfile``, touches ``megabytes``
+    MiB and lives on; wait ``hold`` seconds, and return the pid."""
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(pidfile, "w") as f:
+                f.write(str(os.getpid()))
+            block = bytearray(megabytes << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            os.write(write, f"{os.getpid()}\n".encode())
+            time.sleep(3600)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        pid = int(pipe.readline())  # once it holds its memory
+    time.sleep(hold)
+    return pid

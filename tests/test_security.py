@@ -14,7 +14,8 @@ import msgpack
 import pytest
 
 import spindle
-from conftest import ServerProcess, gateway_args, pythonpath_for_tests
+import remote
+from conftest import ServerProcess, gateway_args, pythonpath_for_tests, wait_until
 from spindle.client import Connection, frame
 from spindle.sessions import new_secret, session_id, unnamed_key
 
@@ -180,3 +181,38 @@ def test_unnamed_keys_are_unguessable_from_the_session_id():
     assert first.key != second.key
     # Only the secret's holder can compute them.
     assert {first.key, second.key} <= {unnamed_key(client.session, n) for n in range(1, 10_000)}
+
+
+# -- contained functions ---------------------------------------------------------------------
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def test_the_server_says_how_functions_are_contained():
+    assert spindle.status()["containment"] == "subreaper"
+
+
+def test_a_process_a_function_double_forks_ends_with_its_call(tmp_path):
+    with spindle.Executor(echo=False) as ex:
+        pid = ex.submit(remote.escape, 1, 0, str(tmp_path / "pid")).result(60)
+    assert wait_until(lambda: not running(pid)), f"process {pid} outlived its call"
+
+
+def test_a_double_forked_process_counts_against_the_memory_limit_and_dies_with_the_worker(tmp_path):
+    """1.5 GiB in a process of its own session, under a 1 GiB limit: the worker is killed for
+    it, and the process goes with the worker."""
+    pidfile = tmp_path / "pid"
+    with spindle.Executor(memory_mb=1024, echo=False) as ex:
+        future = ex.submit(remote.escape, 1536, 120, str(pidfile))
+        with pytest.raises(spindle.WorkerCrashed) as info:
+            future.result(120)
+    assert info.value.reason == "memory limit"
+    pid = int(pidfile.read_text())
+    assert wait_until(lambda: not running(pid)), f"process {pid} outlived its worker"

@@ -541,6 +541,7 @@ pub fn status(address: &str) -> Result<(), String> {
         ("busy", text("busy")),
         ("queued", text("queued")),
         ("invocations/s", text("invocations_per_s")),
+        ("containment", text("containment")),
     ];
     for (label, value) in rows {
         println!("{label:<14} {value}");

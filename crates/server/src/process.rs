@@ -1,7 +1,10 @@
 //! Child Python processes the server starts and supervises: function workers
 //! (`spindle.worker`) and object hosts (`spindle.host`). Both connect back to the server and
 //! prove who they are with a secret id; both run in their own process group, so killing
-//! one takes the subprocesses it started with it.
+//! one takes the subprocesses it started with it. Workers are also subreapers
+//! (`PR_SET_CHILD_SUBREAPER`): a process their code orphans (a `setsid` double fork) becomes
+//! the worker's child instead of init's, so it stays in the tree that is measured against
+//! the memory limit and killed with the worker, or at the end of the call.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -112,7 +115,12 @@ pub(crate) struct Launch<'a> {
     pub(crate) stdout: Stdio,
     pub(crate) stderr: Stdio,
     pub(crate) env: &'a [(&'a str, &'a str)],
+    /// Make the process a subreaper (see the module's doc).
+    pub(crate) subreaper: bool,
 }
+
+/// How the server keeps the processes its children start within reach, as `status` says.
+pub(crate) const CONTAINMENT: &str = "subreaper";
 
 /// Start the process and enter it in `table` (before it can connect, so a quick hello finds
 /// its entry).
@@ -137,6 +145,16 @@ pub(crate) fn spawn(table: &Table, launch: Launch) -> io::Result<(Child, Arc<Pro
         Some(token) => command.env("SPINDLE_TOKEN", token),
         None => command.env_remove("SPINDLE_TOKEN"),
     };
+    if launch.subreaper {
+        // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours; the flag
+        // survives the exec.
+        unsafe {
+            command.pre_exec(|| match libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) {
+                0 => Ok(()),
+                _ => Err(io::Error::last_os_error()),
+            });
+        }
+    }
     let mut procs = table.lock();
     let child = command.spawn()?;
     let proc = Arc::new(Proc {
@@ -233,6 +251,49 @@ fn proportional_bytes(pid: u32) -> Option<u64> {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let line = rollup.lines().find(|l| l.starts_with("Pss:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+/// SIGKILL every live descendant of `pid` (whatever its process group or session), round
+/// after round until none is left, for processes that forked meanwhile. The dead stay as
+/// zombies of their subreaper until it reaps them; they are not counted.
+pub(crate) fn kill_descendants(pid: u32) {
+    for _ in 0..20 {
+        let mut live = Vec::new();
+        let mut todo = children(pid);
+        // Bounded: a fork bomb must not stall the caller.
+        while let Some(child) = todo.pop() {
+            if live.len() == 10_000 {
+                break;
+            }
+            todo.extend(children(child));
+            if !is_zombie(child) {
+                live.push(child);
+            }
+        }
+        if live.is_empty() {
+            return;
+        }
+        for child in live {
+            if let Ok(child) = i32::try_from(child) {
+                // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+                unsafe {
+                    libc::kill(child, libc::SIGKILL);
+                }
+            }
+        }
+    }
+    tracing::warn!(pid, "descendants still running after 20 rounds of SIGKILL");
+}
+
+/// Whether the process has ended and waits to be reaped (or is gone).
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+        })
+        .unwrap_or(true)
 }
 
 /// The process's children (`/proc/PID/task/*/children`).

@@ -18,7 +18,7 @@ use spindle_core::{ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use tokio::sync::Notify;
 
 use crate::config::FunctionsConfig;
-use crate::process::{constant_time_eq, Exit, Table};
+use crate::process::{constant_time_eq, kill_descendants, Exit, Table};
 use crate::Shared;
 pub(crate) use pool::WorkerId;
 use pool::{Action, Counts, Invocation, Limits, Pool};
@@ -319,6 +319,9 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
             Action::Idle(worker) => {
                 if let Some(proc) = gateway.procs.get(worker) {
                     proc.watch(0);
+                    // Whatever the call started ends with it: a warm worker carries nothing
+                    // of one call into the next.
+                    kill_descendants(proc.pid);
                 }
             }
             Action::Reply { conn, req, reply } => replies.push(Delivery {
@@ -327,9 +330,10 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
             }),
             Action::Kill(worker) => {
                 if let Some(proc) = gateway.procs.get(worker) {
-                    // A shell function's command runs in a session of its own, out of reach
-                    // of the kill of the worker's process group: it goes first.
-                    worker::kill_other_groups(proc.pid);
+                    // A shell function's command runs in a session of its own, and a
+                    // double fork leaves its group: out of reach of the kill of the worker's
+                    // process group, they go first.
+                    kill_descendants(proc.pid);
                     proc.kill();
                 }
             }

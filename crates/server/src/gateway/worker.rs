@@ -103,6 +103,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
                 ("SPINDLE_FS", &fs),
                 ("SPINDLE_COMMANDS", &commands),
             ],
+            subreaper: true,
         },
     )?;
     gateway.with_pool(|p| p.spawned(id, proc.pid));
@@ -125,30 +126,4 @@ async fn supervise(shared: Arc<Shared>, id: WorkerId, mut child: Child, proc: Ar
     let mut actions = shared.gateway.with_pool(|p| p.exited(id, exit, None, Instant::now()));
     capture.fill(&mut actions);
     super::execute(&shared, actions);
-}
-
-/// Kill the process groups of the worker's descendants that are not the worker's own group
-/// (a shell function's command leads a session of its own), and those processes: killing the
-/// worker's group would miss them, and once the worker is dead they are out of its tree.
-pub(crate) fn kill_other_groups(worker: u32) {
-    let Ok(own) = i32::try_from(worker) else { return };
-    let mut todo = crate::process::children(worker);
-    // Bounded: a fork bomb must not stall the gateway.
-    let mut budget = 10_000;
-    while let Some(pid) = todo.pop() {
-        budget -= 1;
-        if budget == 0 {
-            break;
-        }
-        todo.extend(crate::process::children(pid));
-        let Ok(pid) = i32::try_from(pid) else { continue };
-        // SAFETY: getpgid(2) and kill(2) take plain integers and touch no memory of ours.
-        unsafe {
-            let group = libc::getpgid(pid);
-            if group > 0 && group != own {
-                libc::kill(-group, libc::SIGKILL);
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
-    }
 }

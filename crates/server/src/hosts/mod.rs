@@ -250,6 +250,8 @@ fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
                 Some(_) => &[("SPINDLE_HOST_IMPORTS", "1")],
                 None => &[],
             },
+            // An object may keep subprocesses across its calls, which the host does not reap.
+            subreaper: false,
         },
     )?;
     tracing::debug!(host = id, pid = proc.pid, "object host started");
