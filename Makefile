@@ -42,7 +42,7 @@ $(CHECKER): tests/linearizability/main.go tests/linearizability/go.mod tests/lin
 # under CI (CI=true), where a skip fails the run, this step fails first.
 PYPY_VENV := .venv-pypy
 pypy:
-	@command -v pypy3 >/dev/null || { apt-get update -qq && apt-get install -y -qq pypy3; } >/dev/null 2>&1 || true
+	@command -v pypy3 >/dev/null || { apt-get update -qq && apt-get install -y -qq pypy3; } >/dev/null || true
 	@if [ ! -f $(PYPY_VENV)/.installed -o requirements-pypy.lock -nt $(PYPY_VENV)/.installed ]; then \
 		rm -rf $(PYPY_VENV).tmp; \
 		{ command -v pypy3 >/dev/null \
@@ -61,10 +61,14 @@ sabotage: setup test-tools
 	tests/sabotage/run.sh
 
 test-rust:
-	$(CARGO) test --release --locked --workspace
+	$(CARGO) test --release --locked --workspace -- --include-ignored
 
+# The run records what it collected and ran: a run cut short by a process exit fails here.
+RUN_RECORD := target/pytest-run.json
 test-python:
-	$(PY) -m pytest tests
+	rm -f $(RUN_RECORD)
+	SPINDLE_TEST_RECORD=$(RUN_RECORD) $(PY) -m pytest tests
+	$(PY) tests/ran_all.py $(RUN_RECORD)
 
 lint:
 	$(CARGO) fmt --all --check

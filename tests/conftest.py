@@ -8,6 +8,7 @@ at most ``POOL`` workers; workers find the SDK and ``tests/remote.py`` on ``PYTH
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -17,7 +18,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Union
 
 import pytest
 
@@ -26,6 +27,8 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import spindle  # noqa: E402
+from spindle.client import Connection, frame, parse_address, shard_of  # noqa: E402
+from spindle.sessions import new_secret  # noqa: E402
 
 LISTENING = "spindle listening on "
 POOL = 8  # --max-workers of the session's server
@@ -112,6 +115,20 @@ class ServerProcess:
                 self.kill()
 
 
+@contextlib.contextmanager
+def connected_to(server: Union[ServerProcess, str]) -> Iterator[spindle.Client]:
+    """This process (its proxies, and child processes through ``SPINDLE_ADDRESS``) talks to
+    ``server`` (a server, or an address) for the block, then to the server it talked to
+    before (the session's): for a test that needs a server of its own."""
+    address = server if isinstance(server, str) else server.address
+    saved = os.environ["SPINDLE_ADDRESS"]
+    client = spindle.connect(address, embedded=False)
+    try:
+        yield client
+    finally:
+        spindle.connect(saved, embedded=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def server() -> Iterator[ServerProcess]:
     """The session's server; the test process is connected to it."""
@@ -149,21 +166,74 @@ def wait_until(predicate, deadline: float = 30.0, interval: float = 0.01) -> boo
     return bool(predicate())
 
 
-def has_parked_callers(obj: "spindle.proxy.Proxy") -> bool:
-    """Whether calls are parked on ``obj`` in the server right now.
+class ParkedProbe:
+    """Whether calls are parked on an object in the server right now, asked without moving
+    it (the Python side of ``ParkedProbe`` in crates/cli/tests/common/mod.rs)::
 
-    The server refuses to move an object (``keep`` with a new name answers ``Busy``) while
-    callers are parked on it, which makes a move an exact probe. When nobody is parked the
-    object does move, to a fresh name: every proxy follows it (the old key answers
-    ``Moved``), and it now outlives its session, so delete it when done.
+        with ParkedProbe(q) as probe:
+            assert wait_until(probe.parked)
+
+    The server refuses to move an object (``keep``) while callers are parked on it, with
+    ``Busy``. The probe asks to move the object onto a name a placeholder of its own
+    already holds in the object's shard: with nobody parked, the server takes the object
+    out, finds the name taken (``TypeMismatch``, "'name' is already a Counter") and puts it
+    back under the same hold of the shard's lock, so nothing moves and no proxy notices.
+    Answers are told apart by their error kind, on a connection (and session) of the
+    probe's own. A missing object has nobody parked.
+
+    Persistent objects cannot be probed: ``keep`` refuses them (``ValueError``, "cannot be
+    kept under a new name") before it looks for parked callers (``Partition::detach``), and
+    the probe fails on that answer rather than guess.
     """
-    try:
-        spindle.keep(obj, f"probe.{uuid.uuid4().hex}")
-    except spindle.SpindleError as exc:
-        if "parked" in str(exc):
+
+    def __init__(self, obj: "spindle.proxy.Proxy", address: Optional[str] = None) -> None:
+        self.type_name, self.key = obj._type, obj._key
+        host, port = parse_address(address or spindle.connect().address)
+        self.conn = Connection(host, port, new_secret(), 1)
+        self.rid = 1  # request ids (1 was the hello)
+        partitions = self._request("status")["partitions"]
+        prefix = f"parked-probe.{uuid.uuid4().hex[:12]}."
+        shard = shard_of(self.key, partitions)
+        self.taken = next(f"{prefix}{i}" for i in range(100_000)
+                          if shard_of(f"{prefix}{i}", partitions) == shard)
+        assert self._call("create", 0, "Counter", self.taken, [], False) == (0, True)
+
+    def _request(self, op: str, *args: Any) -> Any:
+        """An unnumbered request's result."""
+        self.rid += 1
+        _, status, result = self.conn.roundtrip(frame([self.rid, op, *args]), self.rid)
+        assert status == 0, f"{op}: {result}"
+        return result
+
+    def _call(self, op: str, *args: Any) -> "tuple[int, Any]":
+        """A call's ``(status, result)``: 0 and its value, or 1 and the error ``[kind,
+        message, data]``. Its ``seq`` is 0: the server records no reply for it."""
+        self.rid += 1
+        _, status, result = self.conn.roundtrip(frame([self.rid, op, 0, *args]), self.rid)
+        return status, result
+
+    def parked(self) -> bool:
+        status, answer = self._call("keep", self.type_name, self.key, self.taken)
+        kind, message = (answer[0], answer[1]) if status == 1 else (None, None)
+        if kind == "Busy" and "parked callers" in message:
             return True
-        raise
-    return False
+        if kind == "TypeMismatch" and message.startswith(f"'{self.taken}' is already a"):
+            return False
+        if kind == "NotFound":
+            return False
+        raise AssertionError(f"probing {self.type_name} '{self.key}' for parked calls: unexpected answer {answer!r}")
+
+    def close(self) -> None:
+        try:
+            self._call("delete", self.taken)
+        finally:
+            self.conn.close()
+
+    def __enter__(self) -> "ParkedProbe":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def free_port() -> int:
@@ -206,17 +276,21 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-# -- no silent skips --------------------------------------------------------------------------
+# -- no silent skips, no silent stops -------------------------------------------------------
 #
-# Under CI (`CI=true`, as `.ci/run` runs), a skipped test fails the run unless it is listed
-# here with the reason it may skip there; every run ends with how many tests of each file
-# passed, failed and skipped. A skip hides a missing feature or a missing tool as well as a
-# pass would, so each entry needs a review.
+# Under CI (`CI=true`, as `.ci/run` sets), a skipped test fails the run unless it is listed
+# here with the reason it may skip there, and so does a run that ended before running every
+# test it collected (`pytest.exit`); every run ends with how many tests of each file passed,
+# failed and skipped. A skip hides a missing feature or a missing tool as well as a pass
+# would, so each entry needs a review. With `SPINDLE_TEST_RECORD=FILE` the run writes how
+# many tests it collected and ran to FILE as it ends, which `tests/ran_all.py` checks: a
+# run cut short by a process exit (`os._exit(0)` in a test) writes nothing.
 ALLOWED_SKIPS: dict = {
     # "tests/test_file.py::test_name": "why this may skip in CI",
 }
 
 _OUTCOMES: dict = {}  # nodeid -> "passed" | "failed" | "skipped" (the worst of its phases)
+_COLLECTED: List[str] = []  # the nodeids of the tests to run
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 
@@ -239,13 +313,25 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
         _record(report.nodeid, "skipped")
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _COLLECTED[:] = [item.nodeid for item in session.items]
+
+
 def _unexpected_skips() -> List[str]:
     return sorted(n for n, o in _OUTCOMES.items() if o == "skipped" and n not in ALLOWED_SKIPS)
 
 
+def _not_run() -> List[str]:
+    return [n for n in _COLLECTED if n not in _OUTCOMES]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if in_ci() and _unexpected_skips() and exitstatus == pytest.ExitCode.OK:
+    if in_ci() and (_unexpected_skips() or _not_run()) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    record = os.environ.get("SPINDLE_TEST_RECORD")
+    if record:
+        ran = len(_COLLECTED) - len(_not_run())
+        Path(record).write_text(f'{{"collected": {len(_COLLECTED)}, "ran": {ran}}}\n')
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -258,6 +344,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for path in sorted(per_file):
         c = per_file[path]
         write(f"{path:45} {c['passed']:4} passed {c['failed']:4} failed {c['skipped']:4} skipped")
+    not_run = _not_run()
+    if not_run and in_ci():
+        terminalreporter.section(f"{len(not_run)} of {len(_COLLECTED)} collected tests never ran", red=True)
+        for nodeid in not_run[:20]:
+            write(nodeid)
     unexpected = _unexpected_skips()
     if unexpected and in_ci():
         terminalreporter.section("skips not allowed in CI (see ALLOWED_SKIPS in tests/conftest.py)", red=True)

@@ -14,7 +14,7 @@ from typing import Iterator, List, Tuple
 import pytest
 
 import spindle
-from conftest import ServerProcess, has_parked_callers, server_binary, wait_until
+from conftest import ParkedProbe, ServerProcess, connected_to, server_binary, wait_until
 from spindle.client import Client, Connection, frame, parse_address
 from spindle.codec import unpackb
 
@@ -44,7 +44,8 @@ class AlarmWhenParked(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        self.parked = wait_until(lambda: has_parked_callers(self.obj))
+        with ParkedProbe(self.obj) as probe:
+            self.parked = wait_until(probe.parked)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
 
 
@@ -65,14 +66,12 @@ def test_interrupted_call_discards_its_connection():
     finally:
         alarm.join()
         signal.signal(signal.SIGALRM, old)
-    try:
-        assert alarm.parked  # the get really was parked when it was interrupted
-        assert wait_until(lambda: not has_parked_callers(q))  # and is withdrawn
-        q.put("x")
-        assert q.qsize() == 1  # the interrupted get did not take it
-        assert q.get(timeout=30) == "x"
-    finally:
-        spindle.delete(q)  # probing moved it to a name
+    assert alarm.parked  # the get really was parked when it was interrupted
+    with ParkedProbe(q) as probe:
+        assert wait_until(lambda: not probe.parked())  # and is withdrawn
+    q.put("x")
+    assert q.qsize() == 1  # the interrupted get did not take it
+    assert q.get(timeout=30) == "x"
 
 
 def raw_connection(address: str, session: str) -> Connection:
@@ -120,13 +119,11 @@ def test_replies_below_acked_are_forgotten_and_the_calls_own_kept(server):
 def own_server() -> Iterator[ServerProcess]:
     """A server of the test's own, this process connected to it for the test: its counters
     (replies, connections) move only with what the test does."""
-    saved = os.environ["SPINDLE_ADDRESS"]
     proc = ServerProcess()
-    spindle.connect(proc.address)
     try:
-        yield proc
+        with connected_to(proc):
+            yield proc
     finally:
-        spindle.connect(saved)
         proc.stop()
 
 
@@ -314,4 +311,3 @@ def test_an_interrupted_wait_keeps_the_threads_locks(server):
     q.put("kept")  # the withdrawn get took nothing, and the connection is in step
     assert q.get(timeout=5) == "kept"
     lock.release()
-    spindle.delete(q)  # probing moved it to a name

@@ -25,7 +25,7 @@ import pytest
 import spindle
 from spindle.client import Client, Connection, frame, shard_of
 from conftest import REPO, ServerProcess, listening, pythonpath_for_tests, server_binary, stable_port, wait_until
-from load import EXACTLY_ONCE, FAULT_AFTER, LoadClients
+from load import EXACTLY_ONCE, FAULT_AFTER, FaultWindow, LoadClients, assert_under_load
 
 SHARDS = 4
 # The nodes split the machine's cores, as `spindle cluster local` does.
@@ -316,44 +316,40 @@ def keys_on_every_shard(prefix: str) -> List[str]:
 
 
 class LoadRun(NamedTuple):
-    results: List[dict]  # what each load client saw acknowledged
-    before: int  # calls acknowledged when the fault began
-    fault_over: int  # calls acknowledged when it was over
+    results: List[dict]  # what each load client saw acknowledged, and when ("acked_at")
+    fault_began: int  # time.monotonic_ns() as the fault began
+    fault_over: int  # and once it was over
 
 
 def run_load(cluster: Cluster, tmp_path: Path, during, clients: int = 3, history: Optional[History] = None) -> LoadRun:
     """Run ``clients`` ``EXACTLY_ONCE`` load processes against the cluster; once they had
     ``FAULT_AFTER`` calls acknowledged (and ``history`` too), inject the fault: ``during(load)``;
-    once it is over, wait for ``FAULT_AFTER`` more, and stop them."""
+    once it is over, wait for ``FAULT_AFTER`` more acknowledged after it, and stop them."""
     address = cluster.addresses
     with LoadClients(EXACTLY_ONCE, lambda i: [address, "load", str(i)], clients, tmp_path) as load:
         load.wait_acknowledged(FAULT_AFTER)
         with history.fault(during.__name__) if history else contextlib.nullcontext():
-            before = load.acknowledged()
+            began = time.monotonic_ns()
             during(load)
-            fault_over = load.acknowledged()
-        load.wait_acknowledged(fault_over + FAULT_AFTER)
-        return LoadRun(load.stop(), before, fault_over)
+            over = time.monotonic_ns()
+        load.wait_acknowledged(FAULT_AFTER, since=over)
+        return LoadRun(load.stop(), began, over)
 
 
 def check_exactly_once(cluster: Cluster, run: LoadRun) -> None:
-    """The fault landed under load, and the load outlived it; every acknowledged update is
-    in the cluster, each exactly once."""
+    """The fault landed under load, and the load outlived it, by the times the load clients
+    wrote down (not the progress the waits read); every acknowledged update is in the
+    cluster, each exactly once."""
+    assert_under_load(run.results, FaultWindow(run.fault_began, run.fault_over))
     client = Client(cluster.addresses)
     try:
         seen = sorted(v for r in run.results for v in r["seen"])
-        print(f"load: {run.before} calls acknowledged before the fault, {run.fault_over - run.before} during it, "
-              f"{len(seen) - run.fault_over} after it")
-        assert run.before >= FAULT_AFTER, f"only {run.before} calls were acknowledged before the fault"
-        assert len(seen) - run.fault_over >= FAULT_AFTER, (
-            f"only {len(seen) - run.fault_over} calls were acknowledged after the fault"
-        )
         assert seen == list(range(1, len(seen) + 1)), "an acknowledged increment was lost or applied twice"
         assert client.call("Counter", "load.shared", "get", []) == len(seen)
         for i, r in enumerate(run.results):
             assert client.call("Counter", f"load.c{i}", "get", []) == r["adds"]
             assert client.call("Dict", "load.dict", "getitem", [f"k{i}"]) == r["merged"]
-            assert r["adds"] == r["merged"] == len(r["seen"])
+            assert r["adds"] == r["merged"] == len(r["seen"]) == len(r["acked_at"])
     finally:
         client.close()
 
@@ -361,7 +357,7 @@ def check_exactly_once(cluster: Cluster, run: LoadRun) -> None:
 def load_goes_on(load: LoadClients) -> None:
     """Wait for ``FAULT_AFTER`` more acknowledged calls: the load carries on while the
     fault is in place."""
-    load.wait_acknowledged(load.acknowledged() + FAULT_AFTER)
+    load.wait_acknowledged(FAULT_AFTER, since=time.monotonic_ns())
 
 
 def test_every_shard_is_replicated_on_three_nodes_and_calls_reach_their_leader(cluster):
@@ -1168,7 +1164,7 @@ def test_threads_sets_how_many_threads_serve(tmp_path):
 
 
 def linearizability_checker() -> str:
-    """The Porcupine-based checker of tests/linearizability: built once by `make setup`
+    """The Porcupine-based checker of tests/linearizability: built once by `make test-tools`
     (into target/linearizability), or here with Go if its sources are newer."""
     source = REPO / "tests" / "linearizability"
     binary = REPO / "target" / "linearizability"
@@ -1176,7 +1172,7 @@ def linearizability_checker() -> str:
         return str(binary)
     go = shutil.which("go")
     if go is None:
-        pytest.fail(f"no up-to-date linearizability checker at {binary}, and no `go` to build it: run `make setup`")
+        pytest.fail(f"no up-to-date linearizability checker at {binary}, and no `go` to build it: run `make test-tools`")
     built = binary.with_name(f"linearizability.{os.getpid()}.tmp")  # whole or not at all
     out = subprocess.run([go, "build", "-o", str(built), "."], cwd=source, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"building the linearizability checker failed:\n{out.stderr}"
@@ -1321,9 +1317,9 @@ class Netns:
 @pytest.fixture
 def netns_cluster(tmp_path, monkeypatch):
     """A cluster whose nodes live in network namespaces of their own. Not having them is a
-    failure, not a skip: `make setup` installs iproute2, and the tests run as root."""
+    failure, not a skip: `make test-tools` installs iproute2, and the tests run as root."""
     if shutil.which("ip") is None:
-        pytest.fail("the partition tests need iproute2 (`ip`): run `make setup`")
+        pytest.fail("the partition tests need iproute2 (`ip`): run `make test-tools`")
     try:
         netns = Netns(3)
     except OSError as exc:
@@ -1363,101 +1359,268 @@ def test_a_partitioned_leader_is_replaced_and_no_update_is_lost_or_doubled(netns
     assert wait_until(lambda: cluster.caught_up(victim), 20), cluster.describe()
 
 
-# Reads a node's counters, on one connection of its own to that node alone (never
-# redirected), until told to stop; each attempt is a JSON line: key, call and return times,
-# outcome ("ok", the error's kind, or the exception that ended the wait) and the value read.
-# Arguments: the node's address, the token, the keys (comma-separated), stop file, output.
-CUT_OFF_READS = r"""
-import json, os, sys, time
+# The cut-off client: a process in the cut-off node's network namespace that knows that node
+# alone and talks to it on connections of its own (never redirected). Arguments: the node's
+# address, the token, the keys (comma-separated), a control directory, and how many rounds
+# of reads of every key go in its batch. It writes each attempt to ops.jsonl (op, key,
+# argument, call and return times, outcome: "ok", the error's kind or the exception that
+# ended the wait, and the value), and, from a thread, the node's view of each shard's
+# leader (the `cluster` request, every 20 ms) to leaders.jsonl. Until `hold` exists in the
+# control directory it reads and adds (an add only after an answered call, so that a node
+# that answers nothing gets few adds of unknown outcome); then it sends nothing more, says
+# so (`holding`), and waits for `written`; then it sends one batch, pipelined on one
+# connection: ROUNDS reads of every key, then an add to every key (the node runs a
+# connection's requests in the order they come, so the reads reach it first); then it reads
+# and adds again until `stop` exists.
+CUT_OFF_CLIENT = r"""
+import json, os, random, sys, threading, time
 from spindle.client import Connection, frame
-address, token, keys, stop, out = sys.argv[1:]
+from spindle.codec import unpackb
+address, token, keys, control, rounds = sys.argv[1:]
 host, port = address.rsplit(":", 1)
-keys = keys.split(",")
-conn, seq = None, 0
-with open(out, "w") as f:
-    while not os.path.exists(stop):
-        seq += 1
-        key = keys[seq % len(keys)]
+keys, rounds = keys.split(","), int(rounds)
+here = lambda name: os.path.join(control, name)
+lock = threading.Lock()
+
+def record(f, entry):
+    with lock:
+        f.write(json.dumps(entry) + "\n")
+        f.flush()
+
+def connect(secret):
+    return Connection(host, int(port), secret, 1, token=token, timeout=1.0)
+
+def outcome(reply):
+    return ("ok", reply[2]) if reply[1] == 0 else (str(reply[2][0]), None)
+
+def poll_leaders():
+    conn, n = None, 1
+    with open(here("leaders.jsonl"), "w") as f:
+        while not os.path.exists(here("stop")):
+            call = time.monotonic_ns()
+            try:
+                if conn is None:
+                    conn = connect("cut-off-poller-session")
+                n += 1
+                groups = sorted(conn.roundtrip(frame([n, "cluster"]), n)[2]["groups"], key=lambda g: g["shard"])
+                record(f, {"call": call, "ret": time.monotonic_ns(), "leaders": [g["leader"] for g in groups]})
+            except OSError:
+                if conn is not None:
+                    conn.close()
+                conn = None
+            time.sleep(0.02)
+
+threading.Thread(target=poll_leaders, daemon=True).start()
+rng = random.Random(0)
+conn, seq, answered, batched = None, 0, False, False
+secret = "cut-off-client-session"
+
+def request(key, op, arg):
+    global seq
+    seq += 1
+    return seq + 1, frame([seq + 1, "call", seq, 1, "Counter", key, op, [arg] if op == "add" else []])
+
+with open(here("ops.jsonl"), "w") as f:
+    while not os.path.exists(here("stop")):
+        if os.path.exists(here("hold")) and not batched:
+            open(here("holding"), "w").close()  # nothing of this client's is in flight
+            while not os.path.exists(here("written")) and not os.path.exists(here("stop")):
+                time.sleep(0.01)
+            while conn is None and not os.path.exists(here("stop")):
+                try:
+                    conn = connect(secret)
+                except OSError:
+                    time.sleep(0.05)
+            if conn is None:
+                break
+            batch = [(k, "get", 0) for _ in range(rounds) for k in keys]
+            batch += [(k, "add", rng.randint(1, 5)) for k in keys]
+            pending, frames = {}, []
+            for key, op, arg in batch:
+                rid, data = request(key, op, arg)
+                pending[rid] = (key, op, arg)
+                frames.append(data)
+            def done(item, result, value):
+                key, op, arg = item
+                record(f, {"op": op, "key": key, "arg": arg, "call": call, "sent": sent, "ret": time.monotonic_ns(),
+                           "outcome": result, "out": value, "batch": True})
+            conn.sock.settimeout(30.0)  # its replies wait until the node knows whether it leads
+            call = sent = time.monotonic_ns()
+            try:
+                conn.sock.sendall(b"".join(frames))
+                sent = time.monotonic_ns()
+                while pending:
+                    reply = unpackb(conn.read_body())
+                    if reply[0] in pending:
+                        done(pending.pop(reply[0]), *outcome(reply))
+                conn.sock.settimeout(1.0)
+            except OSError as exc:
+                for item in pending.values():
+                    done(item, type(exc).__name__, None)
+                conn.close()
+                conn = None
+            batched, answered = True, False
+            continue
+        key = rng.choice(keys)
+        op, arg = ("add", rng.randint(1, 5)) if answered and rng.random() < 0.4 else ("get", 0)
         call = time.monotonic_ns()
         try:
             if conn is None:
-                conn = Connection(host, int(port), "cut-off-reader-session", 1, token=token, timeout=1.0)
-            reply = conn.roundtrip(frame([seq + 1, "call", seq, 1, "Counter", key, "get", []]), seq + 1)
-            outcome, value = ("ok", reply[2]) if reply[1] == 0 else (str(reply[2][0]), None)
+                conn = connect(secret)
+            rid, data = request(key, op, arg)
+            result, value = outcome(conn.roundtrip(data, rid))
         except OSError as exc:  # no answer in time: the stream may be out of step, reconnect
             if conn is not None:
                 conn.close()
-            conn, outcome, value = None, type(exc).__name__, None
-        f.write(json.dumps({"key": key, "call": call, "ret": time.monotonic_ns(), "outcome": outcome,
-                            "out": value}) + "\n")
-        f.flush()
-        if outcome != "ok":
+            conn, result, value = None, type(exc).__name__, None
+        record(f, {"op": op, "key": key, "arg": arg, "call": call, "ret": time.monotonic_ns(), "outcome": result,
+                   "out": value, "batch": False})
+        answered = result == "ok"
+        if not answered:
             time.sleep(0.05)  # paces the attempts on a node that refuses or does not answer
 """
+# Rounds of reads of every key in the cut-off client's batch.
+CUT_OFF_ROUNDS = 2
 
 
-def cut_off_reads(path: Path) -> List[dict]:
-    """The attempts ``CUT_OFF_READS`` wrote so far (a line being written is left out)."""
+def json_lines(path: Path) -> List[dict]:
+    """The JSON lines written to ``path`` so far (a line being written is left out)."""
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
 
 
 def test_a_leader_cut_off_by_a_partition_never_answers_a_read_with_stale_state(netns_cluster, tmp_path):
-    """Reads sent straight to a leader cut off from the others, by a client in its namespace
-    that knows that node alone, while the majority elects new leaders and acknowledges
-    writes to the same counters: whatever the deposed leader answers is linearizable with
-    those writes (a read of a persistent object commits an entry first). Its refusals and
-    unanswered reads are left out of the history: a read changes nothing."""
+    """A leader cut off from the others still believes it leads until its check of a quorum
+    fails (an election timeout after it last heard from one); a read it answered from its
+    own state meanwhile would miss writes the majority made since. So the old leader is made
+    slow to notice (paused as the cut begins: a stall, as of a long pause of its process,
+    freezes its Raft clock), the majority elects new leaders and acknowledges adds to every
+    counter the old leader served, and the old leader then resumes, still cut off, and gets
+    reads of those counters from a client in its namespace that knows that node alone,
+    while it still believes it leads (its own view of the shards says so after they were
+    sent: a stale read is observable). Whatever it answers is linearizable with the majority's writes (a read of a
+    persistent object commits an entry first: it waits, and is refused once the node steps
+    down). Nothing of the old leader's shards is pending when it is cut off (the history's
+    clients leave those counters alone from just before the cut until the cluster healed,
+    and the cut-off client waits), so a read answered from local state would not queue
+    behind a write either. The cut-off client's adds are in the history too (of unknown
+    outcome when refused or unanswered); its refused and unanswered reads are left out (a
+    read changes nothing)."""
     cluster, netns = netns_cluster
     victim = cluster.busiest_leader()
-    other = next(n for n in cluster.nodes if n is not victim)
+    others = [n for n in cluster.nodes if n is not victim]
     leaders = cluster.leaders()
     assert set(leaders) == set(range(SHARDS)), cluster.describe()
     keys = keys_on_every_shard("cut")
     read = [k for k in keys if leaders[shard_of(k, SHARDS)] == victim.node_id]
-    reads, stop = tmp_path / "cut-off-reads.jsonl", tmp_path / "cut-off-reads.stop"
+    shards = {shard_of(k, SHARDS) for k in read}
+    assert read, cluster.describe()
+    control = tmp_path / "cut-off-client"
+    control.mkdir()
+    ops, polls = control / "ops.jsonl", control / "leaders.jsonl"
+    batch_size = CUT_OFF_ROUNDS * len(read) + len(read)
+    pid = victim.server.process.pid
+    majority_ops: List[dict] = []
+
+    def batch() -> List[dict]:
+        return [r for r in json_lines(ops) if r["batch"]]
+
+    def victim_leads(poll: dict) -> bool:
+        return any(poll["leaders"][s] == victim.node_id for s in shards)
+
     with History(cluster.addresses, keys) as history:
-        reader = subprocess.Popen(
-            [*netns.exec_prefix(victim.node_id), sys.executable, "-c", CUT_OFF_READS, victim.address, NETNS_TOKEN,
-             ",".join(read), str(stop), str(reads)],
+        client = subprocess.Popen(
+            [*netns.exec_prefix(victim.node_id), sys.executable, "-c", CUT_OFF_CLIENT, victim.address, NETNS_TOKEN,
+             ",".join(read), str(control), str(CUT_OFF_ROUNDS)],
             env=dict(os.environ, PYTHONPATH=pythonpath_for_tests()),
         )
         try:
-            # It reads from the leader before the cut.
-            assert wait_until(lambda: sum(r["outcome"] == "ok" for r in cut_off_reads(reads)) >= 10, 60), (
-                cut_off_reads(reads)[-5:]
+            # It reads and adds through the leader before the cut.
+            assert wait_until(lambda: sum(r["outcome"] == "ok" for r in json_lines(ops) if r["op"] == "get") >= 10
+                              and sum(r["outcome"] == "ok" for r in json_lines(ops) if r["op"] == "add") >= 5, 60), (
+                json_lines(ops)[-5:]
             )
-            with history.fault(f"cut node {victim.node_id} off"):
-                netns.isolate(victim.node_id)
-                cut = time.monotonic_ns()
+            with history.fault(f"pause and cut node {victim.node_id} off"):
+                # The victim's shards fall quiet: every history client has made a call since
+                # it left their counters (so it has none of theirs in flight), the cut-off
+                # client holds, and the victim applied all it committed. (The history's
+                # clients pick their counter from `history.keys` at each call.)
+                history.keys = [k for k in keys if k not in read]
+                (control / "hold").touch()
+                quiet = time.monotonic_ns()
+                assert wait_until(lambda: history_clients_since(history, quiet) == len(history.threads), 30)
+                assert wait_until((control / "holding").exists, 30), json_lines(ops)[-5:]
+                assert wait_until(lambda: all(g["applied"] == g["commit"] for g in victim.map()["groups"]
+                                              if g["shard"] in shards), 30), cluster.describe()
+                os.kill(pid, signal.SIGSTOP)
                 try:
-                    assert wait_until(lambda: cluster.every_shard_led(via=other, without=victim), 20), (
+                    netns.isolate(victim.node_id)
+                    # The majority elects new leaders and acknowledges adds to every counter
+                    # the cut-off client reads.
+                    assert wait_until(lambda: cluster.every_shard_led(via=others[0], without=victim), 20), (
                         cluster.describe()
                     )
-                    # The majority acknowledges writes to the counters the reader reads...
-                    history.wait_known(FAULT_AFTER, since=cut, op="add", keys=read)
+                    majority = Client(",".join(n.address for n in others))
+                    try:
+                        for key in read * 2:
+                            arg, call = random.randint(1, 5), time.monotonic_ns()
+                            out = majority.call("Counter", key, "add", [arg])
+                            majority_ops.append({"client": -2, "op": "add", "key": key, "arg": arg, "out": out,
+                                                 "known": True, "call": call, "ret": time.monotonic_ns()})
+                    finally:
+                        majority.close()
                     written = time.monotonic_ns()
-                    # ...and the reader asks the old leader again after them.
-                    assert wait_until(lambda: sum(r["call"] >= written for r in cut_off_reads(reads)) >= 3, 60)
-                    healed = time.monotonic_ns()
+                    (control / "written.tmp").write_text(str(written))
+                    os.replace(control / "written.tmp", control / "written")
+                    # The old leader resumes, still cut off, and gets the client's batch.
+                    os.kill(pid, signal.SIGCONT)
+                    assert wait_until(lambda: len(batch()) == batch_size, 60), batch()
+                    answered = max(r["ret"] for r in batch())
+                    # It finds that it no longer leads, and the client keeps trying it.
+                    assert wait_until(lambda: any(p["call"] >= answered and not victim_leads(p)
+                                                  for p in json_lines(polls)), 30), json_lines(polls)[-3:]
+                    assert wait_until(lambda: sum(not r["batch"] and r["call"] >= answered
+                                                  for r in json_lines(ops)) >= 3, 30)
                 finally:
+                    os.kill(pid, signal.SIGCONT)
                     netns.heal(victim.node_id)
+                healed = time.monotonic_ns()
                 assert wait_until(cluster.settled, 30), cluster.describe()
+                history.keys = keys
+                # The victim leads its shards again and answers the client.
+                assert wait_until(lambda: any(r["outcome"] == "ok" and r["call"] >= healed for r in json_lines(ops)),
+                                  30), json_lines(ops)[-5:]
         finally:
-            stop.touch()
+            (control / "stop").touch()
             try:
-                assert reader.wait(30) == 0, "the cut-off reader failed"
+                assert client.wait(30) == 0, "the cut-off client failed"
             finally:
-                if reader.poll() is None:
-                    reader.kill()
-    attempts = cut_off_reads(reads)
-    during = [r["outcome"] for r in attempts if cut <= r["call"] and r["ret"] <= healed]
-    print(f"{len(attempts)} reads of the old leader; during the cut: "
-          + ", ".join(f"{during.count(o)} {o}" for o in sorted(set(during))))
-    answered = [{"client": -1, "op": "get", "key": r["key"], "arg": 0, "out": r["out"], "known": True,
-                 "call": r["call"], "ret": r["ret"]} for r in attempts if r["outcome"] == "ok"]
-    history.check(tmp_path, answered)
+                if client.poll() is None:
+                    client.kill()
+    attempts, sent = json_lines(ops), batch()[0]["sent"]
+    reads = [r for r in batch() if r["op"] == "get"]
+    outcomes = [r["outcome"] for r in batch()]
+    print(f"{len(attempts)} calls of the cut-off client; its batch after the majority's "
+          f"{len(majority_ops)} adds: " + ", ".join(f"{outcomes.count(o)} {o}" for o in sorted(set(outcomes))))
+    # The scenario happened: every read of the batch was made after the majority's adds
+    # were acknowledged, and sent before a moment when the old leader still believed it led
+    # (a view of its own asked after the batch went).
+    assert len(reads) == CUT_OFF_ROUNDS * len(read) and all(r["call"] >= written for r in reads), reads
+    assert any(p["call"] >= sent and victim_leads(p) for p in json_lines(polls)), (
+        "the old leader had stopped leading before the cut-off client's batch was sent"
+    )
+    history.check(tmp_path, majority_ops + [
+        {"client": -1, "op": r["op"], "key": r["key"], "arg": r["arg"], "out": r["out"] or 0,
+         "known": r["outcome"] == "ok", "call": r["call"], "ret": r["ret"]}
+        for r in attempts if r["op"] == "add" or r["outcome"] == "ok"
+    ])
+
+
+def history_clients_since(history: History, since: int) -> int:
+    """How many of ``history``'s clients recorded a call made at or after ``since``."""
+    with history.lock:
+        return len({o["client"] for o in history.ops if o["call"] >= since})
 
 
 def children(pid: int) -> List[int]:

@@ -14,12 +14,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from typing import Iterator
 
 import pytest
 
 import remote
 import spindle
-from conftest import POOL, ServerProcess, gateway_args, wait_until
+from conftest import POOL, ServerProcess, connected_to, gateway_args, wait_until
 from spindle.compute import partition
 from spindle.errors import RemoteTraceback
 
@@ -30,6 +31,19 @@ def next_call_succeeds() -> None:
     """The pool recovered: a plain call runs."""
     with spindle.Executor(echo=False) as ex:
         assert ex.submit(remote.square, 12).result(timeout=60) == 144
+
+
+@pytest.fixture
+def own_gateway() -> Iterator[ServerProcess]:
+    """A server of the test's own with a gateway of ``POOL`` workers, this process connected
+    to it for the test: its ``queued`` count moves only with the test's calls (on the
+    session's server, calls another test left behind would move it too)."""
+    proc = ServerProcess(*gateway_args())
+    try:
+        with connected_to(proc):
+            yield proc
+    finally:
+        proc.stop()
 
 
 # -- Thread ----------------------------------------------------------------------------------
@@ -132,7 +146,7 @@ def test_max_workers_bounds_the_calls_in_flight():
         ex.shutdown()
 
 
-def test_shutdown_cancel_futures_withdraws_calls_queued_in_the_server():
+def test_shutdown_cancel_futures_withdraws_calls_queued_in_the_server(own_gateway):
     started = spindle.Semaphore(0)
     release = spindle.Event()
     ex = spindle.Executor(echo=False)
@@ -140,9 +154,9 @@ def test_shutdown_cancel_futures_withdraws_calls_queued_in_the_server():
         blockers = [ex.submit(remote.block_on, started, release) for _ in range(POOL)]
         for _ in range(POOL):  # every worker is busy: what follows queues in the server
             assert started.acquire(timeout=60)
-        before = spindle.status()["queued"]
+        assert spindle.status()["queued"] == 0
         queued = [ex.submit(remote.square, i) for i in range(5)]
-        assert wait_until(lambda: spindle.status()["queued"] >= before + 5)
+        assert wait_until(lambda: spindle.status()["queued"] == 5)
         ex.shutdown(wait=False, cancel_futures=True)
         assert all(f.cancelled() for f in queued)
         with pytest.raises(concurrent.futures.CancelledError):
@@ -156,16 +170,16 @@ def test_shutdown_cancel_futures_withdraws_calls_queued_in_the_server():
     next_call_succeeds()
 
 
-def test_shutdown_waiting_with_cancel_futures_returns():
+def test_shutdown_waiting_with_cancel_futures_returns(own_gateway):
     started = spindle.Semaphore(0)
     release = spindle.Event()
     ex = spindle.Executor(echo=False)
     blockers = [ex.submit(remote.block_on, started, release) for _ in range(POOL)]
     for _ in range(POOL):
         assert started.acquire(timeout=60)
-    before = spindle.status()["queued"]
+    assert spindle.status()["queued"] == 0
     queued = [ex.submit(remote.square, i) for i in range(5)]
-    assert wait_until(lambda: spindle.status()["queued"] >= before + 5)
+    assert wait_until(lambda: spindle.status()["queued"] == 5)
     release.set()  # the running calls end; shutdown(wait=True) must not wait on cancelled ones
     ex.shutdown(wait=True, cancel_futures=True)
     assert all(f.done() for f in blockers + queued)
@@ -173,16 +187,16 @@ def test_shutdown_waiting_with_cancel_futures_returns():
     next_call_succeeds()
 
 
-def test_cancel_from_a_done_callback_does_not_stall_replies():
+def test_cancel_from_a_done_callback_does_not_stall_replies(own_gateway):
     started = spindle.Semaphore(0)
     release = spindle.Event()
     with spindle.Executor(echo=False) as ex:
         blockers = [ex.submit(remote.block_on, started, release) for _ in range(POOL)]
         for _ in range(POOL):
             assert started.acquire(timeout=60)
-        before = spindle.status()["queued"]
+        assert spindle.status()["queued"] == 0
         queued = ex.submit(remote.square, 3)
-        assert wait_until(lambda: spindle.status()["queued"] >= before + 1)
+        assert wait_until(lambda: spindle.status()["queued"] == 1)
         blockers[0].add_done_callback(lambda _: queued.cancel())
         release.set()
         assert [f.result(20) for f in blockers] == ["released"] * POOL  # not stalled 30 s

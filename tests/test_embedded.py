@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import spindle
-from conftest import ServerProcess, free_port, listening, wait_until
+from conftest import ServerProcess, connected_to, free_port, listening, wait_until
 
 
 def test_connect_reuses_the_listening_server(server):
@@ -72,26 +72,24 @@ def test_workers_and_hosts_never_start_a_server_of_their_own(child_env):
 
 def test_objects_status_and_delete(uniq):
     # A server of its own: its status counts only this test's objects and connections.
-    saved = os.environ["SPINDLE_ADDRESS"]
     private = ServerProcess()
-    spindle.connect(private.address)
     try:
-        c = spindle.Counter(name=f"{uniq}.c")
-        spindle.Dict(name=f"{uniq}.d")
-        assert spindle.objects(uniq) == [(f"{uniq}.c", "Counter"), (f"{uniq}.d", "Dict")]
-        status = spindle.status()
-        assert status["objects"] == 2 and status["connections"] == 1
-        assert spindle.delete(c) is True
-        assert spindle.delete(c) is False
-        assert spindle.objects(uniq) == [(f"{uniq}.d", "Dict")]
-        assert spindle.status()["objects"] == 1
-        try:
-            c.get()
-        except spindle.ObjectNotFound as exc:
-            assert isinstance(exc, LookupError)
-        else:
-            raise AssertionError("a deleted object answered")
-        assert os.environ["SPINDLE_ADDRESS"] == spindle.connect().address == private.address
+        with connected_to(private):
+            c = spindle.Counter(name=f"{uniq}.c")
+            spindle.Dict(name=f"{uniq}.d")
+            assert spindle.objects(uniq) == [(f"{uniq}.c", "Counter"), (f"{uniq}.d", "Dict")]
+            status = spindle.status()
+            assert status["objects"] == 2 and status["connections"] == 1
+            assert spindle.delete(c) is True
+            assert spindle.delete(c) is False
+            assert spindle.objects(uniq) == [(f"{uniq}.d", "Dict")]
+            assert spindle.status()["objects"] == 1
+            try:
+                c.get()
+            except spindle.ObjectNotFound as exc:
+                assert isinstance(exc, LookupError)
+            else:
+                raise AssertionError("a deleted object answered")
+            assert os.environ["SPINDLE_ADDRESS"] == spindle.connect().address == private.address
     finally:
-        spindle.connect(saved)
         private.stop()

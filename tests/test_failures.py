@@ -13,7 +13,7 @@ import pytest
 
 import spindle
 import workers
-from conftest import ServerProcess, has_parked_callers, wait_until
+from conftest import ParkedProbe, ServerProcess, wait_until
 
 FORK = mp.get_context("fork")
 
@@ -73,21 +73,20 @@ def test_client_killed_on_a_queue_does_not_steal_items():
     child.start()
     try:
         assert ready.wait(30)
-        assert wait_until(lambda: has_parked_callers(q))  # the child's get is parked
+        with ParkedProbe(q) as probe:
+            assert wait_until(probe.parked)  # the child's get is parked
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.join()
-    try:
-        # The server withdraws the dead connection's get...
-        assert wait_until(lambda: not has_parked_callers(q))
-        # ...so an item put now stays in the queue instead of going to the dead getter.
-        q.put("item")
-        assert q.qsize() == 1
-        assert q.get(timeout=30) == "item"
-        assert len(stolen) == 0
-        assert q.qsize() == 0
-    finally:
-        spindle.delete(q)  # probing moved it to a name
+    # The server withdraws the dead connection's get...
+    with ParkedProbe(q) as probe:
+        assert wait_until(lambda: not probe.parked())
+    # ...so an item put now stays in the queue instead of going to the dead getter.
+    q.put("item")
+    assert q.qsize() == 1
+    assert q.get(timeout=30) == "item"
+    assert len(stolen) == 0
+    assert q.qsize() == 0
 
 
 def test_unnamed_objects_vanish_with_their_session_named_ones_stay(uniq):

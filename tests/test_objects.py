@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import spindle
-from conftest import has_parked_callers, wait_until
+from conftest import ParkedProbe, wait_until
 
 
 # -- names, references, errors ---------------------------------------------------------
@@ -390,7 +390,8 @@ def set_once_parked(obj, complete) -> "list[bool]":
     parked: "list[bool]" = []
 
     def run() -> None:
-        parked.append(wait_until(lambda: has_parked_callers(obj)))
+        with ParkedProbe(obj) as probe:
+            parked.append(wait_until(probe.parked))
         complete()
 
     threading.Thread(target=run, daemon=True).start()
@@ -401,13 +402,10 @@ def test_event_between_threads():
     event = spindle.Event()
     assert event.wait(0.05) is False
     parked = set_once_parked(event, event.set)
-    try:
-        assert event.wait(60) is True and event.is_set()
-        assert parked == [True]  # the wait was parked when the other thread set the flag
-        event.clear()
-        assert not event.is_set()
-    finally:
-        spindle.delete(event)  # probing moved it to a name
+    assert event.wait(60) is True and event.is_set()
+    assert parked == [True]  # the wait was parked when the other thread set the flag
+    event.clear()
+    assert not event.is_set()
 
 
 def test_condition_wait_notify_between_threads():
@@ -530,14 +528,11 @@ def test_future_result_and_exception():
     with pytest.raises(TimeoutError):
         f.result(timeout=0.05)
     parked = set_once_parked(f, lambda: f.set_result({"x": 1}))
-    try:
-        assert f.result(60) == {"x": 1}
-        assert parked == [True]  # the result was set while the caller waited for it
-        assert f.done() and f.exception() is None
-        with pytest.raises(concurrent.futures.InvalidStateError):
-            f.set_result(2)
-    finally:
-        spindle.delete(f)  # probing moved it to a name
+    assert f.result(60) == {"x": 1}
+    assert parked == [True]  # the result was set while the caller waited for it
+    assert f.done() and f.exception() is None
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        f.set_result(2)
 
     g = spindle.Future()
     g.set_exception(CustomError("boom"))
@@ -573,22 +568,20 @@ def test_future_done_callback():
 def test_items_of_parked_putters_count_for_task_done_and_join():
     q = spindle.Queue(1)
     q.put("a")
-    putter = threading.Thread(target=q.put, args=("b",))  # parks: the queue is full
+    putter = threading.Thread(target=q.put, args=("b",), daemon=True)  # parks: the queue is full
     putter.start()
-    try:
-        assert wait_until(lambda: has_parked_callers(q))  # the put is parked in the server
-        assert q.qsize() == 1 and putter.is_alive()  # "b" waits outside the queue
-        assert q.get() == "a"  # lets "b" in
-        putter.join(30)
-        assert not putter.is_alive()
-        assert q.get(timeout=30) == "b"
+    with ParkedProbe(q) as probe:
+        assert wait_until(probe.parked)  # the put is parked in the server
+    assert q.qsize() == 1 and putter.is_alive()  # "b" waits outside the queue
+    assert q.get() == "a"  # lets "b" in
+    putter.join(30)
+    assert not putter.is_alive()
+    assert q.get(timeout=30) == "b"
+    q.task_done()
+    q.task_done()  # two items were put: two task_done calls are allowed
+    with pytest.raises(ValueError):
         q.task_done()
-        q.task_done()  # two items were put: two task_done calls are allowed
-        with pytest.raises(ValueError):
-            q.task_done()
-        assert q.join(30) is True
-    finally:
-        spindle.delete(q)  # probing moved it to a name
+    assert q.join(30) is True
 
 
 def test_keep_moves_an_object_and_old_references_follow(uniq):

@@ -15,7 +15,7 @@ import pytest
 
 import spindle
 import remote
-from conftest import ServerProcess, gateway_args, pythonpath_for_tests, wait_until
+from conftest import ServerProcess, connected_to, gateway_args, pythonpath_for_tests, wait_until
 from spindle.client import Connection, frame
 from spindle.sessions import new_secret, session_id, unnamed_key
 
@@ -216,3 +216,65 @@ def test_a_double_forked_process_counts_against_the_memory_limit_and_dies_with_t
     assert info.value.reason == "memory limit"
     pid = int(pidfile.read_text())
     assert wait_until(lambda: not running(pid)), f"process {pid} outlived its worker"
+
+
+@spindle.shared
+class Hoard:
+    """Holds what it is given, in the object host."""
+
+    def __init__(self) -> None:
+        self.blocks: list = []
+
+    def grow(self, megabytes: int) -> int:
+        block = bytearray(megabytes << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        self.blocks.append(block)
+        return len(self.blocks)
+
+    def size(self) -> int:
+        return len(self.blocks)
+
+
+def test_an_object_host_over_its_memory_limit_is_killed_and_says_why():
+    proc = ServerProcess("--object-hosts", "1", "--host-memory-limit", "300")
+    try:
+        with connected_to(proc):
+            hoard = Hoard()
+            assert hoard.grow(100) == 1  # within the limit
+            with pytest.raises(spindle.ObjectLost) as info:
+                for _ in range(40):  # the limit is crossed on the way, and seen within 50 ms
+                    hoard.grow(100)
+            assert "memory limit (300 MiB" in info.value.reason
+            # The host is replaced: new objects work.
+            assert Hoard().size() == 0
+    finally:
+        proc.stop()
+
+
+@spindle.shared
+class Loud:
+    def shout(self, lines: int) -> int:
+        for i in range(lines):
+            print(f"loud line {i} " + "x" * 90)
+        return lines
+
+
+def test_an_object_hosts_output_reaches_the_log_capped(tmp_path):
+    """10 MB printed by a method: the server's log gets the first lines under the host's id,
+    a line saying the rest of the minute's output is dropped, and not the 10 MB."""
+    log = tmp_path / "server.log"
+    with open(log, "w") as stderr:
+        proc = ServerProcess("--object-hosts", "1", stderr=stderr)
+    try:
+        with connected_to(proc):
+            loud = Loud()
+            assert loud.shout(100_000) == 100_000
+            assert wait_until(lambda: "output over" in log.read_text())
+            assert loud.shout(1) == 1  # the host is unharmed
+    finally:
+        proc.stop()
+    text = log.read_text()
+    assert "loud line 0 " in text and 'stream="stdout"' in text
+    assert "loud line 99999 " not in text
+    assert len(text) < 1 << 20, len(text)

@@ -10,7 +10,6 @@ with a short ``--object-call-timeout``.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -29,7 +28,7 @@ import pytest
 
 import shared_remote
 import spindle
-from conftest import REPO, ServerProcess, gateway_args, wait_until
+from conftest import REPO, ServerProcess, connected_to, gateway_args, wait_until
 from spindle.errors import RemoteTraceback
 from spindle.shared import class_code
 
@@ -168,17 +167,6 @@ class Attempt:
 
     def construct(self) -> None:
         Box(1)
-
-
-@contextlib.contextmanager
-def using(proc: ServerProcess) -> Iterator[None]:
-    """Connect this process to ``proc`` for the body, then back to the session's server."""
-    saved = os.environ["SPINDLE_ADDRESS"]
-    spindle.connect(proc.address)
-    try:
-        yield
-    finally:
-        spindle.connect(saved)
 
 
 @pytest.fixture(scope="module")
@@ -506,7 +494,7 @@ def test_object_hosts_on_pypy_import_classes_from_their_modules(tmp_path, monkey
 
     proc = ServerProcess("--object-hosts", "1", "--host-python", str(PYPY))
     try:
-        with using(proc):
+        with connected_to(proc):
             tally = jit_objects.Tally(5)
             assert tally.runtime() == "pypy"
             squares = sum(i * i for i in range(10_000))
@@ -535,7 +523,7 @@ def test_object_hosts_on_pypy_import_classes_from_their_modules(tmp_path, monkey
 def test_calls_on_objects_of_different_hosts_run_in_parallel(tmp_path):
     proc = ServerProcess("--object-hosts", "2", *gateway_args(2))
     try:
-        with using(proc):
+        with connected_to(proc):
             a, b = on_two_hosts(Box)
             # Each call waits for the other to start: they meet only if both run at once
             # (one after the other, the first would give up after a minute).
@@ -723,7 +711,7 @@ def test_objects_lists_the_type_and_session_end_deletes_unnamed_ones(child_env, 
 
 
 def test_a_method_running_past_the_call_timeout_loses_its_object(short_timeout):
-    with using(short_timeout):
+    with connected_to(short_timeout):
         looping, bystander = on_two_hosts(Box)
         old_pids = {looping.pid(), bystander.pid()}
         start = time.monotonic()
@@ -740,7 +728,7 @@ def test_a_method_running_past_the_call_timeout_loses_its_object(short_timeout):
 
 
 def test_os_exit_in_a_method_loses_its_objects_and_the_server_carries_on(short_timeout, uniq):
-    with using(short_timeout):
+    with connected_to(short_timeout):
         dying, bystander = on_two_hosts(Box)
         pid = dying.pid()
         neighbours = (Box(i, name=f"{uniq}.{i}") for i in range(100))
@@ -757,7 +745,7 @@ def test_os_exit_in_a_method_loses_its_objects_and_the_server_carries_on(short_t
 
 
 def test_a_result_over_the_frame_limit_is_an_error(short_timeout):
-    with using(short_timeout):
+    with connected_to(short_timeout):
         box = Box(1)
         with pytest.raises(ValueError, match="Box.big.*over"):
             box.big(5 << 20)

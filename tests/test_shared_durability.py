@@ -20,12 +20,9 @@ from typing import Any, Iterator, List, Tuple
 import pytest
 
 import spindle
-from conftest import ServerProcess, pythonpath_for_tests, stable_port
-from load import FAULT_AFTER, LoadClients
+from conftest import ServerProcess, connected_to, pythonpath_for_tests, stable_port
+from load import LoadClients, assert_under_load, kills_under_load
 from spindle.shared import class_code
-
-# Acknowledged calls the load makes between two kills, so that every kill lands under load.
-BETWEEN_KILLS = 5
 
 
 @spindle.shared(persistent=True)
@@ -129,12 +126,10 @@ class Durable:
 @contextlib.contextmanager
 def durable(tmp_path: Path, *args: str) -> Iterator[Durable]:
     d = Durable(tmp_path / "data", *args)
-    session = os.environ["SPINDLE_ADDRESS"]
-    spindle.connect(d.address, embedded=False)
     try:
-        yield d
+        with connected_to(d.address):
+            yield d
     finally:
-        spindle.connect(session, embedded=False)
         d.stop()
 
 
@@ -300,9 +295,9 @@ def test_a_retried_call_after_a_restart_gets_its_recorded_reply(tmp_path):
 
 
 # A client appending to a persistent ledger until told to stop, recording every
-# acknowledged result; the server dies under it again and again and the SDK resends each
-# call, with the same seq, until the restarted server answers. Arguments: address, then the
-# stop, progress and output files (see load.py).
+# acknowledged result and when it came; the server dies under it again and again and the
+# SDK resends each call, with the same seq, until the restarted server answers. Arguments:
+# address, then the stop, progress and output files (see load.py).
 LOAD = r"""
 import json, os, sys
 import spindle, spindle.client
@@ -330,9 +325,9 @@ i = 0
 while not os.path.exists(stop):
     i += 1
     acked.append([i, ledger.add(i)])
-    progress.acknowledged(i)
+    progress.acknowledged()
 with open(out, "w") as f:
-    json.dump({"acked": acked, "final": ledger.get()}, f)
+    json.dump({"acked": acked, "final": ledger.get(), "acked_at": progress.times}, f)
 """
 
 
@@ -342,23 +337,17 @@ with open(out, "w") as f:
 def test_no_acknowledged_call_is_lost_or_repeated_across_kills(tmp_path, snapshots):
     d = Durable(tmp_path / "data", *snapshots)
     env = dict(os.environ, SPINDLE_ADDRESS=d.address)
-    rng = random.Random(7)
     try:
         with LoadClients(LOAD, lambda i: [d.address], 1, tmp_path, env) as load:
-            before = load.wait_acknowledged(FAULT_AFTER)
-            for _ in range(5):
-                d.crash_and_restart()
-                load.wait_acknowledged(load.acknowledged() + BETWEEN_KILLS)
-                time.sleep(rng.uniform(0, 0.05))  # where in a call the next kill lands
-            after_faults = load.acknowledged()
-            load.wait_acknowledged(after_faults + FAULT_AFTER)
+            window = kills_under_load(load, d.crash_and_restart, 5, random.Random(7))
             [result] = load.stop()
     finally:
         d.stop()
     acked, final = result["acked"], result["final"]
-    # The kills landed under load: acknowledged calls before the first and after the last.
-    assert before >= FAULT_AFTER, f"{before} calls acknowledged before the first kill"
-    assert len(acked) - after_faults >= FAULT_AFTER, f"{len(acked) - after_faults} after the last"
+    # The kills landed under load: acknowledged calls before the first and after the last,
+    # by the times the client wrote down.
+    assert_under_load([result], window)
+    assert len(result["acked_at"]) == len(acked)
     # Each call ran exactly once, in order: entry i is at position i.
     assert acked == [[i, i] for i in range(1, len(acked) + 1)]
     assert final == list(range(1, len(acked) + 1))

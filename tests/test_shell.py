@@ -377,10 +377,13 @@ def test_a_function_killed_mid_stream_ends_the_client_with_the_error(sh):
 
 def test_a_pipe_stage_killed_mid_stream_ends_the_whole_pipe(sh):
     started = time.monotonic()
-    done = sh.run("--pipe", "--timeout", "2", "seq 1 1000000000 | sleep 30 | cat")
+    # The middle stage would hang for far longer than the bound below, which only bounds a
+    # failure (the client waiting for it).
+    done = sh.run("--pipe", "--timeout", "2", "seq 1 1000000000 | sleep 1009 | cat")
     assert time.monotonic() - started < 30, "the client waited for the other stages"
     assert done.returncode == 124
     assert b"FunctionTimeout" in done.stderr
+    assert wait_until(lambda: not running("sleep 1009"), deadline=HANG), "a stage outlived its worker"
     # The pool is fine afterwards.
     assert sh.run("echo ok").stdout == b"ok\n"
 

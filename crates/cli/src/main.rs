@@ -159,6 +159,10 @@ pub(crate) struct HostArgs {
     /// implementation) are imported from their modules, which it must find on its path.
     #[arg(long, value_name = "PATH")]
     host_python: Option<PathBuf>,
+    /// Resident memory limit per object host, in MiB (the host and the processes it starts):
+    /// a host over it is killed, and the objects it held are lost (ObjectLost).
+    #[arg(long, default_value_t = 2048, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+    host_memory_limit: u64,
 }
 
 impl HostArgs {
@@ -171,6 +175,7 @@ impl HostArgs {
             count: self.object_hosts.map_or_else(default_object_hosts, usize::from),
             call_timeout,
             python: self.host_python.clone(),
+            memory_limit_mb: self.host_memory_limit,
         })
     }
 }

@@ -86,6 +86,8 @@ pub struct HostsConfig {
     /// The hosts' Python interpreter (`None`: the workers' one). Another implementation or
     /// version (PyPy, say) imports classes from their modules (see `spindle.host`).
     pub python: Option<PathBuf>,
+    /// Resident memory limit per host, in MiB: a host over it is killed (its objects lost).
+    pub memory_limit_mb: u64,
 }
 
 impl Default for HostsConfig {
@@ -94,6 +96,7 @@ impl Default for HostsConfig {
             count: default_object_hosts(),
             call_timeout: Duration::from_secs(60),
             python: None,
+            memory_limit_mb: 2048,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! Lock order: classes → shard → slot → connection outbox. A host's reply takes its slot's
 //! lock, lets go, and only then locks the object's shard.
 
+mod output;
 mod slot;
 
 use std::collections::{HashMap, VecDeque};
@@ -231,7 +232,7 @@ fn on_shard(
 
 fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
     let hosts = &shared.hosts;
-    let (child, proc) = process::spawn(
+    let (mut child, proc) = process::spawn(
         &hosts.procs,
         Launch {
             python: &hosts.python,
@@ -241,9 +242,9 @@ fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
             address: &shared.worker_address,
             token: hosts.token.as_deref(),
             max_frame: shared.config.max_frame,
-            // A host's prints and tracebacks belong in the server's log.
-            stdout: Stdio::inherit(),
-            stderr: Stdio::inherit(),
+            // A host's prints and tracebacks belong in the server's log, capped (output.rs).
+            stdout: Stdio::piped(),
+            stderr: Stdio::piped(),
             // On another Python (`--host-python`) a class shipped as code could not load, or
             // would run bytecode of another version: hosts import classes from their modules.
             env: match shared.config.hosts.python {
@@ -255,17 +256,41 @@ fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
         },
     )?;
     tracing::debug!(host = id, pid = proc.pid, "object host started");
+    if let Some(stdout) = child.stdout.take() {
+        output::drain(id, "stdout", stdout);
+    }
+    if let Some(stderr) = child.stderr.take() {
+        output::drain(id, "stderr", stderr);
+    }
+    proc.watch(shared.config.hosts.memory_limit_mb << 20);
     tokio::spawn(supervise(shared.clone(), id, child, proc));
     Ok(())
 }
 
-/// Wait for the host to end (killing it when asked), then lose what it held.
+/// Wait for the host to end (killing it when asked, or when it goes over its memory
+/// limit), then lose what it held.
 async fn supervise(shared: Arc<Shared>, id: HostId, mut child: Child, proc: Arc<Proc>) {
-    let exit = process::supervise(&mut child, &proc, || {}).await;
+    let mut over_memory = false;
+    let exit = process::supervise(&mut child, &proc, || {
+        if !over_memory {
+            tracing::info!(
+                host = id,
+                pid = proc.pid,
+                "object host over its memory limit; killing it"
+            );
+            over_memory = true;
+            proc.kill();
+        }
+    })
+    .await;
     tracing::debug!(host = id, pid = proc.pid, ?exit, "object host ended");
     shared.hosts.procs.remove(id);
     let index = Slot::of(id, shared.hosts.slots.len());
-    let actions = with_slot(&shared, index, |s| s.exited(id, exit, None));
+    let why = over_memory.then(|| {
+        let limit = shared.config.hosts.memory_limit_mb;
+        format!("its object host went over its memory limit ({limit} MiB, --host-memory-limit) and was killed")
+    });
+    let actions = with_slot(&shared, index, |s| s.exited(id, exit, why.as_deref()));
     run(&shared, actions);
 }
 
