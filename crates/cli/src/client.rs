@@ -444,25 +444,24 @@ fn open_stream(address: &str) -> Result<TcpStream, String> {
 /// A fresh session secret: 16 bytes from the kernel, in hex (no fallback: a guessable
 /// secret would hand the session to whoever guesses it).
 fn new_secret() -> Result<String, String> {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| format!("cannot read /dev/urandom for a session secret: {e}"))?;
+    let bytes = urandom().map_err(|e| format!("cannot read /dev/urandom for a session secret: {e}"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// 16 random bytes from the kernel.
+fn urandom() -> std::io::Result<[u8; 16]> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes))?;
+    Ok(bytes)
 }
 
 /// 16 random bytes from the kernel; without /dev/urandom, the clock and the pid (unique
 /// enough for ids, which is all they are for).
 pub(crate) fn random_bytes() -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_err()
-    {
+    urandom().unwrap_or_else(|_| {
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        bytes = (nanos ^ u128::from(std::process::id()) << 64).to_le_bytes();
-    }
-    bytes
+        (nanos ^ u128::from(std::process::id()) << 64).to_le_bytes()
+    })
 }
 
 /// An error reply's `[kind, message, data]`.

@@ -60,10 +60,6 @@ struct Connection {
     /// Replies to this connection's own requests in the current batch, flushed to the
     /// outbox once per read.
     replies: Vec<u8>,
-    /// Whether `hello` passed authentication. Every operation needs a session, so this is
-    /// set whenever one runs; the operations that run code check it once more, so that no
-    /// path to them (a worker's or host's channel) can skip authentication.
-    authorized: bool,
     /// This connection invoked functions: the gateway must hear of its end.
     invoked: bool,
     /// Set when this is a worker's task channel: its frames are replies to tasks.
@@ -155,7 +151,6 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         client: None,
         outbox,
         replies: Vec::new(),
-        authorized: false,
         invoked: false,
         worker: None,
         host: None,
@@ -270,6 +265,8 @@ impl Connection {
     }
 
     fn dispatch(&mut self, request: Request) {
+        // The one gate of authentication: a session exists only once `hello` passed it (the
+        // token, the session's secret); workers and hosts prove themselves with their ids.
         if self.client.is_none()
             && !matches!(
                 request,
@@ -320,10 +317,6 @@ impl Connection {
                 args,
                 acked,
             } => {
-                // The host unpickles the arguments, which runs code.
-                if user::is_user_type(&type_name) && !self.authorized {
-                    return self.reply(id, Err(unauthorized("calling methods of user-defined objects")));
-                }
                 let op = Op::Call {
                     type_name,
                     key,
@@ -383,9 +376,6 @@ impl Connection {
                 version,
                 code,
             } => {
-                if !self.authorized {
-                    return self.reply(id, Err(unauthorized("defining classes")));
-                }
                 let reply = hosts::define(&self.shared, &type_name, &version, code);
                 self.reply(id, reply)
             }
@@ -407,9 +397,6 @@ impl Connection {
                 origin,
                 expires,
             } => {
-                if !self.authorized {
-                    return self.reply(id, Err(unauthorized("moving objects between nodes")));
-                }
                 let reply = match moves::adopt(&self.shared, &type_name, &name, &state, &origin, expires) {
                     Err(e) if e.kind == ErrorKind::NotLeader => {
                         Err(redirect(&self.shared, self.shared.shards.index_of(&name)))
@@ -435,9 +422,6 @@ impl Connection {
                 messages,
                 more,
             } => {
-                if !self.authorized {
-                    return self.reply(id, Err(unauthorized("sending Raft messages")));
-                }
                 if self.shared.cluster.is_none() {
                     return self.reply(id, Err(not_clustered()));
                 }
@@ -465,9 +449,6 @@ impl Connection {
         chunk: &[u8],
         more: bool,
     ) {
-        if !self.authorized {
-            return self.reply(id, Err(unauthorized("sending Raft snapshots")));
-        }
         let Some(cluster) = self.shared.cluster.as_ref() else {
             return self.reply(id, Err(not_clustered()));
         };
@@ -539,12 +520,9 @@ impl Connection {
         self.raft_part.take().map(|(_, message)| vec![message])
     }
 
-    /// `create` of a user-defined type: it runs the class's code, so it needs the token, and
-    /// the class must be defined at the version the client names.
+    /// `create` of a user-defined type: it runs the class's code, so the class must be
+    /// defined at the version the client names.
     fn create_user(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op) {
-        if !self.authorized {
-            return self.reply(id, Err(unauthorized("constructing user-defined objects")));
-        }
         let Op::Create { type_name, args, .. } = &op else {
             unreachable!("only creates come here")
         };
@@ -579,9 +557,6 @@ impl Connection {
 
     /// `join` or `leave`: a change of the cluster's nodes, answered once proposed.
     fn change(&mut self, id: u64, change: MembershipChange) {
-        if !self.authorized {
-            return self.reply(id, Err(unauthorized("changing the cluster's membership")));
-        }
         if self.shared.cluster.is_none() {
             return self.reply(id, Err(not_clustered()));
         }
@@ -597,9 +572,6 @@ impl Connection {
     }
 
     fn invoke(&mut self, id: u64, runtime: &str, payload: Vec<u8>, options: Value) {
-        if !self.authorized {
-            return self.reply(id, Err(unauthorized("invoking functions")));
-        }
         self.invoked = true;
         if let Err(e) = gateway::invoke(&self.shared, self.id, id, runtime, payload, options) {
             self.reply(id, Err(e));
@@ -694,7 +666,6 @@ impl Connection {
             };
             return self.reply(id, Err(Error::new(ErrorKind::Unauthorized, message)));
         }
-        self.authorized = true;
         if let Err(e) = sessions::check_secret(&client, secret.as_deref()) {
             return self.reply(id, Err(e));
         }
@@ -889,13 +860,6 @@ fn redirect(shared: &Shared, index: usize) -> Error {
 
 fn not_clustered() -> Error {
     Error::value("this server is not part of a cluster (start it with --node-id)")
-}
-
-/// Running code needs the server's token when it has one.
-fn unauthorized(what: &str) -> Error {
-    let message =
-        format!("{what} needs the server's token: pass it in hello as \"token\" (the SDK reads SPINDLE_TOKEN)");
-    Error::new(ErrorKind::Unauthorized, message)
 }
 
 /// The optional operands `hello` lists: `acked` on `call` and `create`.

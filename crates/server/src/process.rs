@@ -228,22 +228,16 @@ fn kill_group(pid: u32) {
 /// its sharers); a lone process is its `VmRSS` (cheaper to read).
 fn tree_resident_bytes(pid: u32) -> Option<u64> {
     let rss = resident_bytes(pid)?;
-    let mut todo = children(pid);
-    if todo.is_empty() {
+    let descendants = descendants(pid);
+    if descendants.is_empty() {
         return Some(rss);
     }
-    let mut total = proportional_bytes(pid).unwrap_or(rss);
-    // Bounded: a fork bomb must not stall the supervisor.
-    let mut budget = 10_000;
-    while let Some(child) = todo.pop() {
-        budget -= 1;
-        if budget == 0 {
-            break;
-        }
-        total += proportional_bytes(child).or_else(|| resident_bytes(child)).unwrap_or(0);
-        todo.extend(children(child));
-    }
-    Some(total)
+    let own = proportional_bytes(pid).unwrap_or(rss);
+    let theirs: u64 = descendants
+        .into_iter()
+        .map(|child| proportional_bytes(child).or_else(|| resident_bytes(child)).unwrap_or(0))
+        .sum();
+    Some(own + theirs)
 }
 
 /// The process's proportional set size (`Pss` of /proc/PID/smaps_rollup, in kB).
@@ -258,18 +252,10 @@ fn proportional_bytes(pid: u32) -> Option<u64> {
 /// zombies of their subreaper until it reaps them; they are not counted.
 pub(crate) fn kill_descendants(pid: u32) {
     for _ in 0..20 {
-        let mut live = Vec::new();
-        let mut todo = children(pid);
-        // Bounded: a fork bomb must not stall the caller.
-        while let Some(child) = todo.pop() {
-            if live.len() == 10_000 {
-                break;
-            }
-            todo.extend(children(child));
-            if !is_zombie(child) {
-                live.push(child);
-            }
-        }
+        let live: Vec<u32> = descendants(pid)
+            .into_iter()
+            .filter(|&child| !is_zombie(child))
+            .collect();
         if live.is_empty() {
             return;
         }
@@ -294,6 +280,20 @@ fn is_zombie(pid: u32) -> bool {
                 .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
         })
         .unwrap_or(true)
+}
+
+/// The process's descendants, at most 10,000 of them: a fork bomb must not stall the caller.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut todo = children(pid);
+    while let Some(child) = todo.pop() {
+        if found.len() == 10_000 {
+            break;
+        }
+        todo.extend(children(child));
+        found.push(child);
+    }
+    found
 }
 
 /// The process's children (`/proc/PID/task/*/children`).

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from ..errors import FunctionTimeout, WorkerCrashed
 from ..proxy import refuse_waiting
+from ..sessions import new_secret
 from .invoker import (
     MAX_ARGUMENT,
     Invocation,
@@ -21,7 +22,6 @@ from .invoker import (
     echo_output,
     exception_of,
     make_payload,
-    new_session,
     reply_error,
     result_of,
 )
@@ -124,7 +124,8 @@ class Call:
         refuse_waiting("starting a spindle function")
         self.future = future
         # Pickled once, here, so that a bad function or argument fails the caller's submit.
-        self.payload = make_payload(fn, args, kwargs, new_session(), limit)
+        # A session of its own (its secret), the same for every retry of the call.
+        self.payload = make_payload(fn, args, kwargs, new_secret(), limit)
         self.options = options
         self.retries = retries
         self.backoff = backoff

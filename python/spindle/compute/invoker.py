@@ -25,7 +25,6 @@ import cloudpickle
 from .. import client as _client_mod
 from ..client import Connection, frame
 from ..codec import unpackb
-from ..sessions import new_secret
 from ..errors import (
     FunctionTimeout,
     ServerUnavailable,
@@ -322,11 +321,6 @@ def current_invoker() -> Invoker:
         return invoker
 
 
-def new_session() -> str:
-    """A fresh session (its secret) for one invocation and its retries."""
-    return new_secret()
-
-
 def echo_output(label: str, stdout: bytes, stderr: bytes, truncated: int = 0) -> None:
     """Print a function's output here, each line prefixed with ``[label]``."""
     for data, stream in ((stdout, sys.stdout), (stderr, sys.stderr)):
@@ -371,7 +365,6 @@ __all__ = [
     "echo_output",
     "exception_of",
     "make_payload",
-    "new_session",
     "reply_error",
     "result_of",
 ]
