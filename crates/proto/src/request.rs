@@ -1221,6 +1221,19 @@ mod tests {
             "{}",
             e.message
         );
+        for field in ["token", "secret"] {
+            let hello = Value::Map(vec![
+                (s("client"), s("c")),
+                (s("protocol"), 1.into()),
+                (s(field), 7.into()),
+            ]);
+            let e = error_of(v(vec![1.into(), s("hello"), hello]));
+            assert!(
+                e.message.contains(field) && e.message.contains("a str or nil"),
+                "{}",
+                e.message
+            );
+        }
     }
 
     #[test]
