@@ -47,6 +47,7 @@ from spindle.client import Client, Connection, frame
 from spindle.embedded import find_binary
 
 NODES = 3
+CLUSTER_KEY = "bench-cluster-key"  # what the nodes authenticate each other with
 SHARDS = 8
 KEYS = 800
 CONNECTIONS = (200, 32)  # the seed's 200 cloud threads (the goal's load), then a lighter load
@@ -87,7 +88,8 @@ class LocalCluster:
         self.ports[node] = free_port()
         cmd = [find_binary(), "server", "--node-id", str(node), "--port", str(self.ports[node]),
                "--data-dir", str(self.root / f"n{node}"), "--partitions", str(SHARDS),
-               "--replication-factor", str(self.rf), "--fsync", self.fsync, "--threads", str(self.threads), "--shared-cores"]
+               "--replication-factor", str(self.rf), "--fsync", self.fsync, "--threads", str(self.threads), "--shared-cores",
+               "--cluster-key", CLUSTER_KEY]
         if node > 1:
             cmd += ["--join", self.address(1)]
         log_file = open(self.root / f"n{node}.log", "w")

@@ -185,3 +185,27 @@ def escape(megabytes: int, hold: float, pidfile: str) -> int:
         pid = int(pipe.readline())  # once it holds its memory
     time.sleep(hold)
     return pid
+
+
+def _trip(path: str) -> "Tripwire":
+    with open(path, "w") as f:
+        f.write("tripped")
+    return Tripwire(path)
+
+
+class Tripwire:
+    """A value whose unpickling writes the file at ``path``: a planted pickle's payload."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (_trip, (self.path,))
+
+
+def read_item(name: str, key: str) -> str:
+    """Read ``key`` of the Dict ``name`` in a function: what became of it."""
+    try:
+        return repr(spindle.Dict(name=name)[key])
+    except spindle.UntrustedValue as exc:
+        return f"refused: {exc.writer}"

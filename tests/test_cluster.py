@@ -24,6 +24,8 @@ import pytest
 
 import spindle
 from spindle.client import Client, Connection, frame, shard_of
+from spindle.errors import Unauthorized
+from spindle.sessions import new_secret
 from conftest import REPO, ServerProcess, listening, pythonpath_for_tests, server_binary, stable_port, wait_until
 from load import EXACTLY_ONCE, FAULT_AFTER, FaultWindow, LoadClients, assert_under_load
 
@@ -32,6 +34,9 @@ SHARDS = 4
 THREADS = max(1, len(os.sched_getaffinity(0)) // 3)
 # The token of nodes listening on a network namespace's address (not loopback).
 NETNS_TOKEN = "cluster-test-token"
+# What the test clusters' nodes authenticate each other with, as the user nodes say hello as.
+CLUSTER_KEY = "cluster-test-key"
+NODE_USER = "~node"
 
 
 def cluster_map(host: str, port: int) -> Dict:
@@ -67,7 +72,7 @@ class Node:
             self.start()
 
     def start(self) -> None:
-        args = ["--node-id", str(self.node_id), "--data-dir", str(self.data_dir)]
+        args = ["--node-id", str(self.node_id), "--data-dir", str(self.data_dir), "--cluster-key", CLUSTER_KEY]
         args += ["--partitions", str(SHARDS), "--threads", str(THREADS), "--python", sys.executable]
         if "--session-ttl" not in self.extra:
             args += ["--session-ttl", "30"]
@@ -392,6 +397,64 @@ def test_every_shard_is_replicated_on_three_nodes_and_calls_reach_their_leader(c
     assert len({r[1] for r in rows[:SHARDS]}) > 1, out.stdout
 
 
+def test_users_and_roles_are_replicated_to_every_node_and_kept_across_a_restart(cluster):
+    """Users and roles live in the metadata group: made through any node, they authenticate
+    on every node, and a restarted node still knows them."""
+    def spindle_cli(address: str, *args: str, user: Optional[str] = None,
+                    token: Optional[str] = None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("SPINDLE_USER", "SPINDLE_TOKEN")}
+        env.update({"SPINDLE_ADDRESS": address, **({"SPINDLE_USER": user} if user else {}),
+                    **({"SPINDLE_TOKEN": token} if token else {})})
+        return subprocess.run([server_binary(), *args], env=env, capture_output=True, text=True, timeout=60)
+
+    def authenticates(node: Node, user: str, token: str) -> bool:
+        try:
+            Connection(node.host, node.port, new_secret(), 1, token, user=user).close()
+            return True
+        except (Unauthorized, OSError):
+            return False
+
+    # The cluster has no token: its first user must be an administrator.
+    out = spindle_cli(cluster.nodes[2].address, "user", "add", "root", "--role", "admin")
+    assert out.returncode == 0, out.stderr
+    root = out.stdout.strip()
+    assert wait_until(lambda: all(authenticates(n, "root", root) for n in cluster.nodes), 10)
+    out = spindle_cli(cluster.nodes[1].address, "role", "add", "app", "read,write,create:app/",
+                      user="root", token=root)
+    assert out.returncode == 0, out.stderr
+    out = spindle_cli(cluster.nodes[0].address, "user", "add", "ann", "--role", "app", user="root", token=root)
+    assert out.returncode == 0, out.stderr
+    ann = out.stdout.strip()
+    assert wait_until(lambda: all(authenticates(n, "ann", ann) for n in cluster.nodes), 10)
+    for node in cluster.nodes:
+        with pytest.raises(Unauthorized, match="needs credentials"):
+            Connection(node.host, node.port, new_secret(), 1)
+    # Ann's permissions hold on the node leading the shard of her objects.
+    client_env = dict(SPINDLE_USER="ann", SPINDLE_TOKEN=ann)
+    old = {k: os.environ.get(k) for k in client_env}
+    os.environ.update(client_env)
+    try:
+        client = Client(cluster.addresses)
+        client.create("Counter", "app/hits", [], False, persistent=True)
+        assert client.call("Counter", "app/hits", "add", [3]) == 3
+        with pytest.raises(spindle.PermissionDenied):
+            client.create("Counter", "hits", [], False, persistent=True)
+        client.close()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    # A restarted node reads them back from its metadata log.
+    node = cluster.nodes[2]
+    node.stop()
+    node.join = None
+    node.start()
+    assert authenticates(node, "ann", ann)
+    assert not authenticates(node, "ann", "a wrong token")
+
+
 def test_a_node_that_does_not_lead_the_shard_answers_with_its_leader(cluster):
     leaders = cluster.leaders()
     shard, leader = next(iter(leaders.items()))
@@ -468,7 +531,17 @@ def test_keep_moves_an_object_to_a_name_whose_shard_another_node_leads(cluster):
     # was; another move to the name finds it taken; an expired one is refused.
     name = "adopted"
     leader = next(n for n in cluster.nodes if n.node_id == leaders[shard_of(name, SHARDS)])
-    conn = Connection(leader.host, leader.port, "adopt-test-session", 1)
+    outsider = Connection(leader.host, leader.port, "adopt-outsider-session", 1)
+    try:
+        # Only a node, with the cluster key, may move objects in: a client may not.
+        reply = outsider.roundtrip(frame([2, "adopt", "Counter", name, {"v": 1, "value": 1}, "n9:0",
+                                          int(time.time() * 1000) + 60_000]), 2)
+        assert reply[1] == 1 and reply[2][0] == "PermissionDenied", reply
+    finally:
+        outsider.close()
+    with pytest.raises(Unauthorized, match="wrong cluster key"):
+        Connection(leader.host, leader.port, "adopt-forger-session", 1, "not-the-key", user=NODE_USER)
+    conn = Connection(leader.host, leader.port, "adopt-test-session", 1, CLUSTER_KEY, user=NODE_USER)
     try:
         state = {"v": 1, "value": 41}
         later = int(time.time() * 1000) + 60_000
@@ -1123,15 +1196,18 @@ def start_refused(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
-    out = start_refused("--node-id", "1")
+    out = start_refused("--node-id", "1", "--cluster-key", CLUSTER_KEY)
     assert out.returncode != 0 and "--data-dir" in out.stderr
+    out = start_refused("--node-id", "1", "--data-dir", str(tmp_path / "keyless"))
+    assert out.returncode == 2 and "a cluster node needs --cluster-key" in out.stderr
     node = Node(1, tmp_path / "n1")
     try:
-        out = start_refused("--node-id", "2", "--data-dir", str(tmp_path / "other"), "--join", "127.0.0.1:1")
+        out = start_refused("--node-id", "2", "--data-dir", str(tmp_path / "other"), "--join", "127.0.0.1:1",
+                            "--cluster-key", CLUSTER_KEY)
         assert out.returncode != 0 and "cannot join through 127.0.0.1:1" in out.stderr
     finally:
         node.stop()
-    out = start_refused("--node-id", "2", "--data-dir", str(tmp_path / "n1"))
+    out = start_refused("--node-id", "2", "--data-dir", str(tmp_path / "n1"), "--cluster-key", CLUSTER_KEY)
     assert out.returncode != 0 and "belongs to node 1" in out.stderr
     out = start_refused("--join", "127.0.0.1:1")
     assert out.returncode != 0 and "--node-id" in out.stderr
@@ -1829,9 +1905,11 @@ def test_a_member_restarted_without_join_serves_only_the_shards_it_holds(tmp_pat
         cluster.stop()
 
 
-def raw(host: str, port: int, request: list) -> list:
-    """One request on a connection of its own; its reply ``[id, status, result]``."""
-    conn = Connection(host, port, "cluster-bad-input", 1)
+def raw(host: str, port: int, request: list, node: bool = False) -> list:
+    """One request on a connection of its own (``node``: as a node of the cluster, with its
+    key); its reply ``[id, status, result]``."""
+    conn = (Connection(host, port, "cluster-bad-input", 1, CLUSTER_KEY, user=NODE_USER) if node
+            else Connection(host, port, "cluster-bad-input", 1))
     try:
         return conn.roundtrip(frame(request), request[0])
     finally:
@@ -1840,10 +1918,12 @@ def raw(host: str, port: int, request: list) -> list:
 
 def test_cluster_requests_to_a_single_server_and_malformed_ones_get_clear_errors(server):
     host, port = server.address.rsplit(":", 1)
-    for request in ([2, "cluster"], [2, "join", 5, "127.0.0.1:1"], [2, "leave", 5],
-                    [2, "raft", 1, "127.0.0.1:1", 0, [b"\x08\x02"]]):
+    for request in ([2, "cluster"], [2, "join", 5, "127.0.0.1:1"], [2, "leave", 5]):
         reply = raw(host, int(port), request)
         assert reply[1] == 1 and reply[2][0] == "ValueError" and "--node-id" in reply[2][1], reply
+    # Raft is between nodes only: a client (even the default user) is refused.
+    reply = raw(host, int(port), [2, "raft", 1, "127.0.0.1:1", 0, [b"\x08\x02"]])
+    assert reply[1] == 1 and reply[2][0] == "PermissionDenied", reply
     for request in ([2, "join", 5], [2, "leave"], [2, "raft", 1, "a", 0, ["not bytes"]],
                     [2, "raft", "one", "a", 0, []], [2, "cluster", 1]):
         reply = raw(host, int(port), request)
@@ -1858,15 +1938,15 @@ def test_hostile_raft_frames_do_not_disturb_a_cluster(cluster):
     # exist: all dropped, nothing answered.
     hostile = [b"\x08\x02", b"\xff\xff\xff", b""]
     for shard in (0, SHARDS, 10**9):
-        conn = Connection(node.host, node.port, "cluster-bad-input", 1)
+        conn = Connection(node.host, node.port, "cluster-bad-input", 1, CLUSTER_KEY, user=NODE_USER)
         conn.sock.sendall(frame([2, "raft", 99, "127.0.0.1:1", shard, hostile]))
         conn.close()
     # Messages in parts: a part naming two messages is refused; parts that switch shards,
     # run over the size limit or are broken off by a whole batch are dropped, and the
     # connection goes on carrying messages.
-    reply = raw(node.host, node.port, [2, "raft", 99, "127.0.0.1:1", 0, [b"a", b"b"], True])
+    reply = raw(node.host, node.port, [2, "raft", 99, "127.0.0.1:1", 0, [b"a", b"b"], True], node=True)
     assert reply[1] == 1 and "exactly one message" in reply[2][1], reply
-    conn = Connection(node.host, node.port, "cluster-bad-input", 1)
+    conn = Connection(node.host, node.port, "cluster-bad-input", 1, CLUSTER_KEY, user=NODE_USER)
     for shard, part, more in ((0, b"\xff" * 1000, True), (1, b"\xff", False), (0, b"\x08", True),
                               (0, b"x", True)):
         conn.sock.sendall(frame([2, "raft", 99, "127.0.0.1:1", shard, [part], more]))

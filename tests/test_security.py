@@ -90,7 +90,7 @@ def exchange(sock: socket.socket, request: list) -> list:
 ], ids=lambda r: r[0])
 def test_without_the_token_no_operation_runs(guarded, request_):
     host, port = guarded.address.rsplit(":", 1)
-    with pytest.raises(spindle.Unauthorized, match="needs a token"):
+    with pytest.raises(spindle.Unauthorized, match="needs credentials"):
         Connection(host, int(port), "stranger", 1)
     # After a refused hello, the connection has no session: nothing runs on it.
     for hello in ({"client": "stranger", "protocol": 1}, {"client": "stranger", "protocol": 1, "token": "x"}):

@@ -25,6 +25,7 @@ are given back silently).
 """
 
 from .client import Client, connect, disconnect
+from .codec import trust
 from .compute import Executor, Invocation, Thread, parallel_for
 from .data import Array, Blob, Counter, Dict, List, SortedDict, Value
 from .errors import (
@@ -33,6 +34,7 @@ from .errors import (
     FunctionTimeout,
     ObjectLost,
     ObjectNotFound,
+    PermissionDenied,
     ProtocolError,
     RemoteError,
     ServerUnavailable,
@@ -42,6 +44,7 @@ from .errors import (
     Unauthorized,
     UnknownMethod,
     UnknownType,
+    UntrustedValue,
     WorkerCrashed,
 )
 from .futures import Future
@@ -87,6 +90,7 @@ __all__ = [
     "ProtocolError",
     "Proxy",
     "Queue",
+    "PermissionDenied",
     "RLock",
     "RemoteError",
     "Semaphore",
@@ -99,6 +103,7 @@ __all__ = [
     "Unauthorized",
     "UnknownMethod",
     "UnknownType",
+    "UntrustedValue",
     "Value",
     "WorkerCrashed",
     "attach",
@@ -111,6 +116,7 @@ __all__ = [
     "parallel_for",
     "shared",
     "status",
+    "trust",
 ]
 
 

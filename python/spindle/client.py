@@ -22,8 +22,8 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from .codec import packb, unpackb
-from .errors import ObjectLost, ServerUnavailable, Unauthorized, error_from_reply
+from .codec import packb, set_user, unpackb
+from .errors import ObjectLost, ServerUnavailable, Unauthorized, UntrustedValue, error_from_reply
 from .sessions import new_secret, session_id, unnamed_key
 from .embedded import EmbeddedServer
 
@@ -70,7 +70,7 @@ class Connection:
 
     def __init__(
         self, host: str, port: int, secret: str, hello_id: int, token: Optional[str] = None,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = None, user: Optional[str] = None,
     ) -> None:
         # The hello, too, must be answered promptly: a paused node accepts connections (the
         # kernel does) but never answers them. ``timeout`` then applies to every read.
@@ -83,6 +83,8 @@ class Connection:
             hello = {"client": session_id(secret), "secret": secret, "protocol": PROTOCOL}
             if token:
                 hello["token"] = token
+            if user:
+                hello["user"] = user
             reply = self.roundtrip(frame([hello_id, "hello", hello]), hello_id)
         except BaseException:
             sock.close()
@@ -93,6 +95,9 @@ class Connection:
         sock.settimeout(timeout)
         self.address = f"{host}:{port}"
         self.hello = reply[2] if isinstance(reply[2], dict) else {}
+        # Pickles this process's own user wrote are its own to unpickle (codec's rule).
+        user = self.hello.get("user")
+        set_user(user if isinstance(user, str) else None)
 
     def roundtrip(
         self, data: bytes, req_id: int, moved: Optional[Callable[[], Optional[str]]] = None
@@ -227,7 +232,7 @@ class Presence:
             host, port = parse_address(node)
             try:
                 self.conns[(session, node)] = Connection(host, port, session, 1, client.token,
-                                                         timeout=PRESENCE_INTERVAL)
+                                                         timeout=PRESENCE_INTERVAL, user=client.user)
             except Exception:  # down, or refusing: try again on the next check
                 pass
 
@@ -354,6 +359,8 @@ class Client:
         self._down: Dict[str, float] = {}
         self.server = server
         self.token = os.environ.get("SPINDLE_TOKEN") or None
+        # Who this client is to the server (``None``: the default user, with the token).
+        self.user = os.environ.get("SPINDLE_USER") or None
         # (type, version) of the user-defined classes this client has sent with `define`.
         self.defined: Set[Tuple[str, str]] = set()
         self._new_session()
@@ -490,7 +497,7 @@ class Client:
         ``timeout``; ``None`` if the node does not answer or refuses."""
         try:
             conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
-                              timeout=timeout)
+                              timeout=timeout, user=self.user)
         except OSError:
             return None
         try:
@@ -546,8 +553,8 @@ class Client:
                 if routed and len(self.nodes) > 1:
                     moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn)
                 reply = conn.roundtrip(data, req_id, moved)
-            except Unauthorized:  # a refused hello (a PermissionError, so an OSError): final
-                raise
+            except (Unauthorized, UntrustedValue):  # PermissionErrors, so OSErrors, but final:
+                raise  # a refused hello; a reply read whole holding a pickle not unpickled
             except OSError as exc:  # connection lost (or refused): reconnect and resend
                 failed = conn.address if conn is not None else (address or self.nodes[0])
                 if conn is not None:
@@ -683,7 +690,8 @@ class Client:
         ``address`` (``None``: the first node)."""
         state = state or self._state
         host, port = parse_address(address) if address is not None else (self.host, self.port)
-        conn = Connection(host, port, state.secret, next(state.calls.numbers), self.token)
+        conn = Connection(host, port, state.secret, next(state.calls.numbers), self.token,
+                          user=self.user)
         if address is None:
             state.local.conn = conn
         else:

@@ -105,8 +105,37 @@ class FunctionTimeout(SpindleTimeout):  # type: ignore[misc, valid-type]
 
 
 class Unauthorized(SpindleError, PermissionError):
-    """The server refused this client: a server with a token serves only connections that
-    give it (``$SPINDLE_TOKEN``)."""
+    """The server refused this client: a server with credentials serves only connections that
+    give them (``$SPINDLE_USER`` and ``$SPINDLE_TOKEN``)."""
+
+
+class PermissionDenied(SpindleError, PermissionError):
+    """This client's user may not do that operation on that name: its roles do not allow it
+    (the message names the operation, the name and the permission it needs)."""
+
+
+class UntrustedValue(SpindleError, PermissionError):
+    """A pickled value was not unpickled: a pickle is code to whoever unpickles it, and its
+    writer (``writer``) could not run code on the server when writing it, is not this
+    process's own user, and was not trusted with :func:`spindle.trust`.
+
+    Raised when a value is read (docs/security.md). When the whole reply was read,
+    ``value`` holds it with :class:`spindle.codec.Untrusted` placeholders where such pickles
+    were (else ``None``).
+    """
+
+    def __init__(self, writer: str, message: Optional[str] = None) -> None:
+        if message is None:
+            message = (
+                f"a pickled value written by {writer!r}, who may not run code here: not "
+                f"unpickled (trust that writer with spindle.trust({writer!r}) to read it)"
+            )
+        super().__init__(message)
+        self.writer = writer
+        self.value: Any = None
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.writer, self.args[0] if self.args else None))
 
 
 class StorageError(SpindleError, OSError):
@@ -229,6 +258,7 @@ _SIMPLE: Dict[str, Callable[[str], BaseException]] = {
     "Cancelled": concurrent.futures.CancelledError,
     "FunctionTimeout": FunctionTimeout,
     "Unauthorized": Unauthorized,
+    "PermissionDenied": PermissionDenied,
     "StorageError": StorageError,
     "Busy": SpindleError,
     # A cluster's shard had no leader for longer than the client waits (see client.py).

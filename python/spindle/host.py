@@ -45,6 +45,7 @@ import msgpack
 from spindle import codec
 from spindle import proxy as _proxy
 from spindle.client import frame
+from spindle.errors import UntrustedValue
 from spindle.worker import ERROR_TEXT_LIMIT, MAX_FRAME, _error_of, _pickle_exception, announce
 
 REPLY_OVERHEAD = 4 << 10  # bytes of a reply besides its value (ids, kinds, framing)
@@ -85,11 +86,10 @@ class HostError(Exception):
         self.message = message
 
 
-def _strict_ext_hook(code: int, data: bytes) -> Any:
-    value = codec._ext_hook(code, data)
-    if isinstance(value, codec.Unpicklable):  # an argument whose class is not here
-        raise value.error
-    return value
+# Arguments decode as the SDK decodes values, except that a host has no own user (it
+# unpickles only what trusted writers wrote: codec, ext type 6) and that an argument that
+# does not decode here (a class not here) raises instead of giving the method a placeholder.
+_strict_ext_hook = codec.ext_hook(own=False, strict=True)
 
 
 def decode(body: bytes) -> Any:
@@ -439,8 +439,11 @@ class Host:
         except Exception:
             return frame([0, 1, ["ProtocolError", f"undecodable request: {exc}", None]])
         where = f"{request[3]}" if len(request) > 3 else "the object"
-        err = TypeError(f"cannot unpickle an argument in this object host "
-                        f"({type(exc).__name__}: {exc})")
+        if isinstance(exc, UntrustedValue):  # as a read raises it
+            err: BaseException = exc
+        else:
+            err = TypeError(f"cannot unpickle an argument in this object host "
+                            f"({type(exc).__name__}: {exc})")
         return frame([rid, 1, raised(err, where)])
 
 

@@ -56,7 +56,7 @@ pub(crate) struct Client {
 
 impl Client {
     /// Connect to the first address of a comma-separated list that answers, and say hello
-    /// (with `$SPINDLE_TOKEN` when set) as a fresh session.
+    /// (as `$SPINDLE_USER` with `$SPINDLE_TOKEN` when set) as a fresh session.
     pub(crate) fn connect(addresses: &str) -> Result<Client, String> {
         let mut failures = Vec::new();
         for address in addresses.split(',').map(str::trim).filter(|a| !a.is_empty()) {
@@ -93,6 +93,9 @@ impl Client {
         ];
         if let Some(token) = std::env::var("SPINDLE_TOKEN").ok().filter(|t| !t.is_empty()) {
             hello.push(("token".into(), token.into()));
+        }
+        if let Some(user) = std::env::var("SPINDLE_USER").ok().filter(|u| !u.is_empty()) {
+            hello.push(("user".into(), user.into()));
         }
         let reply = self.request("hello", vec![Value::Map(hello)])?;
         // An older server refuses the operand.
@@ -292,6 +295,17 @@ impl Client {
         self.exchange("join", vec![node.into(), address.into()], Some(TIMEOUT))
     }
 
+    /// Show or change the users and roles (`action`: see docs/protocol.md, "acl"); in a
+    /// cluster a change goes to the metadata group's leader.
+    pub(crate) fn acl(&mut self, action: &str, operands: Vec<(&str, Value)>) -> Result<Value, String> {
+        let operands = operands.into_iter().map(|(k, v)| (Value::from(k), v)).collect();
+        self.exchange("acl", vec![action.into(), Value::Map(operands)], Some(TIMEOUT))
+            .map_err(|e| match e {
+                Failure::Remote(r) => format!("{}: {}", r.kind, r.message),
+                Failure::Connection(message) => message,
+            })
+    }
+
     /// Ask the metadata group's leader to remove `node` from the cluster.
     pub(crate) fn leave(&mut self, node: u64) -> Result<Value, String> {
         self.request("leave", vec![node.into()])
@@ -446,6 +460,11 @@ fn open_stream(address: &str) -> Result<TcpStream, String> {
 fn new_secret() -> Result<String, String> {
     let bytes = urandom().map_err(|e| format!("cannot read /dev/urandom for a session secret: {e}"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A token or key: 32 bytes from the kernel, in hex (no fallback either).
+pub(crate) fn new_token() -> Result<String, String> {
+    Ok(format!("{}{}", new_secret()?, new_secret()?))
 }
 
 /// 16 random bytes from the kernel.

@@ -291,7 +291,14 @@ fn remove(address: &str, node: u64) -> Result<(), String> {
 
 /// Start one node of a local cluster and wait for its listening line. Its stdin stays a pipe
 /// held by this process (`--embedded`): the node stops when this process ends, however.
-fn start_node(dir: &Path, id: u64, port: u16, join: Option<&str>, extra: &[String]) -> Result<Child, String> {
+fn start_node(
+    dir: &Path,
+    id: u64,
+    port: u16,
+    join: Option<&str>,
+    key: &str,
+    extra: &[String],
+) -> Result<Child, String> {
     let data_dir = dir.join(format!("node{id}"));
     let log_path = dir.join(format!("node{id}.log"));
     let log = std::fs::OpenOptions::new()
@@ -313,6 +320,7 @@ fn start_node(dir: &Path, id: u64, port: u16, join: Option<&str>, extra: &[Strin
         .arg("--data-dir")
         .arg(&data_dir)
         .args(extra)
+        .env("SPINDLE_CLUSTER_KEY", key)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log);
@@ -346,6 +354,9 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
     if let Some(p) = partitions {
         extra.extend(["--partitions".to_string(), p.to_string()]);
     }
+    // The nodes authenticate each other with a key of their own, kept beside their data so
+    // that a restarted cluster (and a node started by hand to join it) finds it there.
+    let key = cluster_key(dir)?;
     let addresses: Vec<String> = (0..u16::from(nodes))
         .map(|i| format!("127.0.0.1:{}", port + i))
         .collect();
@@ -353,7 +364,7 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
     for i in 0..addresses.len() {
         let join = (i > 0).then(|| addresses[0].as_str());
         // On an error the nodes started so far stop with this process.
-        children.push(start_node(dir, i as u64 + 1, port + i as u16, join, &extra)?);
+        children.push(start_node(dir, i as u64 + 1, port + i as u16, join, &key, &extra)?);
     }
     // Ready once every group has a leader.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -414,6 +425,29 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
         std::thread::sleep(Duration::from_millis(100));
     }
     Err("every node exited".into())
+}
+
+/// `$SPINDLE_CLUSTER_KEY`, else the key in `DIR/cluster-key` (made on the first run, readable
+/// by this user only).
+fn cluster_key(dir: &Path) -> Result<String, String> {
+    if let Some(key) = std::env::var("SPINDLE_CLUSTER_KEY").ok().filter(|k| !k.is_empty()) {
+        return Ok(key);
+    }
+    let path = dir.join("cluster-key");
+    if let Ok(key) = std::fs::read_to_string(&path) {
+        return Ok(key.trim().to_string());
+    }
+    let key = client::new_token()?;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(key.as_bytes()))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(key)
 }
 
 /// A flag set on SIGINT or SIGTERM.

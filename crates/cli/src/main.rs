@@ -6,6 +6,7 @@ mod cluster;
 mod objects;
 mod run;
 mod sh;
+mod users;
 
 use std::cell::Cell;
 use std::io::{self, IsTerminal, Write};
@@ -45,6 +46,11 @@ enum Command {
     Sh(sh::ShArgs),
     /// Show a running server's address, uptime, objects, connections and call rate.
     Status(AddressArg),
+    /// Add, remove and list the server's users (`SPINDLE_USER` and `SPINDLE_TOKEN` say who
+    /// a client is).
+    User(users::UserArgs),
+    /// Add, remove and list the roles users hold: rules of permissions per name prefix.
+    Role(users::RoleArgs),
     /// List the named objects of a running server.
     Objects {
         /// Only names starting with this prefix.
@@ -134,6 +140,16 @@ struct ServerArgs {
     #[arg(long, value_name = "N", requires = "node_id", default_value_t = spindle_server::DEFAULT_REPLICATION_FACTOR as u8,
           value_parser = clap::value_parser!(u8).range(1..=7))]
     replication_factor: u8,
+    /// What the cluster's nodes authenticate to each other with: the same on every node
+    /// [default: the --token].
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "SPINDLE_CLUSTER_KEY",
+        hide_env_values = true,
+        requires = "node_id"
+    )]
+    cluster_key: Option<String>,
     #[command(flatten)]
     functions: FunctionArgs,
     #[command(flatten)]
@@ -264,6 +280,8 @@ fn main() -> ExitCode {
         Command::Run(args) => return run::run(args),
         Command::Sh(args) => return sh::run(args),
         Command::Status(AddressArg { address }) => client::status(&address),
+        Command::User(args) => users::user(args),
+        Command::Role(args) => users::role(args),
         Command::Objects {
             prefix,
             persistent,
@@ -364,6 +382,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
             join: args.join,
             advertise: args.advertise,
             replication_factor: usize::from(args.replication_factor),
+            key: args.cluster_key,
         }),
     };
     if let Err(message) = config.check() {

@@ -36,6 +36,8 @@ pub enum ErrorKind {
     FunctionTimeout,
     /// Authentication failed (no token, or a wrong one), or the operation needs it.
     Unauthorized,
+    /// The session's user may not do this operation on this name (its roles do not allow it).
+    PermissionDenied,
     /// A user-defined object's method (or constructor) raised.
     Raised,
     /// A user-defined object's host died or was restarted.
@@ -49,7 +51,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 30] = [
+    pub const ALL: [ErrorKind; 31] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -76,6 +78,7 @@ impl ErrorKind {
         ErrorKind::WorkerCrashed,
         ErrorKind::FunctionTimeout,
         ErrorKind::Unauthorized,
+        ErrorKind::PermissionDenied,
         ErrorKind::Raised,
         ErrorKind::ObjectLost,
         ErrorKind::StorageError,
@@ -110,6 +113,7 @@ impl ErrorKind {
             ErrorKind::WorkerCrashed => "WorkerCrashed",
             ErrorKind::FunctionTimeout => "FunctionTimeout",
             ErrorKind::Unauthorized => "Unauthorized",
+            ErrorKind::PermissionDenied => "PermissionDenied",
             ErrorKind::Raised => "Raised",
             ErrorKind::ObjectLost => "ObjectLost",
             ErrorKind::StorageError => "StorageError",

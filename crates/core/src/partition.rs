@@ -434,6 +434,11 @@ impl Partition {
             .collect()
     }
 
+    /// The type of the object under `key`, if there is one.
+    pub fn type_of(&self, key: &str) -> Option<&str> {
+        self.objects.get(key).map(|e| e.body.type_name())
+    }
+
     /// Accept persistent objects: the server logs what [`take_log`](Self::take_log) gives.
     pub fn enable_storage(&mut self) {
         self.storage = Storage::Ok;

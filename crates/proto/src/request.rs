@@ -7,7 +7,7 @@ use spindle_core::value::type_of;
 pub const PROTOCOL_VERSION: u64 = 1;
 
 const OPS: &str =
-    "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host";
+    "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host, acl";
 
 /// One request, with its operands checked and moved out of the MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,7 +15,10 @@ pub enum Request {
     Hello {
         id: u64,
         client: String,
-        /// The server's token, needed for any operation when the server has one.
+        /// The user the connection acts as (`None`: the default user, with the server's
+        /// token if it has one).
+        user: Option<String>,
+        /// The user's token or password, or the server's token.
         token: Option<String>,
         /// The session's secret (see [`crate::session`]): `client` is its id.
         secret: Option<String>,
@@ -114,6 +117,13 @@ pub enum Request {
     Cluster {
         id: u64,
     },
+    /// Users and roles: `action` is `whoami`, `users`, `roles`, `set_user`, `remove_user`,
+    /// `set_role` or `remove_role`; `args` a map of its operands (checked by the server).
+    Acl {
+        id: u64,
+        action: String,
+        args: Vec<(String, Value)>,
+    },
     /// Add node `node` (reachable at `address`) to the cluster (sent to the leader of the
     /// metadata group; others answer `NotLeader`).
     Join {
@@ -186,6 +196,7 @@ impl Request {
             | Request::Define { id, .. }
             | Request::Host { id, .. }
             | Request::Cluster { id }
+            | Request::Acl { id, .. }
             | Request::Join { id, .. }
             | Request::Leave { id, .. }
             | Request::Adopt { id, .. }
@@ -211,6 +222,7 @@ impl Request {
             Request::Define { .. } => "define",
             Request::Host { .. } => "host",
             Request::Cluster { .. } => "cluster",
+            Request::Acl { .. } => "acl",
             Request::Join { .. } => "join",
             Request::Leave { .. } => "leave",
             Request::Adopt { .. } => "adopt",
@@ -375,10 +387,11 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
     let request = match op.as_str() {
         "hello" => {
             p.arity("[id, \"hello\", {\"client\": str, \"protocol\": 1}]", 1)?;
-            let (client, token, secret) = p.hello()?;
+            let (client, user, token, secret) = p.hello()?;
             Request::Hello {
                 id,
                 client,
+                user,
                 token,
                 secret,
             }
@@ -452,6 +465,27 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         "cluster" => {
             p.arity("[id, \"cluster\"]", 0)?;
             Request::Cluster { id }
+        }
+        "acl" => {
+            p.arity_range("[id, \"acl\", action, {operands}]", 1, 2)?;
+            let action = p.string("action")?;
+            let args = match p.next() {
+                Value::Nil => Vec::new(),
+                Value::Map(entries) => {
+                    let mut args = Vec::with_capacity(entries.len());
+                    for (k, v) in entries {
+                        match k {
+                            Value::String(k) if k.as_str().is_some() => {
+                                args.push((k.into_str().unwrap_or_default(), v))
+                            }
+                            other => return Err(p.error("an operand's name", "a str", &other)),
+                        }
+                    }
+                    args
+                }
+                other => return Err(p.error("the operands", "a map", &other)),
+            };
+            Request::Acl { id, action, args }
         }
         "join" => {
             p.arity("[id, \"join\", node, address]", 2)?;
@@ -757,13 +791,16 @@ impl Operands<'_> {
 
     /// The `hello` map: `{"client": str, "protocol": 1, "token": str, "secret": str}`.
     #[allow(clippy::type_complexity)]
-    fn hello(&mut self) -> Result<(String, Option<String>, Option<String>), RequestError> {
+    /// The fields of `hello`: client, user, token, secret.
+    #[allow(clippy::type_complexity)]
+    fn hello(&mut self) -> Result<(String, Option<String>, Option<String>, Option<String>), RequestError> {
         let entries = match self.next() {
             Value::Map(entries) => entries,
             other => return Err(self.error("the operand", "a map {\"client\": str, \"protocol\": 1}", &other)),
         };
         let mut client = None;
         let mut protocol = None;
+        let mut user = None;
         let mut token = None;
         let mut secret = None;
         for (k, v) in entries {
@@ -774,6 +811,11 @@ impl Operands<'_> {
                     Value::Nil => {}
                     Value::String(s) => token = s.into_str(),
                     other => return Err(self.error("token", "a str or nil", &other)),
+                },
+                Some("user") => match v {
+                    Value::Nil => {}
+                    Value::String(s) => user = s.into_str(),
+                    other => return Err(self.error("user", "a str or nil", &other)),
                 },
                 Some("secret") => match v {
                     Value::Nil => {}
@@ -797,7 +839,7 @@ impl Operands<'_> {
         }
         match client {
             Some(Value::String(s)) => match s.into_str() {
-                Some(c) if !c.is_empty() => Ok((c, token, secret)),
+                Some(c) if !c.is_empty() => Ok((c, user, token, secret)),
                 Some(_) => Err(bad(self.id, "'hello': client must be a non-empty str")),
                 None => Err(bad(self.id, "'hello': client is not valid UTF-8")),
             },
@@ -835,6 +877,7 @@ mod tests {
             Request::Hello {
                 id: 1,
                 client: "c1".into(),
+                user: None,
                 token: None,
                 secret: None,
             }
@@ -843,6 +886,7 @@ mod tests {
             (s("client"), s("c1")),
             (s("protocol"), 1.into()),
             (s("token"), s("t")),
+            (s("user"), s("alice")),
             (s("secret"), s("0123456789abcdef")),
         ]);
         assert_eq!(
@@ -850,6 +894,7 @@ mod tests {
             Request::Hello {
                 id: 1,
                 client: "c1".into(),
+                user: Some("alice".into()),
                 token: Some("t".into()),
                 secret: Some("0123456789abcdef".into()),
             }
@@ -1127,7 +1172,7 @@ mod tests {
         let e = error_of(v(vec![12.into(), s("frobnicate")]));
         assert_eq!(
             e.message,
-            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host)"
+            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host, acl)"
         );
     }
 
@@ -1221,7 +1266,7 @@ mod tests {
             "{}",
             e.message
         );
-        for field in ["token", "secret"] {
+        for field in ["token", "secret", "user"] {
             let hello = Value::Map(vec![
                 (s("client"), s("c")),
                 (s("protocol"), 1.into()),

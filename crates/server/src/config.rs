@@ -175,10 +175,23 @@ impl Config {
                 self.host
             ));
         }
+        if self.cluster.is_some() && self.cluster_key().is_none_or(str::is_empty) {
+            return Err(
+                "a cluster node needs --cluster-key (or SPINDLE_CLUSTER_KEY, or --token): \
+                        its nodes authenticate each other with it"
+                    .into(),
+            );
+        }
         if self.functions.fs == private_fs() {
             check_private_dir(&self.functions.fs)?;
         }
         Ok(())
+    }
+
+    /// What the nodes of this node's cluster authenticate to each other with.
+    pub(crate) fn cluster_key(&self) -> Option<&str> {
+        let cluster = self.cluster.as_ref()?;
+        cluster.key.as_deref().or(self.functions.token.as_deref())
     }
 }
 

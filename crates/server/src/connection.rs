@@ -15,11 +15,13 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
-use crate::cluster::{moves, MembershipChange};
+use crate::access::{self, Grant};
+use crate::acl::{Change, Permission, Principal};
+use crate::cluster::{moves, MetadataChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
 use crate::registry::{self, log_error_reply, Outbox};
-use crate::{sessions, status, Shared};
+use crate::{pickles, sessions, status, Shared};
 
 /// Read buffer of an idle connection; it grows for large frames and shrinks back after.
 const INITIAL_READ_BUFFER: usize = 4 * 1024;
@@ -52,6 +54,13 @@ struct Connection {
     shared: Arc<Shared>,
     /// The session, once `hello` arrived.
     client: Option<Arc<str>>,
+    /// Who the session acts as (set with `client`), and the generation of the users and
+    /// roles its rules were read from.
+    principal: Option<Principal>,
+    generation: u64,
+    /// The refusal of the `create` being applied unless its object exists (a reader
+    /// attaching to it): checked under the shard's lock, so it cannot be deleted meanwhile.
+    unless_exists: Option<Error>,
     /// Shards this connection called into, which must hear of its end.
     touched: Vec<bool>,
     /// In front of the socket's write side (shared with the writer task; the write side
@@ -149,6 +158,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         touched: vec![false; shared.shards.count()],
         shared,
         client: None,
+        principal: None,
+        generation: 0,
+        unless_exists: None,
         outbox,
         replies: Vec::new(),
         invoked: false,
@@ -264,7 +276,8 @@ impl Connection {
         }
     }
 
-    fn dispatch(&mut self, request: Request) {
+    fn dispatch(&mut self, mut request: Request) {
+        self.unless_exists = None;
         // The one gate of authentication: a session exists only once `hello` passed it (the
         // token, the session's secret); workers and hosts prove themselves with their ids.
         if self.client.is_none()
@@ -276,13 +289,30 @@ impl Connection {
             let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
         }
+        if !matches!(
+            request,
+            Request::Hello { .. } | Request::Worker { .. } | Request::Host { .. }
+        ) {
+            match self.authorize(&request) {
+                Ok(Grant::Yes) => {}
+                Ok(Grant::AttachOnly(refusal)) => self.unless_exists = Some(refusal),
+                Err(e) => return self.reply(request.id(), Err(e)),
+            }
+        }
+        if let (Request::Create { args, .. } | Request::Call { args, .. }, Some(who)) = (&mut request, &self.principal)
+        {
+            if let Err(e) = pickles::stamp(args, who) {
+                return self.reply(request.id(), Err(e));
+            }
+        }
         match request {
             Request::Hello {
                 id,
                 client,
+                user,
                 token,
                 secret,
-            } => self.hello(id, client, token, secret),
+            } => self.hello(id, client, user, token, secret),
             Request::Create {
                 id,
                 seq,
@@ -348,7 +378,14 @@ impl Connection {
                 self.reply(id, reply)
             }
             Request::Objects { id, prefix, persistent } => {
-                let reply = self.objects(&prefix, persistent);
+                let mut reply = self.objects(&prefix, persistent);
+                if let (Value::Array(listed), Some(who)) = (&mut reply, &self.principal) {
+                    // Only the names this user may read.
+                    listed.retain(|pair| {
+                        let name = pair.as_array().and_then(|p| p.first()).and_then(Value::as_str);
+                        name.is_some_and(|name| who.allows(Permission::Read, name))
+                    });
+                }
                 self.reply(id, Ok(reply))
             }
             Request::Status { id } => {
@@ -387,8 +424,9 @@ impl Connection {
                 };
                 self.reply(id, reply)
             }
-            Request::Join { id, node, address } => self.change(id, MembershipChange::AddNode { node, address }),
-            Request::Leave { id, node } => self.change(id, MembershipChange::RemoveNode { node }),
+            Request::Acl { id, action, args } => self.acl(id, &action, args),
+            Request::Join { id, node, address } => self.change(id, MetadataChange::AddNode { node, address }),
+            Request::Leave { id, node } => self.change(id, MetadataChange::RemoveNode { node }),
             Request::Adopt {
                 id,
                 type_name,
@@ -556,7 +594,7 @@ impl Connection {
     }
 
     /// `join` or `leave`: a change of the cluster's nodes, answered once proposed.
-    fn change(&mut self, id: u64, change: MembershipChange) {
+    fn change(&mut self, id: u64, change: MetadataChange) {
         if self.shared.cluster.is_none() {
             return self.reply(id, Err(not_clustered()));
         }
@@ -588,7 +626,7 @@ impl Connection {
         match gateway::worker_hello(&self.shared, self.id, secret, runtime) {
             Ok((worker, actions)) => {
                 self.worker = Some(worker);
-                self.reply(id, Ok(hello_reply(&self.shared, false)));
+                self.reply(id, Ok(hello_reply(&self.shared, false, &Principal::default_user())));
                 // The worker reads this reply before its first task.
                 self.flush();
                 gateway::execute(&self.shared, actions);
@@ -652,39 +690,93 @@ impl Connection {
         }
     }
 
-    fn hello(&mut self, id: u64, client: String, token: Option<String>, secret: Option<String>) {
+    fn hello(&mut self, id: u64, client: String, user: Option<String>, token: Option<String>, secret: Option<String>) {
         if self.worker.is_some() || self.host.is_some() {
             let message = "this connection already said 'worker' or 'host'; their hello comes before it";
             return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
         }
-        // With a token configured, nothing runs for a connection that did not give it: data
-        // operations included (a pickled value is code to whoever reads it).
-        if !self.shared.gateway.authorizes(token.as_deref()) {
-            let message = match token {
-                None => "this server needs a token: pass it in hello as \"token\" (the SDK and the spindle command read SPINDLE_TOKEN)",
-                Some(_) => "wrong token",
-            };
-            return self.reply(id, Err(Error::new(ErrorKind::Unauthorized, message)));
-        }
+        // With credentials configured, nothing runs for a connection that did not give them:
+        // data operations included (a pickled value is code to whoever reads it).
+        let generation = self.shared.access.generation();
+        let principal = match self.shared.access.authenticate(user.as_deref(), token.as_deref()) {
+            Ok(principal) => principal,
+            Err(e) => return self.reply(id, Err(e)),
+        };
         if let Err(e) = sessions::check_secret(&client, secret.as_deref()) {
             return self.reply(id, Err(e));
         }
         if let Some(current) = &self.client {
-            if **current != *client {
+            if **current != *client || self.principal.as_ref().is_some_and(|p| p.user != principal.user) {
                 let message = format!("this connection already said hello as client '{current}'");
                 return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
             }
-            return self.reply(id, Ok(hello_reply(&self.shared, true)));
+            return self.reply(id, Ok(hello_reply(&self.shared, true, &principal)));
         }
         let (client, resumed) = self.shared.sessions.open(&client);
-        debug!(conn = self.id, client = &*client, resumed, "hello");
+        debug!(
+            conn = self.id,
+            client = &*client,
+            user = principal.user,
+            resumed,
+            "hello"
+        );
         self.client = Some(client);
-        self.reply(id, Ok(hello_reply(&self.shared, resumed)));
+        self.reply(id, Ok(hello_reply(&self.shared, resumed, &principal)));
+        self.principal = Some(principal);
+        self.generation = generation;
+    }
+
+    /// Whether this connection's user may make `request` now: its rules are read again after
+    /// any change of the users and roles (a removed user can do nothing more).
+    fn authorize(&mut self, request: &Request) -> Result<Grant, Error> {
+        let generation = self.shared.access.generation();
+        if generation != self.generation {
+            let user = self.principal.as_ref().map(|p| p.user.clone()).unwrap_or_default();
+            self.principal = self.shared.access.principal(&user);
+            self.generation = generation;
+        }
+        match &self.principal {
+            Some(who) => access::permit(who, request),
+            None => Err(Error::new(
+                ErrorKind::Unauthorized,
+                "this connection's user was removed",
+            )),
+        }
+    }
+
+    /// `acl`: show or change the users and roles (all but `whoami` need admin, which
+    /// `authorize` checked). A change takes effect on every node once applied.
+    fn acl(&mut self, id: u64, action: &str, args: Vec<(String, Value)>) {
+        let who = self.principal.as_ref().map(|p| p.user.clone()).unwrap_or_default();
+        let change = match acl_change(action, &args) {
+            Ok(Some(change)) => change,
+            Ok(None) => {
+                let reply = match action {
+                    "whoami" => Ok(Value::Map(vec![("user".into(), who.as_str().into())])),
+                    "users" => Ok(self.shared.access.list_users()),
+                    _ => Ok(self.shared.access.list_roles()),
+                };
+                return self.reply(id, reply);
+            }
+            Err(e) => return self.reply(id, Err(e)),
+        };
+        info!(conn = self.id, user = who, peer = %self.peer, "users and roles: {}", describe(&change));
+        let Some(_) = &self.shared.cluster else {
+            let reply = self
+                .shared
+                .access
+                .check(&change)
+                .and_then(|()| self.shared.access.apply(change))
+                .map(|()| Value::Boolean(true));
+            return self.reply(id, reply);
+        };
+        self.change(id, MetadataChange::Acl(change));
     }
 
     /// Run an object operation on its shard, in this task (`seq` and `acked`: see
     /// `Partition::apply`). `code` is the class's code for a `create` of a user-defined type.
     fn apply(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op, code: Option<&Arc<Vec<u8>>>) {
+        let unless_exists = self.unless_exists.take();
         let Some(client) = self.client.clone() else {
             return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
         };
@@ -700,6 +792,9 @@ impl Connection {
         let applied = shared.shards.with(index, |s| {
             if !s.serving() {
                 return Err(redirect(shared, index));
+            }
+            if let Some(refusal) = unless_exists.filter(|_| s.partition.type_of(op.key()).is_none()) {
+                return Err(refusal);
             }
             s.calls += 1;
             if let (
@@ -781,7 +876,9 @@ impl Connection {
 
     fn reply(&mut self, id: u64, reply: Reply) {
         match &reply {
-            Err(e) if e.kind == ErrorKind::Unauthorized => self.shared.audit.refused(self.peer.ip(), &e.message),
+            Err(e) if matches!(e.kind, ErrorKind::Unauthorized | ErrorKind::PermissionDenied) => {
+                self.shared.audit.refused(self.peer.ip(), &e.message)
+            }
             Err(e) => log_error_reply(self.id, id, e),
             Ok(_) => {}
         }
@@ -865,8 +962,9 @@ fn not_clustered() -> Error {
 /// The optional operands `hello` lists: `acked` on `call` and `create`.
 const FEATURES: &[&str] = &["acked"];
 
-fn hello_reply(shared: &Shared, resumed: bool) -> Value {
+fn hello_reply(shared: &Shared, resumed: bool, principal: &Principal) -> Value {
     let mut fields = vec![
+        (Value::from("user"), Value::from(principal.user.as_str())),
         (Value::from("server"), Value::from("spindle")),
         (Value::from("version"), Value::from(crate::VERSION)),
         (Value::from("protocol"), Value::from(PROTOCOL_VERSION)),
@@ -892,5 +990,65 @@ async fn discard_input(reader: &mut OwnedReadHalf) {
         if n == 0 {
             break;
         }
+    }
+}
+
+/// The change an `acl` action asks for (`None` for the actions that only show).
+fn acl_change(action: &str, args: &[(String, Value)]) -> Result<Option<Change>, Error> {
+    let field = |name: &str| args.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+    let text = |name: &str| match field(name).and_then(Value::as_str) {
+        Some(s) => Ok(s.to_string()),
+        None => Err(Error::bad_args(format!("acl {action}: \"{name}\" must be a str"))),
+    };
+    let texts = |name: &str| -> Result<Vec<String>, Error> {
+        let items = field(name).and_then(Value::as_array);
+        let items = items.ok_or_else(|| Error::bad_args(format!("acl {action}: \"{name}\" must be a list of str")))?;
+        items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Error::bad_args(format!("acl {action}: \"{name}\" must be a list of str")))
+    };
+    Ok(Some(match action {
+        "whoami" | "users" | "roles" => return Ok(None),
+        "set_user" => {
+            let token = text("token")?;
+            if token.chars().count() < MIN_CREDENTIAL_LEN {
+                return Err(Error::value(format!(
+                    "a user's token or password has {MIN_CREDENTIAL_LEN} characters at least"
+                )));
+            }
+            Change::SetUser {
+                name: text("name")?,
+                user: crate::acl::User {
+                    hash: access::hash_credential(&token)?,
+                    roles: texts("roles")?,
+                },
+            }
+        }
+        "remove_user" => Change::RemoveUser { name: text("name")? },
+        "set_role" => Change::SetRole {
+            name: text("name")?,
+            rules: texts("rules")?,
+        },
+        "remove_role" => Change::RemoveRole { name: text("name")? },
+        other => {
+            return Err(Error::bad_args(format!(
+            "unknown acl action '{other}' (known: whoami, users, roles, set_user, remove_user, set_role, remove_role)"
+        )))
+        }
+    }))
+}
+
+/// Shorter than this, a password is a guess away.
+const MIN_CREDENTIAL_LEN: usize = 12;
+
+/// A change as the log shows it (never a credential or its hash).
+fn describe(change: &Change) -> String {
+    match change {
+        Change::SetUser { name, user } => format!("set user '{name}' with roles {:?}", user.roles),
+        Change::RemoveUser { name } => format!("removed user '{name}'"),
+        Change::SetRole { name, rules } => format!("set role '{name}' to {rules:?}"),
+        Change::RemoveRole { name } => format!("removed role '{name}'"),
     }
 }

@@ -1,8 +1,10 @@
 //! The Spindle state server: accepts connections, runs calls on sharded partitions,
 //! parks and wakes waiters, and ends sessions.
 //!
-//! Layout: [`config`] (settings), `connection` (per-client reader and writer), `audit`
-//! (refusals, logged without flooding),
+//! Layout: [`config`] (settings), `connection` (per-client reader and writer), `acl` (users,
+//! roles and permissions: a pure state machine), `access` (credentials, and what each
+//! request needs), `pickles` (stamping pickles with their writer), `audit` (refusals, logged
+//! without flooding),
 //! `shards` (partitions behind mutexes, timers, `keep`), `registry` (reply routing),
 //! `sessions` (session lifetimes), `status` (counters and the `status` reply), `gateway`
 //! (functions: the worker pool and invocations), `hosts` (user-defined objects: their classes
@@ -10,6 +12,8 @@
 //! Python child processes), `cluster` (cluster mode: every shard a Raft group, see
 //! docs/cluster.md).
 
+mod access;
+mod acl;
 mod audit;
 mod cluster;
 pub mod config;
@@ -17,6 +21,7 @@ mod connection;
 mod gateway;
 mod hosts;
 mod journal;
+mod pickles;
 mod process;
 mod registry;
 mod sessions;
@@ -55,6 +60,8 @@ pub(crate) struct Shared {
     pub(crate) stats: status::Stats,
     /// Refused requests, logged once a minute per client.
     pub(crate) audit: audit::Audit,
+    /// Credentials, users and roles.
+    pub(crate) access: Arc<access::Access>,
     pub(crate) gateway: gateway::Gateway,
     pub(crate) hosts: hosts::Hosts,
     /// This node's part in a cluster (`--node-id`).
@@ -103,6 +110,14 @@ impl Server {
             };
             reachable.set_ip(loopback);
         }
+        // A cluster keeps its users and roles in its metadata group, a single server in its
+        // data directory.
+        let acl_dir = config.data_dir.as_deref().filter(|_| config.cluster.is_none());
+        let access = Arc::new(access::Access::open(
+            config.functions.token.as_deref(),
+            config.cluster_key(),
+            acl_dir,
+        )?);
         let (cluster, replicas, drivers) = match (&config.cluster, &config.data_dir) {
             (Some(settings), Some(dir)) => {
                 let advertised = settings.advertise.clone().unwrap_or_else(|| reachable.to_string());
@@ -113,12 +128,14 @@ impl Server {
                     config.partitions,
                     config.fsync,
                     config.snapshot_after,
+                    access.clone(),
                 )?;
                 (Some(p.cluster), p.replicas, p.drivers)
             }
             _ => (None, Vec::new(), Vec::new()),
         };
         let shared = Arc::new(Shared {
+            access,
             cluster,
             shards: shards::Shards::new(config.partitions),
             registry: registry::Registry::new(),
@@ -213,8 +230,8 @@ async fn cluster_shards(config: &Config, dir: &std::path::Path) -> io::Result<Op
     if dir.join("raft").exists() {
         return Ok(None); // A member already: its logs say which shards it has.
     }
-    let token = config.functions.token.as_deref();
-    let map = cluster::peers_request(seed, token, vec!["cluster".into()])
+    let key = config.cluster_key().unwrap_or_default();
+    let map = cluster::peers_request(seed, key, vec!["cluster".into()])
         .await
         .map_err(|e| io::Error::other(format!("cannot join through {seed}: {}", e.message)))?;
     let shards = match &map {

@@ -110,7 +110,7 @@ pub(crate) struct Launch<'a> {
     pub(crate) id_var: &'a str,
     pub(crate) id: u64,
     pub(crate) address: &'a str,
-    pub(crate) token: Option<&'a str>,
+    pub(crate) token: &'a str,
     pub(crate) max_frame: usize,
     pub(crate) stdout: Stdio,
     pub(crate) stderr: Stdio,
@@ -141,10 +141,9 @@ pub(crate) fn spawn(table: &Table, launch: Launch) -> io::Result<(Child, Arc<Pro
         // children itself; it must not crash calls in flight.
         .process_group(0)
         .kill_on_drop(true);
-    match launch.token {
-        Some(token) => command.env("SPINDLE_TOKEN", token),
-        None => command.env_remove("SPINDLE_TOKEN"),
-    };
+    // The server's own token (the default user's): never a user's, from the server's
+    // environment.
+    command.env("SPINDLE_TOKEN", launch.token).env_remove("SPINDLE_USER");
     if launch.subreaper {
         // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours; the flag
         // survives the exec.

@@ -28,6 +28,7 @@ from ..codec import unpackb
 from ..errors import (
     FunctionTimeout,
     ServerUnavailable,
+    UntrustedValue,
     WorkerCrashed,
     error_from_reply,
     remote_exception,
@@ -181,7 +182,8 @@ class Invoker:
     def __init__(self, client: "_client_mod.Client") -> None:
         self.address = client.address
         self.pid = os.getpid()
-        self._conn = Connection(client.host, client.port, client.session, 1, client.token)
+        self._conn = Connection(client.host, client.port, client.session, 1, client.token,
+                                user=client.user)
         self._ids = itertools.count(2)
         self._pending: Dict[int, Callable[[List[Any]], None]] = {}
         self._lock = threading.Lock()
@@ -242,7 +244,12 @@ class Invoker:
         )
         try:
             while True:
-                reply = unpackb(conn.read_body())
+                try:
+                    reply = unpackb(conn.read_body())
+                except UntrustedValue as exc:  # read whole: the stream is in step
+                    if exc.value is None:
+                        continue
+                    reply = exc.value
                 rid = reply[0]
                 if rid == 0 and reply[1] == 1:  # a frame the server could not read
                     error = error_from_reply(reply[2])

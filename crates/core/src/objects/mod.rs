@@ -98,6 +98,31 @@ pub fn create(type_name: &str, args: &[Value]) -> Result<Box<dyn Object>, Error>
     })
 }
 
+/// Whether `method` of `type_name` only reads (a reader may call it: see the server's
+/// permissions). Unknown types and methods, user-defined ones included, count as writes.
+pub fn is_read(type_name: &str, method: &str) -> bool {
+    match type_name {
+        "Counter" | "Value" => method == "get",
+        "Dict" => dict::is_read(method),
+        "SortedDict" => dict::is_read(method) || matches!(method, "range" | "first" | "last" | "most_common"),
+        "List" => matches!(
+            method,
+            "len" | "getitem" | "getslice" | "index" | "count" | "contains" | "items"
+        ),
+        "Blob" => matches!(method, "get" | "len" | "read"),
+        "Array" => matches!(method, "get" | "shape" | "dtype"),
+        "Lock" => method == "locked",
+        "RLock" => matches!(method, "locked" | "is_owned"),
+        "Semaphore" | "BoundedSemaphore" => method == "value",
+        "Event" => matches!(method, "is_set" | "wait"),
+        "Barrier" => method == "info",
+        "Queue" | "LifoQueue" | "PriorityQueue" => matches!(method, "qsize" | "empty" | "full" | "maxsize" | "join"),
+        "CountDownLatch" => matches!(method, "count" | "wait"),
+        "Future" => matches!(method, "result" | "exception" | "done" | "cancelled" | "running"),
+        _ => false,
+    }
+}
+
 /// The error for a method the type does not have.
 pub fn unknown_method(type_name: &str, method: &str) -> Error {
     Error::new(

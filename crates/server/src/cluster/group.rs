@@ -592,6 +592,7 @@ impl Driver {
             Command::RemoveNode { .. } if meta.nodes.len() == 1 => {
                 return Err(Error::value("the cluster's last node cannot be removed"));
             }
+            Command::Acl(change) => shared.access.check(change)?,
             _ => {}
         }
         self.raw
@@ -1362,6 +1363,9 @@ fn meta_snapshot(meta: &Meta) -> Vec<u8> {
             address: address.clone(),
         };
         commands.push(Value::Binary(add.encode()));
+    }
+    for change in meta.acl.changes() {
+        commands.push(Value::Binary(Command::Acl(change).encode()));
     }
     let mut out = Vec::new();
     rmpv::encode::write_value(&mut out, &Value::Array(commands)).expect("encoding to memory");

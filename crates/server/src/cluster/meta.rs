@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use spindle_core::Value;
 
+use crate::acl::{self, Acl};
+
 /// Voters of the metadata group (the other nodes follow it as learners).
 pub(crate) const META_VOTERS: usize = 3;
 
@@ -20,6 +22,8 @@ pub(crate) struct Meta {
     pub(crate) rf: usize,
     /// The cluster's nodes and their addresses.
     pub(crate) nodes: BTreeMap<u64, String>,
+    /// The cluster's users and roles.
+    pub(crate) acl: Acl,
 }
 
 /// A change to the metadata (an entry of the metadata group).
@@ -28,6 +32,7 @@ pub(crate) enum Command {
     AddNode { node: u64, address: String },
     RemoveNode { node: u64 },
     SetReplicationFactor { rf: usize },
+    Acl(acl::Change),
 }
 
 impl Command {
@@ -38,6 +43,7 @@ impl Command {
             }
             Command::RemoveNode { node } => Value::Array(vec!["remove".into(), (*node).into()]),
             Command::SetReplicationFactor { rf } => Value::Array(vec!["rf".into(), (*rf as u64).into()]),
+            Command::Acl(change) => Value::Array(vec!["acl".into(), change.to_value()]),
         };
         let mut out = Vec::new();
         rmpv::encode::write_value(&mut out, &value).expect("encoding to memory");
@@ -64,6 +70,9 @@ impl Command {
             }),
             Some("remove") => Ok(Command::RemoveNode { node: uint(1)? }),
             Some("rf") => Ok(Command::SetReplicationFactor { rf: uint(1)? as usize }),
+            Some("acl") => Ok(Command::Acl(acl::Change::from_value(
+                items.get(1).ok_or("an acl entry lacks its change")?,
+            )?)),
             _ => Err("an unknown metadata entry".into()),
         }
     }
@@ -79,6 +88,7 @@ impl Meta {
                 self.nodes.remove(&node);
             }
             Command::SetReplicationFactor { rf } => self.rf = rf.max(1),
+            Command::Acl(change) => self.acl.apply(change),
         }
     }
 
@@ -116,6 +126,7 @@ mod tests {
         Meta {
             rf,
             nodes: nodes.iter().map(|&n| (n, format!("h:{n}"))).collect(),
+            acl: Acl::default(),
         }
     }
 
@@ -128,6 +139,7 @@ mod tests {
             },
             Command::RemoveNode { node: 2 },
             Command::SetReplicationFactor { rf: 2 },
+            Command::Acl(acl::Change::RemoveUser { name: "eve".into() }),
         ] {
             assert_eq!(Command::decode(&c.encode()), Ok(c));
         }

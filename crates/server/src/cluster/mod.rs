@@ -34,8 +34,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use group::Event;
-pub(crate) use meta::Command as MembershipChange;
+pub(crate) use meta::Command as MetadataChange;
 
+use crate::access::Access;
 use crate::Shared;
 
 /// `--node-id`, `--join` and `--advertise` of `spindle server`.
@@ -49,6 +50,9 @@ pub struct ClusterConfig {
     pub advertise: Option<String>,
     /// Replicas per shard, for a new cluster (default 3; fewer while there are fewer nodes).
     pub replication_factor: usize,
+    /// What the cluster's nodes authenticate to each other with (`--cluster-key`; the
+    /// server's `--token` when not given): peer operations need it, always.
+    pub key: Option<String>,
 }
 
 /// The largest Raft message (a batch of large entries) a peer sends, in parts, or accepts.
@@ -86,6 +90,8 @@ pub(crate) struct Cluster {
     received: AtomicU64,
     /// Files of snapshots received whole and not yet taken by their group.
     finished: Mutex<std::collections::HashSet<PathBuf>>,
+    /// Where the users and roles the metadata group applies take effect.
+    access: Arc<Access>,
 }
 
 /// What the rest of the server sees of one shard's Raft group.
@@ -210,7 +216,12 @@ impl Cluster {
     }
 
     fn apply_meta(&self, command: meta::Command) {
-        self.meta.lock().unwrap_or_else(|e| e.into_inner()).apply(command);
+        let acl_changed = matches!(command, meta::Command::Acl(_));
+        let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        meta.apply(command);
+        if acl_changed {
+            self.access.set(meta.acl.clone());
+        }
     }
 
     /// Replace the metadata with that rebuilt by `commands` (a metadata snapshot's).
@@ -222,6 +233,7 @@ impl Cluster {
             }
             meta.apply(command);
         }
+        self.access.set(meta.acl.clone());
         *self.meta.lock().unwrap_or_else(|e| e.into_inner()) = meta;
     }
 
@@ -315,7 +327,7 @@ impl Cluster {
     }
 
     /// Ask the metadata group (here: its leader) to add or remove a node.
-    pub(crate) async fn change(&self, change: MembershipChange) -> Result<Value, Error> {
+    pub(crate) async fn change(&self, change: MetadataChange) -> Result<Value, Error> {
         let g = &self.groups[self.meta_group];
         let (reply, answer) = oneshot::channel();
         g.events
@@ -388,8 +400,8 @@ impl Cluster {
 }
 
 /// One request to a node, on a connection of its own (before this node is running).
-pub(crate) async fn peers_request(address: &str, token: Option<&str>, request: Vec<Value>) -> Result<Value, Error> {
-    peers::request(address, "spindle-joining-node", token, request).await
+pub(crate) async fn peers_request(address: &str, key: &str, request: Vec<Value>) -> Result<Value, Error> {
+    peers::request(address, "spindle-joining-node", key, request).await
 }
 
 /// The parts of cluster mode made before the server's shared state exists.
@@ -407,6 +419,7 @@ pub(crate) fn prepare(
     shards: usize,
     fsync: crate::config::Fsync,
     snapshot_after: u64,
+    access: Arc<Access>,
 ) -> std::io::Result<Prepared> {
     if config.node_id == 0 {
         return Err(std::io::Error::other("--node-id must not be 0"));
@@ -469,6 +482,7 @@ pub(crate) fn prepare(
         raft_dir,
         received: AtomicU64::new(0),
         finished: Mutex::default(),
+        access,
     };
     Ok(Prepared {
         cluster,
@@ -512,13 +526,13 @@ pub(crate) fn start(shared: &Arc<Shared>, drivers: Vec<group::Driver>) {
 async fn join(shared: Arc<Shared>) {
     let Some(cluster) = shared.cluster.as_ref() else { return };
     let Some(seed) = cluster.join.clone() else { return };
-    let token = shared.config.functions.token.clone();
+    let key = shared.access.cluster_key().unwrap_or_default().to_string();
     let started = Instant::now();
     let mut target = seed.clone();
     let mut announced = false;
     while !cluster.meta().nodes.contains_key(&cluster.node_id) {
         let request = vec!["join".into(), cluster.node_id.into(), cluster.address.as_str().into()];
-        match peers::request(&target, &cluster.name(), token.as_deref(), request).await {
+        match peers::request(&target, &cluster.name(), &key, request).await {
             Ok(_) => {}
             Err(e) if e.kind == ErrorKind::NotLeader => {
                 // Ask the leader it names next (or the seed again, mid-election).

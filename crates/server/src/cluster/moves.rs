@@ -126,7 +126,7 @@ pub(crate) async fn keep_elsewhere(
         origin.as_str().into(),
         unix_ms(began + MOVE_DEADLINE).into(),
     ];
-    let token = shared.config.functions.token.clone();
+    let cluster_key = shared.access.cluster_key().unwrap_or_default();
     let target = shared.shards.index_of(name);
     let deadline = started + MOVE_DEADLINE;
     let mut address = None;
@@ -137,7 +137,7 @@ pub(crate) async fn keep_elsewhere(
             continue;
         };
         let client = cluster.name();
-        let sent = peers::request(&to, &client, token.as_deref(), request.clone());
+        let sent = peers::request(&to, &client, cluster_key, request.clone());
         let answer = tokio::time::timeout_at(deadline.into(), sent)
             .await
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::Busy, format!("{to} did not answer in time"))));

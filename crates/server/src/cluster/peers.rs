@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
+use crate::acl::NODE_USER;
 use crate::Shared;
 
 /// What a link sends to its peer.
@@ -106,7 +107,13 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
             }
             continue;
         };
-        let mut stream = match open(&address, &cluster.name(), shared.config.functions.token.as_deref()).await {
+        let mut stream = match open(
+            &address,
+            &cluster.name(),
+            shared.access.cluster_key().unwrap_or_default(),
+        )
+        .await
+        {
             Ok(stream) => {
                 info!(node = to, %address, "connected to peer");
                 cluster.peers.set_down(to, false);
@@ -132,7 +139,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                     if !warned {
                         warn!(
                             node = to,
-                            "the peer refused Raft messages: {} (do all nodes have the same --token?)",
+                            "the peer refused Raft messages: {} (do all nodes have the same --cluster-key?)",
                             String::from_utf8_lossy(&buf[..n]).escape_debug()
                         );
                         warned = true;
@@ -323,21 +330,20 @@ fn append_frame(out: &mut Vec<u8>, request: &Value) {
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
-/// Connect to a node and say hello as `client` (with the cluster's token).
-async fn open(address: &str, client: &str, token: Option<&str>) -> Result<TcpStream, Error> {
+/// Connect to a node and say hello as `client`, a node of the cluster (with its key).
+async fn open(address: &str, client: &str, key: &str) -> Result<TcpStream, Error> {
     let unavailable = |e: String| Error::new(ErrorKind::Busy, format!("cannot reach {address}: {e}"));
     let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
         .await
         .map_err(|_| unavailable("timed out".into()))?
         .map_err(|e| unavailable(e.to_string()))?;
     let _ = stream.set_nodelay(true);
-    let mut hello = vec![
+    let hello = vec![
         (Value::from("client"), Value::from(client)),
         (Value::from("protocol"), Value::from(1)),
+        (Value::from("user"), Value::from(NODE_USER)),
+        (Value::from("token"), Value::from(key)),
     ];
-    if let Some(token) = token {
-        hello.push((Value::from("token"), Value::from(token)));
-    }
     let hello = roundtrip(
         &mut stream,
         Value::Array(vec![0.into(), "hello".into(), Value::Map(hello)]),
@@ -388,13 +394,8 @@ fn error_of(result: Value) -> Error {
 }
 
 /// One request to the node at `address` on a connection of its own (joining a cluster).
-pub(crate) async fn request(
-    address: &str,
-    client: &str,
-    token: Option<&str>,
-    request: Vec<Value>,
-) -> Result<Value, Error> {
-    let mut stream = open(address, client, token).await?;
+pub(crate) async fn request(address: &str, client: &str, key: &str, request: Vec<Value>) -> Result<Value, Error> {
+    let mut stream = open(address, client, key).await?;
     let mut items = vec![Value::from(1)];
     items.extend(request);
     tokio::time::timeout(REPLY_TIMEOUT, roundtrip(&mut stream, Value::Array(items)))
@@ -411,7 +412,7 @@ mod tests {
         // Like a paused node: the kernel completes the connection, nobody reads it.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let opened = tokio::time::timeout(Duration::from_secs(60), open(&address, "test", None)).await;
+        let opened = tokio::time::timeout(Duration::from_secs(60), open(&address, "test", "key")).await;
         let error = opened.expect("open waited on a peer that never answers").unwrap_err();
         assert_eq!(error.kind, ErrorKind::Busy);
         assert!(error.message.contains("no answer to hello"), "{}", error.message);

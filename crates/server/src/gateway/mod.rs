@@ -18,7 +18,7 @@ use spindle_core::{ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use tokio::sync::Notify;
 
 use crate::config::FunctionsConfig;
-use crate::process::{constant_time_eq, kill_descendants, Exit, Table};
+use crate::process::{kill_descendants, Exit, Table};
 use crate::Shared;
 pub(crate) use pool::WorkerId;
 use pool::{Action, Counts, Invocation, Limits, Pool};
@@ -109,15 +109,6 @@ impl Gateway {
     /// Invocations answered so far.
     pub(crate) fn completed(&self) -> u64 {
         self.with_pool(|p| p.completed)
-    }
-
-    /// Whether `token` (from `hello`) lets a session invoke.
-    pub(crate) fn authorizes(&self, token: Option<&str>) -> bool {
-        match (&self.config.token, token) {
-            (None, _) => true,
-            (Some(wanted), Some(given)) => constant_time_eq(wanted.as_bytes(), given.as_bytes()),
-            (Some(_), None) => false,
-        }
     }
 }
 

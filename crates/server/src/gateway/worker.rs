@@ -92,7 +92,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
             id_var: "SPINDLE_WORKER_ID",
             id,
             address: &shared.worker_address,
-            token: gateway.config.token.as_deref(),
+            token: shared.access.server_token(),
             max_frame: shared.config.max_frame,
             stdout: Stdio::from(capture.stdout.try_clone()?),
             stderr: Stdio::from(capture.stderr.try_clone()?),

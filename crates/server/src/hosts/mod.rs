@@ -44,7 +44,6 @@ pub(crate) struct Hosts {
     /// Defined classes by type name; one version per type at a time.
     classes: RwLock<HashMap<String, Class>>,
     python: PathBuf,
-    token: Option<String>,
     /// The deadline the timer task sleeps until.
     armed: Mutex<Option<Instant>>,
     /// Wakes the timer task when a deadline earlier than the armed one appears.
@@ -67,7 +66,6 @@ impl Hosts {
                 .python
                 .clone()
                 .unwrap_or_else(|| config.functions.python.clone()),
-            token: config.functions.token.clone(),
             armed: Mutex::new(None),
             timer: Notify::new(),
         }
@@ -240,7 +238,7 @@ fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
             id_var: "SPINDLE_HOST_ID",
             id,
             address: &shared.worker_address,
-            token: hosts.token.as_deref(),
+            token: shared.access.server_token(),
             max_frame: shared.config.max_frame,
             // A host's prints and tracebacks belong in the server's log, capped (output.rs).
             stdout: Stdio::piped(),
