@@ -23,7 +23,6 @@ import argparse
 import multiprocessing
 import random
 import shutil
-import ssl
 import statistics
 import subprocess
 import tempfile

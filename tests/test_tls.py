@@ -12,7 +12,6 @@ import socket
 import ssl
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator, List, Optional
 
