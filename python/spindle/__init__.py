@@ -8,6 +8,10 @@ hits = spindle.Counter()          # unnamed: lives as long as this program's ses
 words = spindle.Dict(name="words")  # named: found by name from any program
 ```
 
+A server that speaks TLS is reached with its CA: ``$SPINDLE_TLS_CA`` (and
+``$SPINDLE_TLS_CERT``/``$SPINDLE_TLS_KEY`` for a client certificate), or
+``spindle.connect(address, tls="ca.pem")`` (or ``tls=spindle.tls_context(...)``).
+
 Porting a threaded program is a change of imports: every constructor takes the positional
 arguments of its standard-library twin, ``name=`` is keyword-only, and errors are the
 exceptions the program already catches (``queue.Empty``, ``threading.BrokenBarrierError``,
@@ -24,7 +28,7 @@ when the previous holder died while holding the lock (a dead holder's ``Semaphor
 are given back silently).
 """
 
-from .client import Client, connect, disconnect
+from .client import Client, connect, disconnect, tls_context
 from .codec import trust
 from .compute import Executor, Invocation, Thread, parallel_for
 from .data import Array, Blob, Counter, Dict, List, SortedDict, Value
@@ -40,6 +44,7 @@ from .errors import (
     ServerUnavailable,
     SpindleError,
     StorageError,
+    TLSError,
     TypeMismatch,
     Unauthorized,
     UnknownMethod,
@@ -98,6 +103,7 @@ __all__ = [
     "SortedDict",
     "SpindleError",
     "StorageError",
+    "TLSError",
     "Thread",
     "TypeMismatch",
     "Unauthorized",
@@ -116,6 +122,7 @@ __all__ = [
     "parallel_for",
     "shared",
     "status",
+    "tls_context",
     "trust",
 ]
 

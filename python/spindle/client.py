@@ -17,13 +17,14 @@ import itertools
 import os
 import select
 import socket
+import ssl
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from .codec import packb, set_user, unpackb
-from .errors import ObjectLost, ServerUnavailable, Unauthorized, UntrustedValue, error_from_reply
+from .errors import ObjectLost, ServerUnavailable, TLSError, Unauthorized, UntrustedValue, error_from_reply
 from .sessions import new_secret, session_id, unnamed_key
 from .embedded import EmbeddedServer
 
@@ -53,6 +54,40 @@ def shard_of(key: str, shards: int) -> int:
     return h % shards
 
 
+# What ``connect(tls=...)`` takes: a CA file, True (the system's CAs), False (plaintext), a
+# context, or None (the environment decides).
+TLSOption = Union[None, bool, str, "os.PathLike[str]", ssl.SSLContext]
+
+
+def tls_context(
+    ca: Optional[str] = None, cert: Optional[str] = None, key: Optional[str] = None
+) -> ssl.SSLContext:
+    """A TLS context for a Spindle server: trust the CA certificates in the file ``ca`` (the
+    system's when None), and present the client certificate ``cert`` with its ``key`` (for
+    servers with ``--tls-client-ca``). The server's certificate must name the host connected to."""
+    context = ssl.create_default_context(cafile=ca)
+    if cert or key:
+        if not (cert and key):
+            raise ValueError("a client certificate needs both cert and key (SPINDLE_TLS_CERT, SPINDLE_TLS_KEY)")
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def resolve_tls(tls: TLSOption = None) -> Optional[ssl.SSLContext]:
+    """The context ``tls`` asks for; for None, ``$SPINDLE_TLS_CA`` (its presence means TLS),
+    ``$SPINDLE_TLS_CERT`` and ``$SPINDLE_TLS_KEY``."""
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    env = os.environ.get
+    if tls is None:
+        ca = env("SPINDLE_TLS_CA")
+        return tls_context(ca, env("SPINDLE_TLS_CERT"), env("SPINDLE_TLS_KEY")) if ca else None
+    if tls is False:
+        return None
+    ca = None if tls is True else os.fspath(tls)
+    return tls_context(ca, env("SPINDLE_TLS_CERT"), env("SPINDLE_TLS_KEY"))
+
+
 def parse_address(address: str) -> Tuple[str, int]:
     """``"host:port"`` (or ``"[v6]:port"``) as ``(host, port)``."""
     host, sep, port = address.rpartition(":")
@@ -71,6 +106,7 @@ class Connection:
     def __init__(
         self, host: str, port: int, secret: str, hello_id: int, token: Optional[str] = None,
         timeout: Optional[float] = None, user: Optional[str] = None,
+        tls: Optional[ssl.SSLContext] = None,
     ) -> None:
         # The hello, too, must be answered promptly: a paused node accepts connections (the
         # kernel does) but never answers them. ``timeout`` then applies to every read.
@@ -80,12 +116,23 @@ class Connection:
         self.buf = b""
         self.sent = self.intact = True
         try:
+            if tls is not None:
+                # The handshake, within the timeout; the certificate must name ``host``.
+                self.sock = sock = tls.wrap_socket(sock, server_hostname=host)
             hello = {"client": session_id(secret), "secret": secret, "protocol": PROTOCOL}
             if token:
                 hello["token"] = token
             if user:
                 hello["user"] = user
             reply = self.roundtrip(frame([hello_id, "hello", hello]), hello_id)
+        except ssl.SSLError as exc:
+            sock.close()
+            # A refused client certificate shows only on the first read (TLS 1.3).
+            raise TLSError(
+                f"TLS with {host}:{port} failed: {exc} (does the server speak TLS? is "
+                "SPINDLE_TLS_CA the CA that signed its certificate? does it want a client "
+                "certificate: SPINDLE_TLS_CERT and SPINDLE_TLS_KEY?)"
+            ) from exc
         except BaseException:
             sock.close()
             raise
@@ -232,7 +279,8 @@ class Presence:
             host, port = parse_address(node)
             try:
                 self.conns[(session, node)] = Connection(host, port, session, 1, client.token,
-                                                         timeout=PRESENCE_INTERVAL, user=client.user)
+                                                         timeout=PRESENCE_INTERVAL, user=client.user,
+                                                         tls=client.tls)
             except Exception:  # down, or refusing: try again on the next check
                 pass
 
@@ -348,7 +396,9 @@ class Client:
     resends the call (same ``seq``, so it applies once) until a new leader answers.
     """
 
-    def __init__(self, address: str, server: Optional[EmbeddedServer] = None) -> None:
+    def __init__(
+        self, address: str, server: Optional[EmbeddedServer] = None, tls: TLSOption = None
+    ) -> None:
         self.address = address
         self.nodes = [a.strip() for a in address.split(",") if a.strip()] or [DEFAULT_ADDRESS]
         self.host, self.port = parse_address(self.nodes[0])
@@ -361,6 +411,7 @@ class Client:
         self.token = os.environ.get("SPINDLE_TOKEN") or None
         # Who this client is to the server (``None``: the default user, with the token).
         self.user = os.environ.get("SPINDLE_USER") or None
+        self.tls = resolve_tls(tls)
         # (type, version) of the user-defined classes this client has sent with `define`.
         self.defined: Set[Tuple[str, str]] = set()
         self._new_session()
@@ -497,7 +548,7 @@ class Client:
         ``timeout``; ``None`` if the node does not answer or refuses."""
         try:
             conn = Connection(*parse_address(node), self.session, next(self._seq), self.token,
-                              timeout=timeout, user=self.user)
+                              timeout=timeout, user=self.user, tls=self.tls)
         except OSError:
             return None
         try:
@@ -553,8 +604,10 @@ class Client:
                 if routed and len(self.nodes) > 1:
                     moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn)
                 reply = conn.roundtrip(data, req_id, moved)
-            except (Unauthorized, UntrustedValue):  # PermissionErrors, so OSErrors, but final:
-                raise  # a refused hello; a reply read whole holding a pickle not unpickled
+            # PermissionErrors and the like, so OSErrors, but final: a refused hello or
+            # handshake; a reply read whole holding a pickle not unpickled.
+            except (Unauthorized, TLSError, UntrustedValue):
+                raise
             except OSError as exc:  # connection lost (or refused): reconnect and resend
                 failed = conn.address if conn is not None else (address or self.nodes[0])
                 if conn is not None:
@@ -691,7 +744,7 @@ class Client:
         state = state or self._state
         host, port = parse_address(address) if address is not None else (self.host, self.port)
         conn = Connection(host, port, state.secret, next(state.calls.numbers), self.token,
-                          user=self.user)
+                          user=self.user, tls=self.tls)
         if address is None:
             state.local.conn = conn
         else:
@@ -772,7 +825,7 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def connect(address: Optional[str] = None, *, embedded: bool = True) -> Client:
+def connect(address: Optional[str] = None, *, embedded: bool = True, tls: TLSOption = None) -> Client:
     """Connect this process to a Spindle server and return the client.
 
     The address is ``address``, else ``$SPINDLE_ADDRESS``, else ``127.0.0.1:7070``. If nothing
@@ -781,10 +834,17 @@ def connect(address: Optional[str] = None, *, embedded: bool = True) -> Client:
     child processes find it; with ``embedded=False`` that is a :class:`ServerUnavailable`
     instead (the server's own workers and hosts must never start a server of their own).
     Calling it again returns the same client.
+
+    ``tls`` reaches a server that speaks TLS: the path of the CA file that signed its
+    certificate, ``True`` for the system's CAs, or an ``ssl.SSLContext`` (see
+    :func:`tls_context`, for a client certificate); ``False`` is plaintext. By default
+    ``$SPINDLE_TLS_CA`` decides (set: TLS with that CA, and the client certificate of
+    ``$SPINDLE_TLS_CERT`` and ``$SPINDLE_TLS_KEY`` when set). The embedded server is plaintext,
+    so a client asking for TLS never starts one.
     """
     global _client
     with _connect_lock:
-        if _client is not None and (address is None or address == _client.address):
+        if _client is not None and (address is None or address == _client.address) and tls is None:
             return _client
         if _client is not None:
             disconnect()
@@ -796,7 +856,7 @@ def connect(address: Optional[str] = None, *, embedded: bool = True) -> Client:
             if not any(_listening(*parse_address(n)) for n in nodes):
                 raise ServerUnavailable(f"no node of the spindle cluster at {address} is available")
         elif not _listening(host, port):
-            if host not in _LOCAL_HOSTS or not embedded:
+            if host not in _LOCAL_HOSTS or not embedded or resolve_tls(tls) is not None:
                 raise ServerUnavailable(f"spindle server at {address} is unavailable")
             try:
                 server = EmbeddedServer(host, port)
@@ -805,7 +865,7 @@ def connect(address: Optional[str] = None, *, embedded: bool = True) -> Client:
             except ServerUnavailable:
                 if not _listening(host, port):  # lost a race with another starter?
                     raise
-        client = Client(address, server)
+        client = Client(address, server, tls)
         client.ping()
         os.environ["SPINDLE_ADDRESS"] = address
         _client = client

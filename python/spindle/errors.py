@@ -138,6 +138,13 @@ class UntrustedValue(SpindleError, PermissionError):
         return (type(self), (self.writer, self.args[0] if self.args else None))
 
 
+class TLSError(SpindleError, ConnectionError):
+    """A TLS connection to the server failed: its certificate is not signed by the CA the
+    client trusts (``$SPINDLE_TLS_CA``), it does not name the host, the server wants a client
+    certificate (``$SPINDLE_TLS_CERT``, ``$SPINDLE_TLS_KEY``), or it does not speak TLS.
+    Final: the call is not retried."""
+
+
 class StorageError(SpindleError, OSError):
     """The server could not write its op log (disk full, an I/O error): the call's change to a
     persistent object is not durable, and that object's partition refuses persistent writes

@@ -256,7 +256,7 @@ def announce(address: str, role: str, info: Dict[str, Any]) -> Connection:
     client = spindle.connect(address, embedded=False)
     host, port = parse_address(address)
     conn = Connection(host, port, client.session, next(client._seq), client.token,
-                      user=client.user)
+                      user=client.user, tls=client.tls)
     hello_id = next(client._seq)
     reply = conn.roundtrip(_frame([hello_id, role, info]), hello_id)
     if reply[1] != 0:

@@ -1,9 +1,13 @@
 //! A small blocking client: `spindle status` and `spindle objects`, and the shell's object
 //! commands (`counter -n c increment`), one short-lived connection per process.
 
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 use spindle_core::Value;
 use spindle_proto::{read_frame, write_frame};
@@ -39,8 +43,112 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// The TLS flags of the commands that connect; each defaults to its environment variable,
+/// which every other command (`spindle sh`, the object commands) reads too.
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct TlsArgs {
+    /// Connect with TLS, trusting the CA certificates in FILE [default: $SPINDLE_TLS_CA].
+    #[arg(long, env = "SPINDLE_TLS_CA", value_name = "FILE")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// Present this client certificate, for servers with --tls-client-ca [default:
+    /// $SPINDLE_TLS_CERT].
+    #[arg(long, env = "SPINDLE_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The client certificate's private key [default: $SPINDLE_TLS_KEY].
+    #[arg(long, env = "SPINDLE_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+}
+
+/// This process's TLS settings: set once from the flags, else read from the environment.
+static TLS: OnceLock<Result<Option<Arc<ClientConfig>>, String>> = OnceLock::new();
+
+/// Use these TLS settings for every connection of this process (call before connecting).
+pub(crate) fn use_tls(args: &TlsArgs) {
+    let _ = TLS.set(load_tls(args));
+}
+
+fn tls() -> Result<Option<Arc<ClientConfig>>, String> {
+    TLS.get_or_init(|| {
+        let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        load_tls(&TlsArgs {
+            tls_ca: var("SPINDLE_TLS_CA"),
+            tls_cert: var("SPINDLE_TLS_CERT"),
+            tls_key: var("SPINDLE_TLS_KEY"),
+        })
+    })
+    .clone()
+}
+
+fn load_tls(args: &TlsArgs) -> Result<Option<Arc<ClientConfig>>, String> {
+    let Some(ca) = &args.tls_ca else {
+        if args.tls_cert.is_some() {
+            return Err(
+                "a client certificate (SPINDLE_TLS_CERT) needs the server's CA too (--tls-ca or SPINDLE_TLS_CA)".into(),
+            );
+        }
+        return Ok(None);
+    };
+    let identity = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (None, None) => None,
+        _ => {
+            return Err(
+                "a client certificate needs both --tls-cert and --tls-key (SPINDLE_TLS_CERT and SPINDLE_TLS_KEY)"
+                    .into(),
+            )
+        }
+    };
+    spindle_server::tls::client_config(ca, identity)
+        .map(|config| Some(Arc::new(config)))
+        .map_err(|e| format!("TLS: {e}"))
+}
+
+/// A connection to a server: plain, or TLS over the socket.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(socket) => socket,
+            Stream::Tls(tls) => tls.get_ref(),
+        }
+    }
+
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.socket().set_read_timeout(timeout)
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(socket) => socket.read(buf),
+            Stream::Tls(tls) => tls.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(socket) => socket.write(buf),
+            Stream::Tls(tls) => tls.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(socket) => socket.flush(),
+            Stream::Tls(tls) => tls.flush(),
+        }
+    }
+}
+
 pub(crate) struct Client {
-    stream: TcpStream,
+    stream: Stream,
     address: String,
     next_id: u64,
     /// The session's call numbers: one attempt per call, so never reused.
@@ -62,8 +170,6 @@ impl Client {
         for address in addresses.split(',').map(str::trim).filter(|a| !a.is_empty()) {
             match open_stream(address) {
                 Ok(stream) => {
-                    let _ = stream.set_read_timeout(Some(TIMEOUT));
-                    let _ = stream.set_nodelay(true);
                     let mut client = Client {
                         stream,
                         address: address.to_string(),
@@ -81,7 +187,10 @@ impl Client {
         }
         Err(match failures.len() {
             0 => format!("bad server address '{addresses}': no address given"),
-            _ => format!("{}; start one with `spindle server`", failures.join("; ")),
+            _ if failures.iter().all(|f| f.starts_with("no Spindle server")) => {
+                format!("{}; start one with `spindle server`", failures.join("; "))
+            }
+            _ => failures.join("; "),
         })
     }
 
@@ -133,9 +242,7 @@ impl Client {
 
     /// Continue the session on the node at `address`.
     fn reconnect(&mut self, address: &str) -> Result<(), String> {
-        let stream = open_stream(address)?;
-        let _ = stream.set_nodelay(true);
-        self.stream = stream;
+        self.stream = open_stream(address)?;
         self.address = address.to_string();
         self.hello()
     }
@@ -161,7 +268,12 @@ impl Client {
             Err(e) => return Err(lost(&e)),
         };
         match reply {
-            Value::Array(mut items) if items.len() == 3 && items[0].as_u64() == Some(id) => {
+            // Id 0: an error about the connection itself (plaintext to a TLS port, say).
+            Value::Array(mut items)
+                if items.len() == 3
+                    && (items[0].as_u64() == Some(id)
+                        || (items[0].as_u64() == Some(0) && items[1].as_u64() == Some(1))) =>
+            {
                 let result = items.pop().unwrap_or(Value::Nil);
                 match items[1].as_u64() {
                     Some(0) => Ok(result),
@@ -437,22 +549,49 @@ impl Client {
     }
 }
 
-/// One server address: the first of its resolved socket addresses that accepts.
-fn open_stream(address: &str) -> Result<TcpStream, String> {
+/// One server address: the first of its resolved socket addresses that accepts, with TLS
+/// when this process uses it (the handshake done, within [`TIMEOUT`]).
+fn open_stream(address: &str) -> Result<Stream, String> {
+    let tls = tls()?;
     let targets = address
         .to_socket_addrs()
         .map_err(|e| format!("bad server address '{address}': {e}"))?;
     let mut last_error = None;
+    let mut socket = None;
     for target in targets {
         match TcpStream::connect_timeout(&target, TIMEOUT) {
-            Ok(stream) => return Ok(stream),
+            Ok(stream) => {
+                socket = Some(stream);
+                break;
+            }
             Err(e) => last_error = Some(e),
         }
     }
-    Err(match last_error {
-        Some(e) => format!("no Spindle server at {address} ({e})"),
-        None => format!("bad server address '{address}': it resolves to nothing"),
-    })
+    let Some(socket) = socket else {
+        return Err(match last_error {
+            Some(e) => format!("no Spindle server at {address} ({e})"),
+            None => format!("bad server address '{address}': it resolves to nothing"),
+        });
+    };
+    let _ = socket.set_nodelay(true);
+    let _ = socket.set_read_timeout(Some(TIMEOUT));
+    let Some(config) = tls else {
+        return Ok(Stream::Plain(socket));
+    };
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let failed = |e: &dyn std::fmt::Display| {
+        format!(
+            "TLS with {address} failed: {e} (does the server speak TLS, and did the CA of --tls-ca / SPINDLE_TLS_CA sign its certificate?)"
+        )
+    };
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| failed(&e))?;
+    let mut conn = ClientConnection::new(config, name).map_err(|e| failed(&e))?;
+    let mut socket = socket;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut socket).map_err(|e| failed(&e))?;
+    }
+    Ok(Stream::Tls(Box::new(StreamOwned::new(conn, socket))))
 }
 
 /// A fresh session secret: 16 bytes from the kernel, in hex (no fallback: a guessable

@@ -70,6 +70,12 @@ enum ClusterCommand {
 }
 
 pub(crate) fn run(args: ClusterArgs) -> Result<(), String> {
+    if let ClusterCommand::Status { address }
+    | ClusterCommand::Add { address, .. }
+    | ClusterCommand::Remove { address, .. } = &args.command
+    {
+        client::use_tls(&address.tls);
+    }
     match args.command {
         ClusterCommand::Local {
             nodes,

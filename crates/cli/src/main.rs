@@ -1,6 +1,7 @@
 //! `spindle`: run a server, run a program against one, or ask a running one for its status
 //! and objects.
 
+mod cert;
 mod client;
 mod cluster;
 mod objects;
@@ -36,7 +37,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a state server (objects and functions) in the foreground.
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Look at a cluster (`status`) or take a node out of it (`remove`).
     Cluster(cluster::ClusterArgs),
     /// Run a Python program against $SPINDLE_ADDRESS, or else against a server started
@@ -72,6 +73,13 @@ enum Command {
     /// Print shell functions that make the shared objects commands (`counter -n c increment`):
     /// eval "$(spindle shell-env)".
     ShellEnv,
+    /// Make a development CA and certificates for TLS in DIR: ca.pem and ca-key.pem (the CA),
+    /// server.pem and server-key.pem (for `spindle server --tls-cert/--tls-key`, valid for
+    /// localhost, 127.0.0.1, ::1 and each --name; nodes of a cluster also present it to each
+    /// other), client.pem and client-key.pem (a client certificate, for servers with
+    /// --tls-client-ca). Key files are readable by their owner only; existing files are
+    /// never overwritten.
+    Cert(cert::CertArgs),
 }
 
 #[derive(Args)]
@@ -85,6 +93,21 @@ struct ServerArgs {
     /// Serve an interface beyond loopback in plaintext (without TLS).
     #[arg(long)]
     insecure: bool,
+    /// Speak TLS on the port (only TLS), with this certificate chain (PEM, leaf first;
+    /// `spindle cert` makes one for development).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: every client (peer nodes, workers and object hosts included) must present
+    /// a certificate signed by this CA (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// The CA that signed the nodes' certificates (PEM): this node verifies its peers with
+    /// it, and its workers and object hosts verify it [default: --tls-client-ca].
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
     /// Number of object partitions [default: number of cores].
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     partitions: Option<u16>,
@@ -251,6 +274,8 @@ pub(crate) struct AddressArg {
     /// Server address [default: $SPINDLE_ADDRESS or 127.0.0.1:7070].
     #[arg(long, env = "SPINDLE_ADDRESS", default_value = DEFAULT_ADDRESS)]
     pub(crate) address: String,
+    #[command(flatten)]
+    pub(crate) tls: client::TlsArgs,
 }
 
 // Each call allocates and frees small buffers (its frame, its op-log record, its reply) on
@@ -276,20 +301,27 @@ fn main() -> ExitCode {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     let result = match cli.command {
-        Command::Server(args) => return run_server(args),
+        Command::Server(args) => return run_server(*args),
         Command::Run(args) => return run::run(args),
         Command::Sh(args) => return sh::run(args),
-        Command::Status(AddressArg { address }) => client::status(&address),
+        Command::Status(address) => {
+            client::use_tls(&address.tls);
+            client::status(&address.address)
+        }
         Command::User(args) => users::user(args),
         Command::Role(args) => users::role(args),
         Command::Objects {
             prefix,
             persistent,
             address,
-        } => client::objects(&address.address, prefix.as_deref().unwrap_or(""), persistent),
+        } => {
+            client::use_tls(&address.tls);
+            client::objects(&address.address, prefix.as_deref().unwrap_or(""), persistent)
+        }
         Command::Repair { data_dir } => repair(&data_dir),
         Command::Cluster(args) => cluster::run(args),
         Command::ShellEnv => objects::shell_env(),
+        Command::Cert(args) => cert::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -365,7 +397,15 @@ fn run_server(args: ServerArgs) -> ExitCode {
             return ExitCode::from(USAGE);
         }
     };
+    let tls = match tls_config(&args) {
+        Ok(tls) => tls,
+        Err(message) => {
+            eprintln!("spindle: {message}");
+            return ExitCode::from(USAGE);
+        }
+    };
     let config = Config {
+        tls,
         host: args.host,
         port: args.port,
         insecure: args.insecure,
@@ -442,6 +482,21 @@ fn run_server(args: ServerArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// The TLS flags, as absolute paths (workers and object hosts are told them, and may run
+/// elsewhere than the server's directory).
+fn tls_config(args: &ServerArgs) -> Result<Option<spindle_server::config::TlsConfig>, String> {
+    let absolute = |path: &PathBuf| std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()));
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    Ok(Some(spindle_server::config::TlsConfig {
+        cert: absolute(cert)?,
+        key: absolute(key)?,
+        client_ca: args.tls_client_ca.as_ref().map(absolute).transpose()?,
+        ca: args.tls_ca.as_ref().map(absolute).transpose()?,
+    }))
 }
 
 /// `--shared-cores`: a worker that runs out of work after a busy spell (calls arriving in a

@@ -59,6 +59,10 @@ fn run_program(args: RunArgs) -> Result<ExitStatus, String> {
         Some(token) => command.env("SPINDLE_TOKEN", token),
         None => command.env_remove("SPINDLE_TOKEN"),
     };
+    // The server started here is plaintext (on loopback).
+    for var in ["SPINDLE_TLS_CA", "SPINDLE_TLS_CERT", "SPINDLE_TLS_KEY"] {
+        command.env_remove(var);
+    }
     let config = Config {
         host: "127.0.0.1".into(),
         port: 0,

@@ -33,6 +33,29 @@ pub struct Config {
     pub snapshot_after: u64,
     /// Cluster mode (`--node-id`): shards are Raft groups replicated on the cluster's nodes.
     pub cluster: Option<crate::ClusterConfig>,
+    /// TLS on the listening port (`--tls-cert`): then it speaks TLS only.
+    pub tls: Option<TlsConfig>,
+}
+
+/// The TLS flags: PEM files.
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    /// The server's certificate chain, leaf first (`--tls-cert`).
+    pub cert: PathBuf,
+    /// Its private key (`--tls-key`).
+    pub key: PathBuf,
+    /// Clients must present a certificate this CA signed (`--tls-client-ca`): mutual TLS.
+    pub client_ca: Option<PathBuf>,
+    /// The CA that signed the nodes' certificates (`--tls-ca`), which this node's peers,
+    /// workers and object hosts verify with; the client CA when left out.
+    pub ca: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// The CA this server's own clients (peers, workers, hosts) trust.
+    pub fn trusted_ca(&self) -> Option<&Path> {
+        self.ca.as_deref().or(self.client_ca.as_deref())
+    }
 }
 
 /// A snapshot after this much log keeps recovery to about a second of replay.
@@ -137,6 +160,7 @@ impl Default for Config {
             fsync: Fsync::Always,
             snapshot_after: DEFAULT_SNAPSHOT_AFTER,
             cluster: None,
+            tls: None,
         }
     }
 }
@@ -168,10 +192,17 @@ impl Config {
         if self.functions.token.as_deref() == Some("") {
             return Err("the token must not be empty".into());
         }
-        if !self.insecure && !is_loopback(&self.host) {
+        if let Some(tls) = &self.tls {
+            if tls.trusted_ca().is_none() {
+                return Err(crate::tls::MISSING_CA.into());
+            }
+        }
+        // TLS keeps the token and the values private on the way.
+        if !self.insecure && self.tls.is_none() && !is_loopback(&self.host) {
             return Err(format!(
                 "refusing to listen on {} in plaintext: the token and every value would cross the \
-                 network readable by anyone on the path; pass --insecure to serve without TLS",
+                 network readable by anyone on the path; serve TLS (--tls-cert and --tls-key; `spindle cert` \
+                 makes development certificates) or pass --insecure to serve without it",
                 self.host
             ));
         }
@@ -314,6 +345,35 @@ mod tests {
         config.insecure = true;
         assert!(config.check().is_ok());
         assert!(Config::default().check().is_ok());
+    }
+
+    #[test]
+    fn tls_satisfies_the_plaintext_rule_but_not_the_token_rule() {
+        let tls = TlsConfig {
+            cert: "server.pem".into(),
+            key: "server-key.pem".into(),
+            client_ca: None,
+            ca: Some("ca.pem".into()),
+        };
+        let mut config = Config {
+            host: "0.0.0.0".into(),
+            tls: Some(tls.clone()),
+            ..Config::default()
+        };
+        assert!(config.check().unwrap_err().contains("--token"), "TLS is no token");
+        config.functions.token = Some("secret".into());
+        assert!(config.check().is_ok(), "{:?}", config.check());
+        config.tls = Some(TlsConfig {
+            ca: None,
+            ..tls.clone()
+        });
+        assert!(config.check().unwrap_err().contains("--tls-ca"), "workers need the CA");
+        config.tls = Some(TlsConfig {
+            ca: None,
+            client_ca: Some("ca.pem".into()),
+            ..tls
+        });
+        assert!(config.check().is_ok(), "the client CA is the CA");
     }
 
     #[test]

@@ -10,8 +10,7 @@ use spindle_core::objects::user;
 use spindle_core::partition::Op;
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, Request, Split, PROTOCOL_VERSION};
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
@@ -20,7 +19,7 @@ use crate::acl::{Change, Permission, Principal};
 use crate::cluster::{moves, MetadataChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
-use crate::registry::{self, log_error_reply, Outbox};
+use crate::registry::{self, log_error_reply, Outbox, Sink};
 use crate::{pickles, sessions, status, Shared};
 
 /// Read buffer of an idle connection; it grows for large frames and shrinks back after.
@@ -139,18 +138,35 @@ impl Drop for IncomingSnapshot {
     }
 }
 
-/// Serve one accepted connection until it closes.
+/// Serve one accepted connection until it closes: on a TLS port, after its handshake.
 pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%peer, "could not set TCP_NODELAY: {e}");
     }
-    let (mut reader, writer) = stream.into_split();
-    let writer = Arc::new(writer);
-    let outbox = Arc::new(Outbox::new(writer.clone()));
+    match &shared.tls {
+        None => {
+            let (reader, writer) = stream.into_split();
+            let writer = Arc::new(writer);
+            let outbox = Outbox::new(Some(writer.clone()));
+            run(shared, reader, outbox, Sink::Socket(writer), peer).await
+        }
+        Some(tls) => {
+            let Some(stream) = crate::tls::accept(&shared, tls, stream, peer).await else {
+                return;
+            };
+            let (reader, writer) = tokio::io::split(stream);
+            run(shared, reader, Outbox::new(None), Sink::Stream(Box::new(writer)), peer).await
+        }
+    }
+}
+
+/// Serve the connection's requests from `reader`; replies leave through `outbox`, to `sink`.
+async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Outbox, sink: Sink, peer: SocketAddr) {
+    let outbox = Arc::new(outbox);
     let id = shared.registry.register(outbox.clone());
     shared.stats.connections.fetch_add(1, Ordering::Relaxed);
     debug!(conn = id, %peer, "connection opened");
-    let writer_task = tokio::spawn(registry::write_loop(writer, outbox.clone(), id));
+    let writer_task = tokio::spawn(registry::write_loop(sink, outbox.clone(), id));
 
     let mut conn = Connection {
         id,
@@ -190,7 +206,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
 }
 
 impl Connection {
-    async fn read_loop(&mut self, reader: &mut OwnedReadHalf) -> End {
+    async fn read_loop(&mut self, reader: &mut (impl AsyncRead + Unpin)) -> End {
         let max_frame = self.shared.config.max_frame;
         let mut buf: Vec<u8> = Vec::with_capacity(INITIAL_READ_BUFFER);
         let mut start = 0;
@@ -984,7 +1000,7 @@ fn hello_reply(shared: &Shared, resumed: bool, principal: &Principal) -> Value {
     Value::Map(fields)
 }
 
-async fn discard_input(reader: &mut OwnedReadHalf) {
+async fn discard_input(reader: &mut (impl AsyncRead + Unpin)) {
     let mut sink = vec![0u8; 16 * 1024];
     while let Ok(n) = reader.read(&mut sink).await {
         if n == 0 {

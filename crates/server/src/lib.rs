@@ -27,6 +27,7 @@ mod registry;
 mod sessions;
 mod shards;
 mod status;
+pub mod tls;
 
 use std::future::Future;
 use std::io;
@@ -64,6 +65,8 @@ pub(crate) struct Shared {
     pub(crate) access: Arc<access::Access>,
     pub(crate) gateway: gateway::Gateway,
     pub(crate) hosts: hosts::Hosts,
+    /// TLS on the listening port and toward peers (`--tls-cert`).
+    pub(crate) tls: Option<tls::Tls>,
     /// This node's part in a cluster (`--node-id`).
     pub(crate) cluster: Option<cluster::Cluster>,
     /// Where workers connect (the bound address, loopback when bound to every interface).
@@ -88,10 +91,11 @@ impl Server {
                 "a cluster node needs --data-dir (its replicas' Raft logs live there)",
             ));
         }
+        let tls = config.tls.as_ref().map(tls::Tls::load).transpose()?;
         let data_lock = match &config.data_dir {
             Some(dir) => {
                 let lock = spindle_storage::lock_dir(dir)?;
-                if let Some(shards) = cluster_shards(&config, dir).await? {
+                if let Some(shards) = cluster_shards(&config, dir, tls.as_ref()).await? {
                     config.partitions = shards;
                 }
                 config.partitions = journal::partitions(dir, config.partitions)?;
@@ -137,6 +141,7 @@ impl Server {
         let shared = Arc::new(Shared {
             access,
             cluster,
+            tls,
             shards: shards::Shards::new(config.partitions),
             registry: registry::Registry::new(),
             sessions: sessions::Sessions::new(),
@@ -197,6 +202,7 @@ impl Server {
             object_call_timeout = ?shared.config.hosts.call_timeout,
             python = %functions.python.display(),
             token = functions.token.is_some(),
+            tls = shared.tls.is_some(),
             "serving"
         );
         tokio::pin!(shutdown);
@@ -223,7 +229,7 @@ impl Server {
 
 /// A new node joining a cluster takes the cluster's shard count from the node it joins
 /// through (every node splits the keys the same way). `None`: keep the configured count.
-async fn cluster_shards(config: &Config, dir: &std::path::Path) -> io::Result<Option<usize>> {
+async fn cluster_shards(config: &Config, dir: &std::path::Path, tls: Option<&tls::Tls>) -> io::Result<Option<usize>> {
     let Some(seed) = config.cluster.as_ref().and_then(|c| c.join.as_deref()) else {
         return Ok(None);
     };
@@ -231,7 +237,7 @@ async fn cluster_shards(config: &Config, dir: &std::path::Path) -> io::Result<Op
         return Ok(None); // A member already: its logs say which shards it has.
     }
     let key = config.cluster_key().unwrap_or_default();
-    let map = cluster::peers_request(seed, key, vec!["cluster".into()])
+    let map = cluster::peers_request(seed, key, tls, vec!["cluster".into()])
         .await
         .map_err(|e| io::Error::other(format!("cannot join through {seed}: {}", e.message)))?;
     let shards = match &map {

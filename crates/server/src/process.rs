@@ -111,6 +111,8 @@ pub(crate) struct Launch<'a> {
     pub(crate) id: u64,
     pub(crate) address: &'a str,
     pub(crate) token: &'a str,
+    /// The server speaks TLS: the child connects back with it.
+    pub(crate) tls: Option<&'a crate::tls::ChildFiles>,
     pub(crate) max_frame: usize,
     pub(crate) stdout: Stdio,
     pub(crate) stderr: Stdio,
@@ -144,6 +146,16 @@ pub(crate) fn spawn(table: &Table, launch: Launch) -> io::Result<(Child, Arc<Pro
     // The server's own token (the default user's): never a user's, from the server's
     // environment.
     command.env("SPINDLE_TOKEN", launch.token).env_remove("SPINDLE_USER");
+    // Not inherited: the child's TLS is the server's, or none.
+    for var in ["SPINDLE_TLS_CA", "SPINDLE_TLS_CERT", "SPINDLE_TLS_KEY"] {
+        command.env_remove(var);
+    }
+    if let Some(tls) = launch.tls {
+        command.env("SPINDLE_TLS_CA", &tls.ca);
+        if let Some((cert, key)) = &tls.identity {
+            command.env("SPINDLE_TLS_CERT", cert).env("SPINDLE_TLS_KEY", key);
+        }
+    }
     if launch.subreaper {
         // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours; the flag
         // survives the exec.

@@ -7,6 +7,9 @@
 //! writing, with a non-blocking `try_write` (no task hop on the hot path); what the socket
 //! does not take is queued, and the connection's writer task sends the queue, waiting for
 //! the socket to be writable.
+//!
+//! A TLS connection has no direct path: a record written in part cannot be finished without
+//! waiting, so its writer task alone writes, encrypting every batch in one go.
 
 use std::collections::HashMap;
 use std::io;
@@ -14,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use spindle_core::{ConnId, Delivery, Error, ErrorKind};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
@@ -55,11 +59,12 @@ enum Drain {
 }
 
 impl Outbox {
-    /// An outbox whose frames go to `socket`, directly when it is free.
-    pub(crate) fn new(socket: Arc<OwnedWriteHalf>) -> Self {
+    /// An outbox whose frames go to `socket` directly when it is free; without one, every
+    /// frame goes through the writer task.
+    pub(crate) fn new(socket: Option<Arc<OwnedWriteHalf>>) -> Self {
         Outbox {
             state: Mutex::new(OutboxState {
-                socket: Some(socket),
+                socket,
                 ..OutboxState::default()
             }),
             ready: Notify::new(),
@@ -217,13 +222,36 @@ impl Outbox {
     }
 }
 
+/// What a connection's writer task writes to.
+pub(crate) enum Sink {
+    /// A plain socket, which producers also write to directly (the outbox holds it too).
+    Socket(Arc<OwnedWriteHalf>),
+    /// Any other stream (TLS), written by the writer task alone.
+    Stream(Box<dyn AsyncWrite + Send + Unpin>),
+}
+
+impl Sink {
+    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Sink::Socket(socket) => write_all(socket, bytes).await,
+            Sink::Stream(stream) => {
+                stream.write_all(bytes).await?;
+                stream.flush().await
+            }
+        }
+    }
+}
+
+/// How long a closing TLS connection may take to send its `close_notify`.
+const SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Send queued replies until the connection closes; many replies leave in one write.
-pub(crate) async fn write_loop(socket: Arc<OwnedWriteHalf>, outbox: Arc<Outbox>, conn: ConnId) {
+pub(crate) async fn write_loop(mut sink: Sink, outbox: Arc<Outbox>, conn: ConnId) {
     let mut batch = Vec::new();
     loop {
         match outbox.take(&mut batch) {
             Drain::Write => {
-                if let Err(e) = write_all(&socket, &batch).await {
+                if let Err(e) = sink.write_all(&batch).await {
                     tracing::debug!(conn, "write failed, dropping further replies: {e}");
                     outbox.kill();
                     return;
@@ -236,8 +264,14 @@ pub(crate) async fn write_loop(socket: Arc<OwnedWriteHalf>, outbox: Arc<Outbox>,
                 outbox.notify_drained();
             }
             Drain::Wait => outbox.wait_ready().await,
-            // Dropping the last handle of the write half shuts it down (FIN after the data).
-            Drain::Finish => return,
+            // Dropping the last handle of the write half shuts it down (FIN after the data);
+            // a TLS stream says `close_notify` first.
+            Drain::Finish => {
+                if let Sink::Stream(stream) = &mut sink {
+                    let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, stream.shutdown()).await;
+                }
+                return;
+            }
         }
     }
 }
@@ -447,10 +481,10 @@ mod tests {
         let (ours, (theirs, _)) = (ours.unwrap(), theirs.unwrap());
         let (_, write) = ours.into_split();
         let write = Arc::new(write);
-        let outbox = Arc::new(Outbox::new(write.clone()));
+        let outbox = Arc::new(Outbox::new(Some(write.clone())));
         let polls = Arc::new(Polls::default());
         let writer = tokio::spawn(Counted {
-            inner: Box::pin(write_loop(write, outbox.clone(), 1)),
+            inner: Box::pin(write_loop(Sink::Socket(write), outbox.clone(), 1)),
             polls: polls.clone(),
         });
         (outbox, writer, theirs, polls)

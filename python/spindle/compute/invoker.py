@@ -16,6 +16,8 @@ import concurrent.futures
 import itertools
 import os
 import pickle
+import select
+import ssl
 import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -176,6 +178,59 @@ def result_of(report: Dict[str, Any]) -> Any:
     return pickle.loads(report["result"])
 
 
+class SharedTLSSocket:
+    """A TLS socket one thread reads while others send: every use of the TLS session holds a
+    lock, and a reader waits for data outside it (then reads without blocking), so a reader
+    waiting for replies never holds up a sender."""
+
+    def __init__(self, sock: "ssl.SSLSocket") -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def sendall(self, data: bytes) -> None:
+        with self._lock:
+            self._sock.sendall(data)
+
+    def _read(self, read: Callable[[], int]) -> int:
+        while True:
+            if not self._sock.pending():
+                try:
+                    select.select([self._sock], [], [])
+                except ValueError:  # closed meanwhile (fd -1)
+                    raise ConnectionResetError("the connection was closed") from None
+            with self._lock:
+                self._sock.settimeout(0.0)
+                try:
+                    return read()
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    continue  # part of a record, or a record that held no data
+                finally:
+                    self._sock.settimeout(None)
+
+    def recv(self, size: int) -> bytes:
+        data = b""
+
+        def read() -> int:
+            nonlocal data
+            data = self._sock.recv(size)
+            return len(data)
+
+        self._read(read)
+        return data
+
+    def recv_into(self, view: memoryview) -> int:
+        return self._read(lambda: self._sock.recv_into(view))
+
+    def settimeout(self, timeout: Optional[float]) -> None:
+        pass  # the invoker's connection always blocks
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 class Invoker:
     """A process's gateway connection."""
 
@@ -183,7 +238,11 @@ class Invoker:
         self.address = client.address
         self.pid = os.getpid()
         self._conn = Connection(client.host, client.port, client.session, 1, client.token,
-                                user=client.user)
+                                user=client.user, tls=client.tls)
+        if client.tls is not None:
+            # The reader thread and the senders share one TLS session, which must not be
+            # used by two threads at once.
+            self._conn.sock = SharedTLSSocket(self._conn.sock)  # type: ignore[assignment]
         self._ids = itertools.count(2)
         self._pending: Dict[int, Callable[[List[Any]], None]] = {}
         self._lock = threading.Lock()

@@ -400,8 +400,13 @@ impl Cluster {
 }
 
 /// One request to a node, on a connection of its own (before this node is running).
-pub(crate) async fn peers_request(address: &str, key: &str, request: Vec<Value>) -> Result<Value, Error> {
-    peers::request(address, "spindle-joining-node", key, request).await
+pub(crate) async fn peers_request(
+    address: &str,
+    key: &str,
+    tls: Option<&crate::tls::Tls>,
+    request: Vec<Value>,
+) -> Result<Value, Error> {
+    peers::request(address, "spindle-joining-node", key, tls, request).await
 }
 
 /// The parts of cluster mode made before the server's shared state exists.
@@ -532,7 +537,7 @@ async fn join(shared: Arc<Shared>) {
     let mut announced = false;
     while !cluster.meta().nodes.contains_key(&cluster.node_id) {
         let request = vec!["join".into(), cluster.node_id.into(), cluster.address.as_str().into()];
-        match peers::request(&target, &cluster.name(), &key, request).await {
+        match peers::request(&target, &cluster.name(), &key, shared.tls.as_ref(), request).await {
             Ok(_) => {}
             Err(e) if e.kind == ErrorKind::NotLeader => {
                 // Ask the leader it names next (or the seed again, mid-election).

@@ -137,7 +137,7 @@ pub(crate) async fn keep_elsewhere(
             continue;
         };
         let client = cluster.name();
-        let sent = peers::request(&to, &client, cluster_key, request.clone());
+        let sent = peers::request(&to, &client, cluster_key, shared.tls.as_ref(), request.clone());
         let answer = tokio::time::timeout_at(deadline.into(), sent)
             .await
             .unwrap_or_else(|_| Err(Error::new(ErrorKind::Busy, format!("{to} did not answer in time"))));

@@ -1,7 +1,8 @@
-//! Links between the nodes of a cluster: one outgoing TCP connection per peer, carrying Raft
-//! messages as `raft` requests on the peer's ordinary port, and snapshots as `snapshot`
-//! requests streamed from their files. A link that fails drops what it held and reconnects;
-//! Raft resends whatever mattered.
+//! Links between the nodes of a cluster: one outgoing TCP connection per peer (TLS when the
+//! node has a certificate, which it presents as the client's), carrying Raft messages as
+//! `raft` requests on the peer's ordinary port, and snapshots as `snapshot` requests streamed
+//! from their files. A link that fails drops what it held and reconnects; Raft resends
+//! whatever mattered.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -10,12 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spindle_core::{Error, ErrorKind, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::acl::NODE_USER;
+use crate::tls::{Stream, Tls};
 use crate::Shared;
 
 /// What a link sends to its peer.
@@ -107,13 +109,8 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
             }
             continue;
         };
-        let mut stream = match open(
-            &address,
-            &cluster.name(),
-            shared.access.cluster_key().unwrap_or_default(),
-        )
-        .await
-        {
+        let key = shared.access.cluster_key().unwrap_or_default();
+        let stream = match open(&address, &cluster.name(), key, shared.tls.as_ref()).await {
             Ok(stream) => {
                 info!(node = to, %address, "connected to peer");
                 cluster.peers.set_down(to, false);
@@ -128,7 +125,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                 continue;
             }
         };
-        let (mut reader, mut writer) = stream.split();
+        let (mut reader, mut writer) = tokio::io::split(stream);
         // Raft requests are never answered: an answer is an error (a token that differs).
         let outcome = tokio::select! {
             _ = async {
@@ -158,7 +155,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                             Outgoing::Messages(group, messages) => (group, messages),
                             Outgoing::Snapshot(group, message, path) => {
                                 // What is queued goes first, in order.
-                                if let Err(e) = writer.write_all(&out).await {
+                                if let Err(e) = send(&mut writer, &out).await {
                                     return e.to_string();
                                 }
                                 out.clear();
@@ -209,7 +206,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                                 next_id += 1;
                                 // Written as they are made: a large message is not copied whole.
                                 if out.len() >= FRAME_BYTES {
-                                    if let Err(e) = writer.write_all(&out).await {
+                                    if let Err(e) = send(&mut writer, &out).await {
                                         return e.to_string();
                                     }
                                     out.clear();
@@ -224,7 +221,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                             next = rx.try_recv().ok();
                         }
                     }
-                    if let Err(e) = writer.write_all(&out).await {
+                    if let Err(e) = send(&mut writer, &out).await {
                         return e.to_string();
                     }
                     out.clear();
@@ -247,7 +244,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
 /// frame's first items). A file that is gone (pruned meanwhile) sends nothing: Raft asks
 /// again. Fails, ending the link, when the file breaks off mid-way.
 async fn stream_snapshot(
-    writer: &mut (impl AsyncWriteExt + Unpin),
+    writer: &mut (impl AsyncWrite + Unpin),
     path: &Path,
     message: Vec<u8>,
     part: usize,
@@ -291,14 +288,19 @@ async fn stream_snapshot(
         items.push(Value::Binary(chunk[..filled].to_vec()));
         items.push(more.into());
         *next_id += 1;
-        writer
-            .write_all(&frame(&Value::Array(items)))
+        send(writer, &frame(&Value::Array(items)))
             .await
             .map_err(|e| e.to_string())?;
         if !more {
             return Ok(());
         }
     }
+}
+
+/// Write `bytes` and push them onto the wire (TLS buffers what it encrypts until flushed).
+async fn send(writer: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> std::io::Result<()> {
+    writer.write_all(bytes).await?;
+    writer.flush().await
 }
 
 /// Drop queued messages for `wait`; true when the queue closed.
@@ -330,14 +332,22 @@ fn append_frame(out: &mut Vec<u8>, request: &Value) {
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
 }
 
-/// Connect to a node and say hello as `client`, a node of the cluster (with its key).
-async fn open(address: &str, client: &str, key: &str) -> Result<TcpStream, Error> {
+/// Connect to a node (with TLS when this node has it) and say hello as `client`, a node of
+/// the cluster (with its key).
+async fn open(address: &str, client: &str, key: &str, tls: Option<&Tls>) -> Result<Box<dyn Stream>, Error> {
     let unavailable = |e: String| Error::new(ErrorKind::Busy, format!("cannot reach {address}: {e}"));
-    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
         .await
         .map_err(|_| unavailable("timed out".into()))?
         .map_err(|e| unavailable(e.to_string()))?;
     let _ = stream.set_nodelay(true);
+    let mut stream: Box<dyn Stream> = match tls {
+        Some(tls) => tls
+            .connect(address, stream)
+            .await
+            .map_err(|e| unavailable(format!("TLS: {e}")))?,
+        None => Box::new(stream),
+    };
     let hello = vec![
         (Value::from("client"), Value::from(client)),
         (Value::from("protocol"), Value::from(1)),
@@ -356,9 +366,9 @@ async fn open(address: &str, client: &str, key: &str) -> Result<TcpStream, Error
 }
 
 /// Send one request and read its reply.
-async fn roundtrip(stream: &mut TcpStream, request: Value) -> Result<Value, Error> {
+async fn roundtrip(stream: &mut (impl AsyncRead + AsyncWrite + Unpin), request: Value) -> Result<Value, Error> {
     let broken = |e: std::io::Error| Error::new(ErrorKind::Busy, format!("connection to a peer failed: {e}"));
-    stream.write_all(&frame(&request)).await.map_err(broken)?;
+    send(stream, &frame(&request)).await.map_err(broken)?;
     let mut len = [0u8; 4];
     stream.read_exact(&mut len).await.map_err(broken)?;
     let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
@@ -394,8 +404,14 @@ fn error_of(result: Value) -> Error {
 }
 
 /// One request to the node at `address` on a connection of its own (joining a cluster).
-pub(crate) async fn request(address: &str, client: &str, key: &str, request: Vec<Value>) -> Result<Value, Error> {
-    let mut stream = open(address, client, key).await?;
+pub(crate) async fn request(
+    address: &str,
+    client: &str,
+    key: &str,
+    tls: Option<&Tls>,
+    request: Vec<Value>,
+) -> Result<Value, Error> {
+    let mut stream = open(address, client, key, tls).await?;
     let mut items = vec![Value::from(1)];
     items.extend(request);
     tokio::time::timeout(REPLY_TIMEOUT, roundtrip(&mut stream, Value::Array(items)))
@@ -412,8 +428,10 @@ mod tests {
         // Like a paused node: the kernel completes the connection, nobody reads it.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let opened = tokio::time::timeout(Duration::from_secs(60), open(&address, "test", "key")).await;
-        let error = opened.expect("open waited on a peer that never answers").unwrap_err();
+        let opened = tokio::time::timeout(Duration::from_secs(60), open(&address, "test", "key", None)).await;
+        let Err(error) = opened.expect("open waited on a peer that never answers") else {
+            panic!("a peer that never answers opened");
+        };
         assert_eq!(error.kind, ErrorKind::Busy);
         assert!(error.message.contains("no answer to hello"), "{}", error.message);
         drop(listener);

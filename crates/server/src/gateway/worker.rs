@@ -92,6 +92,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
             id_var: "SPINDLE_WORKER_ID",
             id,
             address: &shared.worker_address,
+            tls: shared.tls.as_ref().map(|tls| &tls.children),
             token: shared.access.server_token(),
             max_frame: shared.config.max_frame,
             stdout: Stdio::from(capture.stdout.try_clone()?),

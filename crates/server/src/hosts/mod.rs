@@ -238,6 +238,7 @@ fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
             id_var: "SPINDLE_HOST_ID",
             id,
             address: &shared.worker_address,
+            tls: shared.tls.as_ref().map(|tls| &tls.children),
             token: shared.access.server_token(),
             max_frame: shared.config.max_frame,
             // A host's prints and tracebacks belong in the server's log, capped (output.rs).
