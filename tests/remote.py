@@ -209,3 +209,11 @@ def read_item(name: str, key: str) -> str:
         return repr(spindle.Dict(name=name)[key])
     except spindle.UntrustedValue as exc:
         return f"refused: {exc.writer}"
+
+
+@spindle.shared
+class Holder:
+    """A user-defined object whose method takes any value: what its host made of it."""
+
+    def take(self, value: Any) -> str:
+        return type(value).__name__

@@ -146,6 +146,10 @@ def test_each_permission_is_allowed_to_its_role_and_refused_to_others(acl_server
         coder.denied("define", "py:elsewhere.Thing", "v1", b"code")
         defined = coder.ask("define", "py:tests.Thing", "v1", b"code")
         assert defined[1] == 0 or defined[2][0] != "PermissionDenied", defined
+        # Defining a version that is defined already changes nothing: anyone may (SDKs do,
+        # before they create); another version, not.
+        assert reader.ok("define", "py:tests.Thing", "v1", b"other code") is True
+        reader.denied("define", "py:tests.Thing", "v2", b"other code")
         invoked = coder.ask("invoke", "python", b"not a pickle", {})
         assert invoked[1] == 0 and "UnpicklingError" in str(invoked[2]), invoked
         # The coder owns no data.
@@ -360,6 +364,24 @@ print(type(spindle.Dict(name="app/planted")["plugin"]).__name__)
         tripwire.unlink()
         out = run_as(acl_server, None, TOKEN, "import spindle\nspindle.trust('writer')\n" + own)
         assert out.stdout.strip() == "Tripwire", out.stderr
+        tripwire.unlink()
+        # An object host refuses it as an argument, too.
+        out = run_as(acl_server, None, TOKEN, """
+import spindle, remote
+spindle.connect(embedded=False)
+print(remote.Holder(name="app/holder").take(1))
+""")
+        assert out.stdout.strip() == "int", out.stderr
+        out = run_as(acl_server, "writer", users["writer"], """
+import os, spindle, remote
+spindle.connect(embedded=False)
+try:
+    print(remote.Holder(name="app/holder").take(remote.Tripwire(os.environ["TRIPWIRE"])))
+except spindle.UntrustedValue as e:
+    print("host refused:", e.writer)
+""")
+        assert out.stdout.strip() == "host refused: writer", out.stdout + out.stderr
+        assert not tripwire.exists()
     finally:
         os.environ.pop("TRIPWIRE", None)
 

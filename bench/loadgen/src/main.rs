@@ -223,10 +223,17 @@ impl SpindleConn {
             next_seq: 1,
             waiting: BTreeMap::new(),
         };
-        let hello = Value::Map(vec![
+        let mut hello = vec![
             (Value::from("client"), Value::from(session)),
             (Value::from("protocol"), Value::from(1)),
-        ]);
+        ];
+        // Who the load is, as every client says it (SPINDLE_USER and SPINDLE_TOKEN).
+        for (field, var) in [("user", "SPINDLE_USER"), ("token", "SPINDLE_TOKEN")] {
+            if let Some(value) = std::env::var(var).ok().filter(|v| !v.is_empty()) {
+                hello.push((Value::from(field), Value::from(value)));
+            }
+        }
+        let hello = Value::Map(hello);
         let id = conn.push("hello", vec![hello]);
         conn.flush().await?;
         let (got, reply) = conn.next_reply().await?;

@@ -210,7 +210,7 @@ pub(crate) fn permit(who: &Principal, request: &Request) -> Result<Grant, Error>
     if let Request::Create { key, .. } = request {
         // A `create` of an object that exists is how SDKs attach to it: a reader may.
         return match on_object(who, Create, "create", key) {
-            Err(e) if who.allows(Read, key) => Ok(Grant::AttachOnly(e)),
+            Err(e) if who.allows(Read, key) => Ok(Grant::IfExists(e)),
             other => other.map(|()| Grant::Yes),
         };
     }
@@ -227,7 +227,12 @@ pub(crate) fn permit(who: &Principal, request: &Request) -> Result<Grant, Error>
             name.as_deref()
                 .map_or(Ok(()), |name| on_object(who, Create, "keep", name))
         }
-        Request::Define { type_name, .. } => who.check(Define, "define", type_name),
+        Request::Define { type_name, .. } => {
+            return match who.check(Define, "define", type_name) {
+                Err(e) => Ok(Grant::IfExists(e)),
+                Ok(()) => Ok(Grant::Yes),
+            }
+        }
         Request::Invoke { .. } => who.check(Invoke, "invoke functions", ""),
         Request::Join { .. } | Request::Leave { .. } => who.check(Admin, "change the cluster's nodes", ""),
         Request::Acl { action, .. } if action != "whoami" => who.check(Admin, "manage users and roles", ""),
@@ -244,9 +249,10 @@ pub(crate) fn permit(who: &Principal, request: &Request) -> Result<Grant, Error>
 #[derive(Debug)]
 pub(crate) enum Grant {
     Yes,
-    /// A `create` only if the object exists already (checked under its shard's lock); else
-    /// this refusal.
-    AttachOnly(Error),
+    /// Only if what it names exists already (checked under its lock), else this refusal: a
+    /// `create` of an existing object (attaching to it, which reading allows), or a `define`
+    /// of a version already defined (which changes nothing: SDKs define before they create).
+    IfExists(Error),
 }
 
 /// An object's key or name: an unnamed object's key is its capability (only sessions that

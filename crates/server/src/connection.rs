@@ -57,8 +57,8 @@ struct Connection {
     /// roles its rules were read from.
     principal: Option<Principal>,
     generation: u64,
-    /// The refusal of the `create` being applied unless its object exists (a reader
-    /// attaching to it): checked under the shard's lock, so it cannot be deleted meanwhile.
+    /// The refusal of the `create` or `define` being applied unless what it names exists (see
+    /// `Grant::IfExists`), checked under its lock so that it cannot change meanwhile.
     unless_exists: Option<Error>,
     /// Shards this connection called into, which must hear of its end.
     touched: Vec<bool>,
@@ -311,7 +311,7 @@ impl Connection {
         ) {
             match self.authorize(&request) {
                 Ok(Grant::Yes) => {}
-                Ok(Grant::AttachOnly(refusal)) => self.unless_exists = Some(refusal),
+                Ok(Grant::IfExists(refusal)) => self.unless_exists = Some(refusal),
                 Err(e) => return self.reply(request.id(), Err(e)),
             }
         }
@@ -429,7 +429,8 @@ impl Connection {
                 version,
                 code,
             } => {
-                let reply = hosts::define(&self.shared, &type_name, &version, code);
+                let unless_defined = self.unless_exists.take();
+                let reply = hosts::define(&self.shared, &type_name, &version, code, unless_defined);
                 self.reply(id, reply)
             }
             Request::Host { id, host, .. } => self.host_hello(id, &host),

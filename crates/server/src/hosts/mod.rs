@@ -385,13 +385,24 @@ pub(crate) async fn run_timer(shared: Arc<Shared>) {
 }
 
 /// `define`: register `code` as `type_name`'s class at `version`. Another version replaces
-/// the registered one only while no object of that one exists.
-pub(crate) fn define(shared: &Shared, type_name: &str, version: &str, code: Vec<u8>) -> Result<Value, Error> {
+/// the registered one only while no object of that one exists. With `unless_defined`, a
+/// caller without the define permission: only a version already defined passes (a no-op).
+pub(crate) fn define(
+    shared: &Shared,
+    type_name: &str,
+    version: &str,
+    code: Vec<u8>,
+    unless_defined: Option<Error>,
+) -> Result<Value, Error> {
     user::check_type_name(type_name)?;
     if version.is_empty() {
         return Err(Error::bad_args("define: the version must not be empty"));
     }
     let mut classes = shared.hosts.classes.write().unwrap_or_else(PoisonError::into_inner);
+    let defined = classes.get(type_name).is_some_and(|class| class.version == version);
+    if let (false, Some(refusal)) = (defined, unless_defined) {
+        return Err(refusal);
+    }
     if let Some(class) = classes.get(type_name) {
         if class.version == version {
             return Ok(Value::Boolean(true));
