@@ -17,6 +17,7 @@ server's throughput (and of the baseline's, when given). Writes the ``auth`` sec
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -73,9 +74,7 @@ def run(binary: str, port: int, env: dict, args) -> float:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"error: spindle-loadgen failed: {proc.stderr.strip()}")
-    import json
-
-    return float(json.loads(proc.stdout)["throughput"])
+    return float(json.loads(proc.stdout)["ops_per_s"])
 
 
 def main() -> None:
