@@ -233,6 +233,15 @@ def test_a_removed_user_can_do_nothing_more_and_a_changed_role_applies_at_once(a
         temp.denied("call", 2, 0, "Dict", "app/config", "len", [])
         assert cli(address, "role", "add", "app-reader", "read:app/").returncode == 0
         temp.ok("call", 3, 0, "Dict", "app/config", "len", [])
+        # A new credential (a leaked token rotated) ends the connections made with the old one.
+        rotated = Session(address, "temp", token)
+        new_token = add_user(address, "temp", "app-reader")
+        reply = rotated.ask("call", 1, 0, "Dict", "app/config", "len", [])
+        assert reply[1] == 1 and reply[2][0] == "Unauthorized", reply
+        rotated.close()
+        temp.close()
+        token = new_token
+        temp = Session(address, "temp", token)
         assert cli(address, "user", "remove", "temp").returncode == 0
         reply = temp.ask("call", 4, 0, "Dict", "app/config", "len", [])
         assert reply[1] == 1 and reply[2][0] == "Unauthorized", reply

@@ -92,13 +92,20 @@ def test_without_the_token_no_operation_runs(guarded, request_):
     host, port = guarded.address.rsplit(":", 1)
     with pytest.raises(spindle.Unauthorized, match="needs credentials"):
         Connection(host, int(port), "stranger", 1)
-    # After a refused hello, the connection has no session: nothing runs on it.
+    # A refused hello closes the connection: nothing sent behind it runs (nor can guesses be
+    # pipelined on it).
     for hello in ({"client": "stranger", "protocol": 1}, {"client": "stranger", "protocol": 1, "token": "x"}):
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            refused = exchange(sock, [1, "hello", hello])
+            sock.sendall(frame([1, "hello", hello]) + frame([2, *request_]))
+            head = sock.recv(4, socket.MSG_WAITALL)
+            refused = msgpack.unpackb(sock.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL))
             assert refused[1] != 0 and refused[2][0] == "Unauthorized", refused
-            reply = exchange(sock, [2, *request_])
-            assert reply[1] != 0 and reply[2][0] == "NoSession", reply
+            assert sock.recv(4) == b"", "the connection closes after a refused hello"
+    owner = Connection(host, int(port), new_secret(), 1, TOKEN)
+    try:
+        assert owner.roundtrip(frame([2, "objects", ""]), 2)[2] == []
+    finally:
+        owner.close()
 
 
 def test_clients_with_the_single_token_work_as_before(guarded):

@@ -381,19 +381,30 @@ fn every_operation_needs_the_token_when_the_server_has_one() {
         fields.extend(token.map(|t| ("token".into(), t.into())));
         Value::Map(fields)
     };
-    // Without the token, or with a wrong one, hello is refused and nothing runs after it:
-    // not code, and not data operations either (a stored pickle is code to its reader).
+    // Without the token, or with a wrong one, hello is refused and the connection closes:
+    // nothing sent behind the hello runs, not code, and not data operations either (a
+    // stored pickle is code to its reader).
     for token in [None, Some("guess"), Some("")] {
         let mut stranger = server.connect();
-        let refused = stranger.request("hello", vec![hello(token)]).unwrap_err();
-        assert_eq!(refused.kind, "Unauthorized", "{token:?}");
-        assert_eq!(kind(stranger.create("Counter", "c", vec![], false)), "NoSession");
-        assert_eq!(kind(stranger.call("Counter", "c", "add", vec![1.into()])), "NoSession");
-        assert_eq!(kind(stranger.request("status", vec![])), "NoSession");
-        assert_eq!(kind(stranger.request("objects", vec!["".into()])), "NoSession");
-        let id = invoke(&mut stranger, b"x", vec![]);
-        let (got, reply) = stranger.recv_reply();
-        assert_eq!((got, reply.unwrap_err().kind.as_str()), (id, "NoSession"));
+        let id = stranger.next_id();
+        stranger.send(&request(id, "hello", vec![hello(token)]));
+        let create = stranger.next_id();
+        stranger.send(&request(
+            create,
+            "create",
+            vec![
+                1.into(),
+                0.into(),
+                "Counter".into(),
+                "planted".into(),
+                Value::Array(vec![]),
+                false.into(),
+            ],
+        ));
+        invoke(&mut stranger, b"x", vec![]);
+        let (got, refused) = stranger.recv_reply();
+        assert_eq!((got, kind(refused).as_str()), (id, "Unauthorized"), "{token:?}");
+        assert!(stranger.recv().is_none(), "the connection closes after a refused hello");
     }
 
     let mut trusted = server.connect();
@@ -403,11 +414,16 @@ fn every_operation_needs_the_token_when_the_server_has_one() {
         trusted.call("Counter", "c", "add", vec![2.into()]).unwrap(),
         Value::from(2)
     );
-    // A wrong token in a second hello is refused too, and changes nothing.
+    let listed = trusted.request("objects", vec!["".into()]).unwrap();
+    assert!(!listed.to_string().contains("planted"), "{listed}");
+    // A wrong token in a second hello is refused too, and closes the connection.
     assert_eq!(
         trusted.request("hello", vec![hello(Some("guess"))]).unwrap_err().kind,
         "Unauthorized"
     );
+    assert!(trusted.recv().is_none());
+    let mut trusted = server.connect();
+    trusted.request("hello", vec![hello(Some("sekrit"))]).unwrap();
     let id = invoke(&mut trusted, b"x", vec![]);
     let announced = python.next();
     assert_eq!(

@@ -220,21 +220,29 @@ fn a_new_version_waits_until_no_object_of_the_old_one_exists() {
 }
 
 /// A connection whose hello, without the server's token, was refused.
-fn refused_hello(server: &Server) -> Conn {
+/// A hello without the token, with the requests `after` sends right behind it: the refusal
+/// comes back, then the connection closes, and nothing sent after the hello runs.
+fn refused_hello(server: &Server, after: impl FnOnce(&mut Conn)) {
     let mut conn = server.connect();
     let hello = map(vec![("client", "anonymous".into()), ("protocol", 1.into())]);
-    assert_eq!(kind(conn.request("hello", vec![hello])), "Unauthorized");
-    conn
+    let id = conn.next_id();
+    conn.send(&request(id, "hello", vec![hello]));
+    after(&mut conn);
+    let (got, reply) = conn.recv_reply();
+    assert_eq!((got, kind(reply)), (id, "Unauthorized".to_string()));
+    assert!(conn.recv().is_none(), "the connection closes after a refused hello");
 }
 
 #[test]
 fn running_code_needs_the_token_and_hosts_get_it() {
     let python = FakePython::waiting();
     let server = start(&python, &["--token", "sekrit"]);
-    let mut anonymous = refused_hello(&server);
-    assert_eq!(define(&mut anonymous, "v1", b"C").unwrap_err().kind, "NoSession");
-    let e = anonymous.create(T, "c", vec!["v1".into(), Value::Array(vec![]), map(vec![])], false);
-    assert_eq!(kind(e), "NoSession");
+    refused_hello(&server, |anonymous| {
+        let id = anonymous.next_id();
+        let code = Value::Binary(b"C".to_vec());
+        anonymous.send(&request(id, "define", vec![T.into(), "v1".into(), code]));
+        send_create(anonymous, "c", "v1", vec![]);
+    });
     let mut client = server.connect();
     let hello = map(vec![
         ("client", "c".into()),
@@ -410,10 +418,10 @@ fn calls_on_user_defined_objects_need_the_token() {
     let (rid, _, _) = host.request();
     host.answer(rid, Value::Nil);
     reply_to(&mut client, create).expect("created");
-    let mut anonymous = refused_hello(&server);
-    let pickle = Value::Ext(1, b"cos\nsystem\n(S'true'\ntR.".to_vec());
-    let call = send_call(&mut anonymous, 1, "c", "update", vec![pickle]);
-    assert_eq!(reply_to(&mut anonymous, call).unwrap_err().kind, "NoSession");
+    refused_hello(&server, |anonymous| {
+        let pickle = Value::Ext(1, b"cos\nsystem\n(S'true'\ntR.".to_vec());
+        send_call(anonymous, 1, "c", "update", vec![pickle]);
+    });
     // The host never saw it: its next request is the authorized client's.
     let call = send_call(&mut client, 2, "c", "get", vec![]);
     let (rid, op, operands) = host.request();

@@ -434,9 +434,14 @@ impl Partition {
             .collect()
     }
 
-    /// The type of the object under `key`, if there is one.
-    pub fn type_of(&self, key: &str) -> Option<&str> {
-        self.objects.get(key).map(|e| e.body.type_name())
+    /// Whether a live object is under `key`: one that a `create` attaches to, not one that
+    /// a `create` would make again (a user-defined object lost with its host).
+    pub fn is_live(&self, key: &str) -> bool {
+        match self.objects.get(key).map(|e| &e.body) {
+            Some(Body::User(u)) => !matches!(u.state, UserState::Lost(_)),
+            Some(Body::Builtin(_)) => true,
+            None => false,
+        }
     }
 
     /// Accept persistent objects: the server logs what [`take_log`](Self::take_log) gives.

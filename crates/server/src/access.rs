@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use argon2::password_hash::rand_core::{OsRng, RngCore};
@@ -25,7 +25,7 @@ use spindle_core::objects;
 use spindle_core::partition::UNNAMED_PREFIX;
 use spindle_proto::Request;
 
-use crate::acl::{Acl, Change, Permission, Principal, User, DEFAULT_USER, NODE_USER};
+use crate::acl::{Acl, Change, Permission, Principal, DEFAULT_USER, NODE_USER};
 use crate::process::constant_time_eq;
 
 /// Verified credentials remembered (digests only); past it, the memory starts over.
@@ -39,12 +39,22 @@ pub(crate) struct Access {
     /// Whether `server_token` was configured (`--token`), rather than made up.
     configured: bool,
     cluster_key: Option<String>,
+    /// Whether the users and roles are known: a cluster node learns them from its metadata
+    /// group, and until then serves its peers only (it cannot tell who else may do what).
+    ready: AtomicBool,
     /// Where a standalone server keeps the ACL.
     file: Option<PathBuf>,
     /// Digests of (user, hash, credential) that verified: Argon2 runs once per credential,
     /// not on every connection of a client with many threads.
     verified: Mutex<HashSet<[u8; 32]>>,
+    /// Held while Argon2 runs.
+    hashing: Mutex<()>,
 }
+
+/// What an unknown user's credential is checked against (and never matches: its hash
+/// stands for random bytes, and the user does not exist anyway).
+static DUMMY_HASH: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| hash_credential(&made_up_token()).expect("hashing a made-up token"));
 
 impl Access {
     /// `token`: `--token`; `cluster_key`: what nodes give each other; `dir`: a standalone
@@ -63,8 +73,10 @@ impl Access {
             server_token: token.map_or_else(made_up_token, str::to_string),
             configured: token.is_some(),
             cluster_key: cluster_key.map(str::to_string),
+            ready: AtomicBool::new(cluster_key.is_none()),
             file,
             verified: Mutex::new(HashSet::new()),
+            hashing: Mutex::new(()),
         })
     }
 
@@ -93,17 +105,26 @@ impl Access {
     /// Who a `hello` with these credentials is, or why it is refused (`Unauthorized`).
     pub(crate) fn authenticate(&self, user: Option<&str>, token: Option<&str>) -> Result<Principal, Error> {
         let refused = |message: &str| Err(Error::new(ErrorKind::Unauthorized, message));
+        if user != Some(NODE_USER) && !self.ready.load(Ordering::Acquire) {
+            // As a node without a leader answers: clients try again, here or elsewhere.
+            return Err(Error::new(
+                ErrorKind::NotLeader,
+                "this node has not caught up with its cluster's users and roles yet; retry shortly",
+            ));
+        }
         match (user, token) {
             (Some(NODE_USER), Some(token)) => match &self.cluster_key {
                 Some(key) if same(key, token) => Ok(Principal::node()),
                 _ => refused("wrong cluster key"),
             },
             (Some(name), Some(token)) => {
-                let acl = self.read();
-                match acl.user(name) {
-                    Some(user) if self.verify(name, user, token) => Ok(acl.principal(name).expect("the user exists")),
-                    // The same answer for an unknown user: names are not disclosed.
-                    _ => refused("wrong user or token"),
+                // Copied out: no lock is held while Argon2 runs (tens of milliseconds).
+                let hash = self.read().user(name).map(|user| user.hash.clone());
+                // An unknown user costs a hash too, so timing does not tell which names exist.
+                let ok = self.verify(name, hash.as_deref().unwrap_or(&DUMMY_HASH), token) && hash.is_some();
+                match ok.then(|| self.read().principal(name)).flatten() {
+                    Some(principal) => Ok(principal),
+                    None => refused("wrong user or token"),
                 }
             }
             (Some(_), None) => refused("a user needs its token (SPINDLE_TOKEN)"),
@@ -117,22 +138,36 @@ impl Access {
         }
     }
 
-    fn verify(&self, name: &str, user: &User, token: &str) -> bool {
+    /// Whether `token` is the credential `hash` stands for. Argon2 runs one at a time (its
+    /// memory is bounded) and off the connection's runtime thread, so a client hammering
+    /// `hello` with guesses does not stall other connections.
+    fn verify(&self, name: &str, hash: &str, token: &str) -> bool {
         let digest: [u8; 32] = Sha256::new()
             .chain_update(name.as_bytes())
             .chain_update([0])
-            .chain_update(user.hash.as_bytes())
+            .chain_update(hash.as_bytes())
             .chain_update([0])
             .chain_update(token.as_bytes())
             .finalize()
             .into();
-        let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
-        if verified.contains(&digest) {
+        if self
+            .verified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&digest)
+        {
             return true;
         }
-        let ok = PasswordHash::new(&user.hash)
-            .is_ok_and(|hash| Argon2::default().verify_password(token.as_bytes(), &hash).is_ok());
+        let check = || {
+            let _one = self.hashing.lock().unwrap_or_else(|e| e.into_inner());
+            PasswordHash::new(hash).is_ok_and(|hash| Argon2::default().verify_password(token.as_bytes(), &hash).is_ok())
+        };
+        let ok = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(check),
+            _ => check(),
+        };
         if ok {
+            let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
             if verified.len() >= MAX_VERIFIED {
                 verified.clear();
             }
@@ -192,6 +227,12 @@ impl Access {
     pub(crate) fn set(&self, acl: Acl) {
         *self.acl.write().unwrap_or_else(|e| e.into_inner()) = acl;
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The users and roles are known (a cluster node's metadata lists it: every change
+    /// before its membership is applied).
+    pub(crate) fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
     }
 
     pub(crate) fn list_users(&self) -> Value {
@@ -336,6 +377,7 @@ impl PrivateMode for std::fs::OpenOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::acl::User;
 
     fn set_user(access: &Access, name: &str, token: &str, roles: &[&str]) {
         let change = Change::SetUser {
@@ -400,6 +442,11 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         // A restart loads them; a new password replaces the old one.
         let reopened = Access::open(Some("t0ken"), Some("key"), Some(&dir)).unwrap();
+        // A cluster node serves only its peers until it knows the users and roles.
+        assert_eq!(kind(reopened.authenticate(Some("alice"), Some("alice-token"))), ErrorKind::NotLeader);
+        assert_eq!(kind(reopened.authenticate(None, None)), ErrorKind::NotLeader);
+        assert!(reopened.authenticate(Some(NODE_USER), Some("key")).is_ok());
+        reopened.set_ready();
         assert!(reopened.authenticate(Some("alice"), Some("alice-token")).is_ok());
         set_user(&reopened, "alice", "new", &["readonly"]);
         assert!(reopened.authenticate(Some("alice"), Some("alice-token")).is_err());

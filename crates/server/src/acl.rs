@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use spindle_core::objects::user::USER_PREFIX;
 use spindle_core::{Error, ErrorKind, Value};
 
 /// One thing a rule may allow.
@@ -90,6 +91,14 @@ impl Rule {
         })
     }
 
+    /// Whether this rule lets code run: invoke, or define on a prefix that some user-defined
+    /// type's name (`py:...`) can start with (`define:tmp/` defines nothing).
+    fn runs_code(&self) -> bool {
+        let defines = self.allowed & Permission::Define.bit() != 0
+            && (self.prefix.starts_with(USER_PREFIX) || USER_PREFIX.starts_with(&self.prefix));
+        defines || self.allowed & Permission::Invoke.bit() != 0
+    }
+
     fn allows(&self, permission: Permission, name: &str) -> bool {
         self.allowed & permission.bit() != 0 && name.starts_with(&self.prefix)
     }
@@ -144,6 +153,8 @@ pub(crate) struct Acl {
 pub(crate) struct Principal {
     pub(crate) user: String,
     rules: Vec<Rule>,
+    /// The user's stored hash when it authenticated: a new credential ends its connections.
+    pub(crate) credential: String,
 }
 
 /// The user a single `--token` (or a server without credentials) authenticates as.
@@ -160,6 +171,7 @@ impl Principal {
         Principal {
             user: DEFAULT_USER.into(),
             rules: vec![Rule::parse("all").expect("a valid rule")],
+            credential: String::new(),
         }
     }
 
@@ -186,13 +198,14 @@ impl Principal {
         }
         let on = match name {
             "" => String::new(),
-            name => format!(" on '{name}'"),
+            name => format!(" on '{}'", cut(name)),
         };
         Err(Error::new(
             ErrorKind::PermissionDenied,
             format!(
-                "user '{}' may not {op}{on}: that needs the {} permission",
+                "user '{}' may not {}{on}: that needs the {} permission",
                 self.user,
+                cut(op),
                 permission.name()
             ),
         ))
@@ -201,9 +214,7 @@ impl Principal {
     /// Whether this party may run code (its pickles are trusted by readers: see
     /// docs/security.md).
     pub(crate) fn runs_code(&self) -> bool {
-        self.rules
-            .iter()
-            .any(|r| r.allowed & (Permission::Define.bit() | Permission::Invoke.bit()) != 0)
+        self.rules.iter().any(Rule::runs_code)
     }
 }
 
@@ -246,6 +257,7 @@ impl Acl {
         Some(Principal {
             user: name.to_string(),
             rules,
+            credential: user.hash.clone(),
         })
     }
 
@@ -384,6 +396,16 @@ impl Acl {
     }
 }
 
+/// A client's name or method as a message shows it: cut short, so a huge one cannot bloat
+/// the reply or the audit log.
+fn cut(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
 fn strings(items: &[String]) -> Value {
     Value::Array(items.iter().map(|s| Value::from(s.as_str())).collect())
 }
@@ -490,6 +512,17 @@ mod tests {
         assert!(!alice.allows(Permission::Define, "py:other.Model"));
         assert!(!alice.allows(Permission::Invoke, ""));
         assert!(alice.runs_code(), "define lets her code run in object hosts");
+        role(&mut acl, "tmp", &["all:tmp/"]);
+        user(&mut acl, "mallory", &["tmp"]);
+        let mallory = acl.principal("mallory").unwrap();
+        assert!(mallory.allows(Permission::Define, "tmp/x"));
+        assert!(
+            !mallory.runs_code(),
+            "all:tmp/ defines no type: her pickles are not trusted"
+        );
+        role(&mut acl, "py", &["define:p"]);
+        user(&mut acl, "pat", &["py"]);
+        assert!(acl.principal("pat").unwrap().runs_code(), "define:p can define py:...");
         let e = alice.check(Permission::Create, "delete", "app/x").unwrap_err();
         assert_eq!(e.kind, ErrorKind::PermissionDenied);
         assert_eq!(

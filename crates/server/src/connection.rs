@@ -42,6 +42,9 @@ enum End {
     Truncated { buffered: usize },
     /// A frame over the limit was refused; the connection closes after the reply.
     FrameTooLarge,
+    /// A `hello` was refused (`Unauthorized`); the connection closes after the reply, so a
+    /// client cannot pipeline guesses on it (each costs a credential check).
+    Refused,
     /// The socket failed.
     Failed(std::io::Error),
 }
@@ -60,6 +63,8 @@ struct Connection {
     /// The refusal of the `create` or `define` being applied unless what it names exists (see
     /// `Grant::IfExists`), checked under its lock so that it cannot change meanwhile.
     unless_exists: Option<Error>,
+    /// A `hello` was refused: nothing more is read.
+    refused: bool,
     /// Shards this connection called into, which must hear of its end.
     touched: Vec<bool>,
     /// In front of the socket's write side (shared with the writer task; the write side
@@ -177,6 +182,7 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
         principal: None,
         generation: 0,
         unless_exists: None,
+        refused: false,
         outbox,
         replies: Vec::new(),
         invoked: false,
@@ -195,11 +201,12 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
             )
         }
         End::FrameTooLarge => debug!(conn = id, "closing after an oversized frame"),
+        End::Refused => debug!(conn = id, "closing after a refused hello"),
         End::Failed(e) => debug!(conn = id, "connection failed: {e}"),
     }
     conn.finish();
-    if let End::FrameTooLarge = end {
-        // Let the writer send the FrameTooLarge reply and its FIN before the socket closes.
+    if let End::FrameTooLarge | End::Refused = end {
+        // Let the writer send the last reply and its FIN before the socket closes.
         let _ = writer_task.await;
         let _ = tokio::time::timeout(LINGER, discard_input(&mut reader)).await;
     }
@@ -217,6 +224,10 @@ impl Connection {
                     Split::Frame { body, consumed } => {
                         self.handle_frame(body);
                         start += consumed;
+                        if self.refused {
+                            self.flush();
+                            return End::Refused;
+                        }
                     }
                     Split::Incomplete { total } => break total,
                     Split::TooLarge { len } => {
@@ -717,7 +728,10 @@ impl Connection {
         let generation = self.shared.access.generation();
         let principal = match self.shared.access.authenticate(user.as_deref(), token.as_deref()) {
             Ok(principal) => principal,
-            Err(e) => return self.reply(id, Err(e)),
+            Err(e) => {
+                self.refused = true;
+                return self.reply(id, Err(e));
+            }
         };
         if let Err(e) = sessions::check_secret(&client, secret.as_deref()) {
             return self.reply(id, Err(e));
@@ -748,15 +762,19 @@ impl Connection {
     fn authorize(&mut self, request: &Request) -> Result<Grant, Error> {
         let generation = self.shared.access.generation();
         if generation != self.generation {
-            let user = self.principal.as_ref().map(|p| p.user.clone()).unwrap_or_default();
-            self.principal = self.shared.access.principal(&user);
+            // Gone once the user is removed or given a new credential.
+            let old = self.principal.take();
+            self.principal = old.and_then(|old| {
+                let now = self.shared.access.principal(&old.user)?;
+                (now.credential == old.credential).then_some(now)
+            });
             self.generation = generation;
         }
         match &self.principal {
             Some(who) => access::permit(who, request),
             None => Err(Error::new(
                 ErrorKind::Unauthorized,
-                "this connection's user was removed",
+                "this connection's user was removed or given a new credential",
             )),
         }
     }
@@ -810,7 +828,7 @@ impl Connection {
             if !s.serving() {
                 return Err(redirect(shared, index));
             }
-            if let Some(refusal) = unless_exists.filter(|_| s.partition.type_of(op.key()).is_none()) {
+            if let Some(refusal) = unless_exists.filter(|_| !s.partition.is_live(op.key())) {
                 return Err(refusal);
             }
             s.calls += 1;

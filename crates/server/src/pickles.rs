@@ -11,56 +11,69 @@ use crate::acl::Principal;
 const EXT_PICKLE: i8 = 1;
 /// A pickle with its writer: the MessagePack array `[writer, trusted, pickle]`.
 const EXT_STAMPED: i8 = 6;
+const EXT_TUPLE: i8 = 3;
+
+/// How deep values may nest, tuples' bodies included (each is decoded on its own, so their
+/// depths add up past the frame decoder's limit): deeper is refused, so no later walk of
+/// the value (comparing, hashing, stamping) can run out of stack.
+const MAX_DEPTH: usize = 256;
 
 /// Stamp every pickle in `args` (at any depth) as written by `who`.
 pub(crate) fn stamp(args: &mut [Value], who: &Principal) -> Result<(), Error> {
     let mut stamp = None;
-    args.iter_mut().try_for_each(|v| visit(v, who, &mut stamp))
+    for arg in args {
+        visit(arg, who, &mut stamp, 1)?;
+    }
+    Ok(())
 }
 
-/// `stamp`: the stamp's first two items, encoded once per request.
-fn visit(value: &mut Value, who: &Principal, stamp: &mut Option<Vec<u8>>) -> Result<(), Error> {
+/// `stamp`: the stamp's first two items, encoded once per request. Whether `value` changed.
+fn visit(value: &mut Value, who: &Principal, stamp: &mut Option<Vec<u8>>, depth: usize) -> Result<bool, Error> {
+    if depth > MAX_DEPTH {
+        return Err(Error::bad_args(format!("values nest at most {MAX_DEPTH} deep")));
+    }
+    let mut changed = false;
     match value {
-        Value::Array(items) => items.iter_mut().try_for_each(|v| visit(v, who, stamp)),
-        Value::Map(pairs) => pairs.iter_mut().try_for_each(|(k, v)| {
-            visit(k, who, stamp)?;
-            visit(v, who, stamp)
-        }),
+        Value::Array(items) => {
+            for item in items {
+                changed |= visit(item, who, stamp, depth + 1)?;
+            }
+        }
+        Value::Map(pairs) => {
+            for (k, v) in pairs {
+                changed |= visit(k, who, stamp, depth + 1)?;
+                changed |= visit(v, who, stamp, depth + 1)?;
+            }
+        }
         Value::Ext(EXT_PICKLE, data) => {
             let data = std::mem::take(data);
             *value = stamped(&data, who, stamp);
-            Ok(())
+            changed = true;
         }
         Value::Ext(EXT_STAMPED, body) => {
             // Sent back as read: stamped again, as written by this writer.
             let data = pickle_of(body)?;
             *value = stamped(&data, who, stamp);
-            Ok(())
+            changed = true;
         }
-        // Tuples (ext 3) hold values too.
-        Value::Ext(code, body) if *code == 3 => {
-            let mut inner = rmpv::decode::read_value(&mut &body[..])
+        // Tuples (ext 3) hold values too: exactly one, an array.
+        Value::Ext(EXT_TUPLE, body) => {
+            let mut rest = &body[..];
+            let mut inner = rmpv::decode::read_value_with_max_depth(&mut rest, MAX_DEPTH + 1 - depth)
                 .map_err(|e| Error::bad_args(format!("a tuple (ext type 3) does not decode: {e}")))?;
-            if !holds_pickle(&inner) {
-                return Ok(());
+            if !rest.is_empty() || !inner.is_array() {
+                return Err(Error::bad_args("a tuple (ext type 3) must hold exactly one array"));
             }
-            visit(&mut inner, who, stamp)?;
-            let mut out = Vec::with_capacity(body.len() + 32);
-            rmpv::encode::write_value(&mut out, &inner).expect("encoding to memory");
-            *body = out;
-            Ok(())
+            if visit(&mut inner, who, stamp, depth + 1)? {
+                let mut out = Vec::with_capacity(body.len() + 32);
+                rmpv::encode::write_value(&mut out, &inner).expect("encoding to memory");
+                *body = out;
+                changed = true;
+            }
         }
-        _ => Ok(()),
+        _ => {}
     }
-}
-
-fn holds_pickle(value: &Value) -> bool {
-    match value {
-        Value::Array(items) => items.iter().any(holds_pickle),
-        Value::Map(pairs) => pairs.iter().any(|(k, v)| holds_pickle(k) || holds_pickle(v)),
-        Value::Ext(code, _) => matches!(*code, EXT_PICKLE | EXT_STAMPED | 3),
-        _ => false,
-    }
+    Ok(changed)
 }
 
 fn stamped(data: &[u8], who: &Principal, stamp: &mut Option<Vec<u8>>) -> Value {
@@ -141,6 +154,22 @@ mod tests {
         let mut trusted = vec![pickle];
         stamp(&mut trusted, &Principal::default_user()).unwrap();
         assert_eq!(trusted[0], Value::Ext(EXT_STAMPED, body("default", true, b"PICKLE")));
+    }
+
+    #[test]
+    fn tuples_nested_too_deep_or_with_trailing_bytes_are_refused() {
+        let mut deep = Value::Array(vec![Value::Ext(EXT_PICKLE, b"P".to_vec())]);
+        for _ in 0..20_000 {
+            let mut body = Vec::new();
+            rmpv::encode::write_value(&mut body, &Value::Array(vec![deep])).unwrap();
+            deep = Value::Ext(EXT_TUPLE, body);
+        }
+        let e = stamp(&mut [deep], &reader_only()).unwrap_err();
+        assert_eq!(e.kind, spindle_core::ErrorKind::BadArguments, "{}", e.message);
+        let mut body = Vec::new();
+        rmpv::encode::write_value(&mut body, &Value::Array(vec![1.into()])).unwrap();
+        body.extend([0xc7, 1, 1, b'P']); // a raw pickle after the tuple's array
+        assert!(stamp(&mut [Value::Ext(EXT_TUPLE, body)], &reader_only()).is_err());
     }
 
     #[test]

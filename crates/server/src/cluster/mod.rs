@@ -222,6 +222,9 @@ impl Cluster {
         if acl_changed {
             self.access.set(meta.acl.clone());
         }
+        if meta.nodes.contains_key(&self.node_id) {
+            self.access.set_ready();
+        }
     }
 
     /// Replace the metadata with that rebuilt by `commands` (a metadata snapshot's).
@@ -234,6 +237,9 @@ impl Cluster {
             meta.apply(command);
         }
         self.access.set(meta.acl.clone());
+        if meta.nodes.contains_key(&self.node_id) {
+            self.access.set_ready();
+        }
         *self.meta.lock().unwrap_or_else(|e| e.into_inner()) = meta;
     }
 
