@@ -443,7 +443,10 @@ mod tests {
         // A restart loads them; a new password replaces the old one.
         let reopened = Access::open(Some("t0ken"), Some("key"), Some(&dir)).unwrap();
         // A cluster node serves only its peers until it knows the users and roles.
-        assert_eq!(kind(reopened.authenticate(Some("alice"), Some("alice-token"))), ErrorKind::NotLeader);
+        assert_eq!(
+            kind(reopened.authenticate(Some("alice"), Some("alice-token"))),
+            ErrorKind::NotLeader
+        );
         assert_eq!(kind(reopened.authenticate(None, None)), ErrorKind::NotLeader);
         assert!(reopened.authenticate(Some(NODE_USER), Some("key")).is_ok());
         reopened.set_ready();
