@@ -23,6 +23,9 @@ const ROOT: &str = "/sys/fs/cgroup";
 /// forking (the pids limit bounds how many each round meets).
 const KILL_ROUNDS: usize = 100;
 
+/// Makes the server's base cgroup(s) from /proc/self/cgroup and their name.
+type Setup = fn(&str, &str) -> io::Result<Vec<PathBuf>>;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
     V2,
@@ -64,8 +67,7 @@ impl Containment {
         }
         let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let name = format!("spindle-{}", std::process::id());
-        let attempts: [(Mode, fn(&str, &str) -> io::Result<Vec<PathBuf>>); 2] =
-            [(Mode::V2, setup_v2), (Mode::V1, setup_v1)];
+        let attempts: [(Mode, Setup); 2] = [(Mode::V2, setup_v2), (Mode::V1, setup_v1)];
         for (mode, setup) in attempts {
             match setup(&own, &name) {
                 Ok(bases) => {
@@ -241,7 +243,7 @@ fn setup_v1(own: &str, name: &str) -> io::Result<Vec<PathBuf>> {
     for controller in ["memory", "pids"] {
         let path = own
             .lines()
-            .filter_map(|l| l.splitn(3, ':').nth(1).zip(l.splitn(3, ':').nth(2)))
+            .filter_map(|l| l.split_once(':').and_then(|(_, rest)| rest.split_once(':')))
             .find(|(controllers, _)| controllers.split(',').any(|c| c == controller))
             .map(|(_, path)| path)
             .ok_or_else(|| io::Error::other(format!("no {controller} cgroup in /proc/self/cgroup")))?;
