@@ -114,12 +114,20 @@ impl Containment {
     }
 }
 
-impl Drop for Containment {
-    /// Best effort: the children's cgroups are gone by now unless one would not empty.
-    fn drop(&mut self) {
-        for base in &self.bases {
+impl Containment {
+    /// Kill what runs in the children's cgroups and remove them and the server's; `false`
+    /// while some remain (killed processes take a moment to leave).
+    pub(crate) fn remove_all(&self) -> bool {
+        self.bases.iter().fold(true, |gone, base| {
             remove_tree(base);
-        }
+            gone && !base.exists()
+        })
+    }
+}
+
+impl Drop for Containment {
+    fn drop(&mut self) {
+        self.remove_all();
     }
 }
 

@@ -227,6 +227,13 @@ impl Server {
             }
         }
         info!("stopped accepting connections");
+        // The server's cgroups go with it (`Shared` may outlive this: tasks hold it).
+        for _ in 0..100 {
+            if shared.containment.remove_all() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         Ok(())
     }
 }
