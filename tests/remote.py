@@ -187,6 +187,34 @@ def escape(megabytes: int, hold: float, pidfile: str) -> int:
     return pid
 
 
+def escape_then_exit(pidfile: str) -> None:
+    """Double-fork a process that lives on (``escape``), then end this worker by itself."""
+    escape(0, 0, pidfile)
+    os._exit(3)
+
+
+def own_cgroup() -> dict:
+    """This process's cgroups, by controller (``/proc/self/cgroup``)."""
+    with open("/proc/self/cgroup") as f:
+        return {controllers: path for _, controllers, path in (line.rstrip("\n").split(":", 2) for line in f)}
+
+
+def fork_until_refused(most: int) -> List[int]:
+    """Start sleeping children until the kernel refuses a fork (or ``most`` of them): a fork
+    bomb with a bound. Returns their pids; the last item is -1 when a fork was refused."""
+    pids: List[int] = []
+    for _ in range(most):
+        try:
+            pid = os.fork()
+        except BlockingIOError:
+            return pids + [-1]
+        if pid == 0:
+            time.sleep(3600)
+            os._exit(0)
+        pids.append(pid)
+    return pids
+
+
 def _trip(path: str) -> "Tripwire":
     with open(path, "w") as f:
         f.write("tripped")

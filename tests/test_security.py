@@ -202,8 +202,63 @@ def running(pid: int) -> bool:
         return False
 
 
+CGROUP_MODES = ("cgroup-v2", "cgroup-v1")
+
+
+def cgroups_v1_writable() -> bool:
+    """Whether this machine surely lets the server make cgroups: root, with writable v1
+    hierarchies (CI's machines). With v2, that takes delegation, which the server checks."""
+    return (os.geteuid() == 0 and os.access("/sys/fs/cgroup/memory", os.W_OK)
+            and os.access("/sys/fs/cgroup/pids", os.W_OK))
+
+
+def cgroup_dir(path: str) -> str:
+    """The directory of a cgroup ``path`` (from /proc/PID/cgroup) in the memory hierarchy
+    (v1) or the unified one (v2)."""
+    v1 = "/sys/fs/cgroup/memory"
+    return (v1 if os.path.isdir(v1) else "/sys/fs/cgroup") + path
+
+
+def needs_cgroups() -> None:
+    """Skip a test of cgroups where the server cannot make them (it must, on CI's machines)."""
+    mode = spindle.status()["containment"]
+    if mode not in CGROUP_MODES:
+        assert not cgroups_v1_writable(), f"cgroup v1 is writable, yet the server says {mode}"
+        pytest.skip("this machine gives the server no cgroups")
+
+
 def test_the_server_says_how_functions_are_contained():
-    assert spindle.status()["containment"] == "subreaper"
+    mode = spindle.status()["containment"]
+    assert mode in (*CGROUP_MODES, "subreaper")
+    if cgroups_v1_writable():
+        assert mode in CGROUP_MODES
+    proc = ServerProcess("--no-cgroups", *gateway_args(1))
+    try:
+        with connected_to(proc):
+            assert spindle.status()["containment"] == "subreaper"
+    finally:
+        proc.stop()
+
+
+def test_a_worker_runs_in_a_cgroup_of_its_own_removed_when_it_ends():
+    proc = ServerProcess("--idle-timeout", "0.2", *gateway_args(1))
+    try:
+        with connected_to(proc):
+            needs_cgroups()
+            server_pid = spindle.status()["pid"]
+            with spindle.Executor(echo=False) as ex:
+                cgroups = ex.submit(remote.own_cgroup).result(60)
+            path = cgroups.get("memory") or cgroups[""]
+            parent, name = path.rsplit("/", 1)
+            assert parent.endswith(f"/spindle-{server_pid}") and name.startswith("worker-"), path
+            assert os.path.isdir(cgroup_dir(path))  # the worker idles in it
+            # The idle worker is stopped: its cgroup goes with it.
+            assert wait_until(lambda: not os.path.exists(cgroup_dir(path))), path
+            assert os.path.isdir(cgroup_dir(parent))
+    finally:
+        proc.stop()
+    # The server's own goes when it stops.
+    assert wait_until(lambda: not os.path.exists(cgroup_dir(parent))), parent
 
 
 def test_a_process_a_function_double_forks_ends_with_its_call(tmp_path):
@@ -223,6 +278,57 @@ def test_a_double_forked_process_counts_against_the_memory_limit_and_dies_with_t
     assert info.value.reason == "memory limit"
     pid = int(pidfile.read_text())
     assert wait_until(lambda: not running(pid)), f"process {pid} outlived its worker"
+
+
+def test_a_process_a_worker_orphaned_dies_when_the_worker_dies_by_itself(tmp_path):
+    """The worker double-forks a process, then `os._exit`s: as the orphan's subreaper it
+    would hand it to init on its death; its cgroup takes the orphan with it."""
+    needs_cgroups()
+    pidfile = tmp_path / "pid"
+    with spindle.Executor(echo=False) as ex:
+        with pytest.raises(spindle.WorkerCrashed):
+            ex.submit(remote.escape_then_exit, str(pidfile)).result(60)
+    pid = int(pidfile.read_text())
+    assert wait_until(lambda: not running(pid)), f"process {pid} outlived its worker"
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit_and_the_server_carries_on():
+    proc = ServerProcess("--pids-limit", "24", *gateway_args(1))
+    try:
+        with connected_to(proc):
+            needs_cgroups()
+            with spindle.Executor(echo=False) as ex:
+                pids = ex.submit(remote.fork_until_refused, 500).result(60)
+                assert pids[-1] == -1 and len(pids) <= 24, f"{len(pids) - 1} forks, none refused"
+                # The call's processes end with it; the next call runs.
+                assert wait_until(lambda: not any(running(pid) for pid in pids[:-1]))
+                assert ex.submit(remote.own_cgroup).result(60)
+            assert spindle.status()["containment"] in CGROUP_MODES
+    finally:
+        proc.stop()
+
+
+@spindle.shared
+class Escaper:
+    """Double-forks processes from its object host, and ends the host."""
+
+    def escape(self, pidfile: str) -> int:
+        return remote.escape(0, 0, pidfile)
+
+    def die(self) -> None:
+        os._exit(3)
+
+
+def test_a_process_an_object_host_orphaned_dies_with_the_host(tmp_path):
+    """Hosts are not subreapers (objects may keep subprocesses): a double-forked process
+    went to init, out of reach; the host's cgroup takes it down with the host."""
+    needs_cgroups()
+    escaper = Escaper()
+    pid = escaper.escape(str(tmp_path / "pid"))
+    assert running(pid)
+    with pytest.raises(spindle.ObjectLost):
+        escaper.die()
+    assert wait_until(lambda: not running(pid)), f"process {pid} outlived its object host"
 
 
 @spindle.shared

@@ -246,6 +246,13 @@ pub(crate) struct FunctionArgs {
     /// spindle-fs-UID in the temporary directory, which must be this user's alone].
     #[arg(long, value_name = "DIR")]
     fs: Option<PathBuf>,
+    /// Do not run workers and object hosts in cgroups of their own, even where the machine
+    /// allows it: only the subreaper keeps what they start within reach (docs/security.md).
+    #[arg(long)]
+    no_cgroups: bool,
+    /// Most processes in one worker's or object host's cgroup (with cgroups).
+    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u64).range(8..))]
+    pids_limit: u64,
 }
 
 impl FunctionArgs {
@@ -265,6 +272,8 @@ impl FunctionArgs {
             start_timeout: seconds("worker-start-timeout", self.worker_start_timeout)?,
             fs: std::path::absolute(self.fs.clone().unwrap_or_else(spindle_server::config::default_fs))
                 .map_err(|e| format!("--fs: {e}"))?,
+            cgroups: !self.no_cgroups,
+            pids_limit: self.pids_limit,
         })
     }
 }

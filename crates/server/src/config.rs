@@ -143,6 +143,11 @@ pub struct FunctionsConfig {
     /// `SPINDLE_FS`: the directory every function and client shares for files (shell
     /// commands run in it); created when the first worker starts.
     pub fs: PathBuf,
+    /// Run each worker and object host in a cgroup of its own when the machine allows it
+    /// (false: subreaper only).
+    pub cgroups: bool,
+    /// Most processes in one worker's or host's cgroup (`pids.max`).
+    pub pids_limit: u64,
 }
 
 impl Default for Config {
@@ -175,6 +180,8 @@ impl Default for FunctionsConfig {
             token: None,
             start_timeout: Duration::from_secs(30),
             fs: default_fs(),
+            cgroups: true,
+            pids_limit: 4096,
         }
     }
 }

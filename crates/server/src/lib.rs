@@ -15,6 +15,7 @@
 mod access;
 mod acl;
 mod audit;
+mod cgroup;
 mod cluster;
 pub mod config;
 mod connection;
@@ -71,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) cluster: Option<cluster::Cluster>,
     /// Where workers connect (the bound address, loopback when bound to every interface).
     pub(crate) worker_address: String,
+    /// The cgroups workers and hosts run in, if any (removed when the server ends).
+    pub(crate) containment: cgroup::Containment,
     /// This server's claim on its data directory, held for its life.
     _data_lock: Option<spindle_storage::DirLock>,
 }
@@ -150,6 +153,7 @@ impl Server {
             gateway: gateway::Gateway::new(config.functions.clone()),
             hosts: hosts::Hosts::new(&config),
             worker_address: reachable.to_string(),
+            containment: cgroup::Containment::detect(config.functions.cgroups, config.functions.pids_limit),
             address,
             config,
             _data_lock: data_lock,
@@ -223,6 +227,13 @@ impl Server {
             }
         }
         info!("stopped accepting connections");
+        // The server's cgroups go with it (`Shared` may outlive this: tasks hold it).
+        for _ in 0..100 {
+            if shared.containment.remove_all() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         Ok(())
     }
 }

@@ -5,6 +5,12 @@
 //! (`PR_SET_CHILD_SUBREAPER`): a process their code orphans (a `setsid` double fork) becomes
 //! the worker's child instead of init's, so it stays in the tree that is measured against
 //! the memory limit and killed with the worker, or at the end of the call.
+//!
+//! Where the server can make cgroups (crate::cgroup), each child also runs in one of its own,
+//! which the kernel holds it to: a memory limit a margin above the sampled one (the sampler
+//! names the limit in its error; the kernel holds between samples), a process-count limit,
+//! and a kill of every process in it when the child is killed or ends, orphans of a dead
+//! worker or host included.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -18,6 +24,8 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
+
+use crate::cgroup::{Cgroup, Containment};
 
 /// How often a watched process's resident memory is read.
 const MEMORY_SAMPLE: Duration = Duration::from_millis(50);
@@ -55,6 +63,10 @@ pub(crate) struct Proc {
     watch_changed: Notify,
     /// Tells the supervisor to kill the process group.
     kill: Notify,
+    /// The process's own cgroup, when the server makes them.
+    cgroup: Option<Arc<Cgroup>>,
+    /// The kernel memory limit last set on `cgroup`.
+    kernel_limit: AtomicU64,
 }
 
 impl Proc {
@@ -62,6 +74,24 @@ impl Proc {
     pub(crate) fn watch(&self, limit: u64) {
         self.limit.store(limit, Ordering::Relaxed);
         self.watch_changed.notify_one();
+        if let Some(cgroup) = &self.cgroup {
+            let kernel = backstop(limit);
+            if limit > 0 && self.kernel_limit.swap(kernel, Ordering::Relaxed) != kernel {
+                if let Err(e) = cgroup.limit_memory(kernel) {
+                    // The sampler still holds the process to `limit`.
+                    tracing::warn!(pid = self.pid, "cannot set the cgroup's memory limit: {e}");
+                }
+            }
+        }
+    }
+
+    /// Kill every process the process started, but not the process: its descendants and,
+    /// with a cgroup, every other process in it (one whose parent died went to init).
+    pub(crate) fn kill_strays(&self) {
+        kill_descendants(self.pid);
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.kill(Some(self.pid));
+        }
     }
 
     pub(crate) fn kill(&self) {
@@ -119,10 +149,18 @@ pub(crate) struct Launch<'a> {
     pub(crate) env: &'a [(&'a str, &'a str)],
     /// Make the process a subreaper (see the module's doc).
     pub(crate) subreaper: bool,
+    /// Where its cgroup goes, named `<kind>-<id>`.
+    pub(crate) containment: &'a Containment,
+    pub(crate) kind: &'a str,
+    /// The sampled memory limit it starts with, in bytes (the kernel's is a margin above).
+    pub(crate) memory_limit: u64,
 }
 
-/// How the server keeps the processes its children start within reach, as `status` says.
-pub(crate) const CONTAINMENT: &str = "subreaper";
+/// The kernel's memory limit for a sampled `limit`: far enough above that the sampler, which
+/// says what happened, is the one that acts; the kernel catches a spike between samples.
+fn backstop(limit: u64) -> u64 {
+    limit.saturating_add((limit / 4).max(256 << 20))
+}
 
 /// Start the process and enter it in `table` (before it can connect, so a quick hello finds
 /// its entry).
@@ -166,14 +204,37 @@ pub(crate) fn spawn(table: &Table, launch: Launch) -> io::Result<(Child, Arc<Pro
             });
         }
     }
+    let kernel_limit = backstop(launch.memory_limit);
+    let cgroup = launch
+        .containment
+        .create(launch.kind, launch.id, kernel_limit)?
+        .map(Arc::new);
+    if let Some(cgroup) = &cgroup {
+        // Joined before exec, so even the interpreter's first instruction runs inside.
+        let fds = cgroup.join_fds();
+        // SAFETY: `join` only calls write(2) on fds the parent holds open over the spawn.
+        unsafe {
+            command.pre_exec(move || crate::cgroup::join(&fds));
+        }
+    }
     let mut procs = table.lock();
-    let child = command.spawn()?;
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            if let Some(cgroup) = &cgroup {
+                cgroup.remove();
+            }
+            return Err(e);
+        }
+    };
     let proc = Arc::new(Proc {
         secret,
         pid: child.id().unwrap_or(0),
         limit: AtomicU64::new(0),
         watch_changed: Notify::new(),
         kill: Notify::new(),
+        cgroup,
+        kernel_limit: AtomicU64::new(kernel_limit),
     });
     procs.insert(launch.id, proc.clone());
     Ok((child, proc))
@@ -192,6 +253,9 @@ pub(crate) async fn supervise(child: &mut Child, proc: &Proc, mut over_memory: i
             _ = proc.kill.notified(), if !killed => {
                 killed = true;
                 kill_group(proc.pid);
+                if let Some(cgroup) = &proc.cgroup {
+                    cgroup.kill(None);
+                }
                 if let Err(e) = child.start_kill() {
                     tracing::warn!(pid = proc.pid, "cannot kill process: {e}");
                 }
@@ -205,6 +269,9 @@ pub(crate) async fn supervise(child: &mut Child, proc: &Proc, mut over_memory: i
             }
         }
     };
+    if let Some(cgroup) = &proc.cgroup {
+        release(cgroup.clone());
+    }
     match status {
         Ok(status) => Exit {
             status: status.code(),
@@ -215,6 +282,22 @@ pub(crate) async fn supervise(child: &mut Child, proc: &Proc, mut over_memory: i
             Exit::default()
         }
     }
+}
+
+/// Kill what is left in an ended process's cgroup (what it orphaned), then remove the cgroup
+/// once the kernel has let the killed go (in the background: the exit is reported now).
+fn release(cgroup: Arc<Cgroup>) {
+    cgroup.kill(None);
+    tokio::spawn(async move {
+        for _ in 0..200 {
+            if cgroup.remove() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            cgroup.kill(None);
+        }
+        tracing::warn!(cgroup = %cgroup.path().display(), "cannot remove the cgroup: processes stay in it");
+    });
 }
 
 /// Kill the process's whole group (it leads one: `process_group(0)`), so the subprocesses it
@@ -283,7 +366,7 @@ pub(crate) fn kill_descendants(pid: u32) {
 }
 
 /// Whether the process has ended and waits to be reaped (or is gone).
-fn is_zombie(pid: u32) -> bool {
+pub(crate) fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| {
@@ -413,6 +496,8 @@ mod tests {
             limit: AtomicU64::new(0),
             watch_changed: Notify::new(),
             kill: Notify::new(),
+            cgroup: None,
+            kernel_limit: AtomicU64::new(0),
         });
         table.lock().insert(7, proc);
         assert_eq!(table.authenticate("7-abc").map(|(id, _)| id), Some(7));

@@ -102,7 +102,7 @@ pub(crate) fn status(shared: &Shared) -> Value {
         ("queued", Value::from(pool.queued)),
         ("invocations_per_s", Value::F64(invocations_per_s)),
         // How the processes functions start are kept within reach of their limits and kills.
-        ("containment", Value::from(crate::process::CONTAINMENT)),
+        ("containment", Value::from(shared.containment.mode().name())),
         ("object_hosts", Value::from(object_hosts)),
         ("hosted_objects", Value::from(hosted_objects)),
         ("object_calls_in_flight", Value::from(object_calls)),

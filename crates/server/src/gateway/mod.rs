@@ -18,7 +18,7 @@ use spindle_core::{ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use tokio::sync::Notify;
 
 use crate::config::FunctionsConfig;
-use crate::process::{kill_descendants, Exit, Table};
+use crate::process::{Exit, Table};
 use crate::Shared;
 pub(crate) use pool::WorkerId;
 use pool::{Action, Counts, Invocation, Limits, Pool};
@@ -312,7 +312,7 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
                     proc.watch(0);
                     // Whatever the call started ends with it: a warm worker carries nothing
                     // of one call into the next.
-                    kill_descendants(proc.pid);
+                    proc.kill_strays();
                 }
             }
             Action::Reply { conn, req, reply } => replies.push(Delivery {
@@ -324,7 +324,7 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
                     // A shell function's command runs in a session of its own, and a
                     // double fork leaves its group: out of reach of the kill of the worker's
                     // process group, they go first.
-                    kill_descendants(proc.pid);
+                    proc.kill_strays();
                     proc.kill();
                 }
             }

@@ -105,6 +105,9 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
                 ("SPINDLE_COMMANDS", &commands),
             ],
             subreaper: true,
+            containment: &shared.containment,
+            kind: "worker",
+            memory_limit: gateway.config.memory_limit_mb << 20,
         },
     )?;
     gateway.with_pool(|p| p.spawned(id, proc.pid));

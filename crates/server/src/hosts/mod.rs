@@ -252,6 +252,9 @@ fn spawn(shared: &Arc<Shared>, id: HostId) -> io::Result<()> {
             },
             // An object may keep subprocesses across its calls, which the host does not reap.
             subreaper: false,
+            containment: &shared.containment,
+            kind: "host",
+            memory_limit: shared.config.hosts.memory_limit_mb << 20,
         },
     )?;
     tracing::debug!(host = id, pid = proc.pid, "object host started");
