@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 
 from objects import Running, free_port, redis_cmd
-from report import IMG, QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table, update_section
+from report import (IMG, QUICK, Claim, log, machine, print_table, redis_version, sequential_latency,
+                    summarize, table, update_section)
 from throughput import loadgen_binary, run_loadgen
 
 import spindle
@@ -52,18 +52,7 @@ def python_client(system: str, port: int, op: str):
 
 def python_run(system: str, port: int, op: str, ops: int) -> dict:
     """Mean, p50 and p99 in µs of ``ops`` sequential operations (after a warm-up)."""
-    call = python_client(system, port, op)
-    keys = random.Random(1)
-    for _ in range(min(2000, ops)):
-        call(keys.randrange(KEYS))
-    clock, samples = time.perf_counter_ns, []
-    for _ in range(ops):
-        i = keys.randrange(KEYS)
-        t0 = clock()
-        call(i)
-        samples.append((clock() - t0) / 1000.0)
-    return {"mean_us": statistics.fmean(samples), "p50_us": percentile(samples, 0.5),
-            "p99_us": percentile(samples, 0.99)}
+    return sequential_latency(python_client(system, port, op), KEYS, ops, warmup=2000)
 
 
 def plot(results: dict, path) -> None:

@@ -71,6 +71,26 @@ def percentile(samples, q: float) -> float:
     return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
+def sequential_latency(call, keys: int, ops: int, warmup: int) -> dict:
+    """Mean, p50 and p99 in µs of ``ops`` sequential ``call(key)`` on random keys below
+    ``keys``, after ``warmup`` calls."""
+    import random
+    import statistics
+    import time
+
+    rng = random.Random(1)
+    for _ in range(min(warmup, ops)):
+        call(rng.randrange(keys))
+    clock, samples = time.perf_counter_ns, []
+    for _ in range(ops):
+        i = rng.randrange(keys)
+        t0 = clock()
+        call(i)
+        samples.append((clock() - t0) / 1000.0)
+    return {"mean_us": statistics.fmean(samples), "p50_us": percentile(samples, 0.5),
+            "p99_us": percentile(samples, 0.99)}
+
+
 def table(headers: list[str], rows: list[list]) -> list[str]:
     """A Markdown table; floats get thousands separators and sensible precision."""
     def cell(v) -> str:

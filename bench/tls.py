@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from objects import Running, free_port, redis_cmd
-from report import IMG, QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table, update_section
+from report import (IMG, QUICK, Claim, log, machine, print_table, redis_version, sequential_latency,
+                    summarize, table, update_section)
 
 import spindle
 from spindle.embedded import find_binary
@@ -60,18 +61,7 @@ def prepare(system: str, port: int, ca: str) -> None:
 
 
 def latency(system: str, port: int, ca: str, ops: int) -> dict:
-    call = client_call(system, port, ca)
-    keys = random.Random(1)
-    for _ in range(min(1000, ops)):
-        call(keys.randrange(KEYS))
-    clock, samples = time.perf_counter_ns, []
-    for _ in range(ops):
-        i = keys.randrange(KEYS)
-        t0 = clock()
-        call(i)
-        samples.append((clock() - t0) / 1000.0)
-    return {"mean_us": statistics.fmean(samples), "p50_us": percentile(samples, 0.5),
-            "p99_us": percentile(samples, 0.99)}
+    return sequential_latency(client_call(system, port, ca), KEYS, ops, warmup=1000)
 
 
 def _load(job: tuple) -> int:
