@@ -19,6 +19,11 @@ pub struct Config {
     pub max_frame: usize,
     /// How long a session outlives its last connection.
     pub session_ttl: Duration,
+    /// Connections served at once (workers' and object hosts' included): past it, a new
+    /// connection is told so and closed.
+    pub max_connections: usize,
+    /// How long a new connection may take to say `hello` before it is closed.
+    pub hello_timeout: Duration,
     /// The function gateway's settings.
     pub functions: FunctionsConfig,
     /// Object hosts, which run user-defined objects (they use `functions`' Python, token and
@@ -159,6 +164,8 @@ impl Default for Config {
             partitions: default_partitions(),
             max_frame: spindle_proto::DEFAULT_MAX_FRAME,
             session_ttl: Duration::from_secs(5),
+            max_connections: default_max_connections(),
+            hello_timeout: Duration::from_secs(10),
             functions: FunctionsConfig::default(),
             hosts: HostsConfig::default(),
             data_dir: None,
@@ -259,6 +266,22 @@ pub fn is_loopback(host: &str) -> bool {
 }
 
 /// One shard per core: enough to keep every worker busy without contention.
+/// 10,000 connections, or fewer when the process may open fewer files (a few dozen are
+/// kept for logs, data and children's pipes): past the descriptor limit, a client would get
+/// no answer at all.
+pub fn default_max_connections() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given and nothing else.
+    let files = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        0 => usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX),
+        _ => 1024,
+    };
+    files.saturating_sub(64).clamp(16, 10_000)
+}
+
 pub fn default_partitions() -> usize {
     cores()
 }

@@ -42,8 +42,9 @@ enum End {
     Truncated { buffered: usize },
     /// A frame over the limit was refused; the connection closes after the reply.
     FrameTooLarge,
-    /// A `hello` was refused (`Unauthorized`); the connection closes after the reply, so a
-    /// client cannot pipeline guesses on it (each costs a credential check).
+    /// A `hello` was refused (`Unauthorized`; the connection closes after the reply, so a
+    /// client cannot pipeline guesses on it, each costing a credential check), or never
+    /// came in time, or the server was at its connection limit.
     Refused,
     /// The socket failed.
     Failed(std::io::Error),
@@ -169,7 +170,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
 async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Outbox, sink: Sink, peer: SocketAddr) {
     let outbox = Arc::new(outbox);
     let id = shared.registry.register(outbox.clone());
-    shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     debug!(conn = id, %peer, "connection opened");
     let writer_task = tokio::spawn(registry::write_loop(sink, outbox.clone(), id));
 
@@ -191,7 +192,18 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
         raft_part: None,
         incoming: None,
     };
-    let end = conn.read_loop(&mut reader).await;
+    let max = conn.shared.config.max_connections;
+    let end = match open > max {
+        // Told at once, rather than left to time out at the descriptor limit.
+        true => {
+            let message = format!("the server serves {max} connections at most (--max-connections); try again later");
+            conn.shared.audit.refused(peer.ip(), &message);
+            conn.reply(0, Err(Error::new(ErrorKind::Busy, message)));
+            conn.flush();
+            End::Refused
+        }
+        false => conn.read_loop(&mut reader).await,
+    };
     match &end {
         End::Closed => debug!(conn = id, "connection closed by the client"),
         End::Truncated { buffered } => {
@@ -201,7 +213,10 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
             )
         }
         End::FrameTooLarge => debug!(conn = id, "closing after an oversized frame"),
-        End::Refused => debug!(conn = id, "closing after a refused hello"),
+        End::Refused => debug!(
+            conn = id,
+            "closing after a refused or missing hello, or at the connection limit"
+        ),
         End::Failed(e) => debug!(conn = id, "connection failed: {e}"),
     }
     conn.finish();
@@ -215,6 +230,7 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
 impl Connection {
     async fn read_loop(&mut self, reader: &mut (impl AsyncRead + Unpin)) -> End {
         let max_frame = self.shared.config.max_frame;
+        let hello_deadline = tokio::time::Instant::now() + self.shared.config.hello_timeout;
         let mut buf: Vec<u8> = Vec::with_capacity(INITIAL_READ_BUFFER);
         let mut start = 0;
         loop {
@@ -260,7 +276,23 @@ impl Connection {
             let wanted = frame_size.unwrap_or(0).max(buf.len() + MIN_READ_SPACE);
             buf.reserve(wanted - buf.len());
 
-            match reader.read_buf(&mut buf).await {
+            let read = reader.read_buf(&mut buf);
+            let read = match self.client.is_some() || self.worker.is_some() || self.host.is_some() {
+                true => read.await,
+                // A connection must say hello in time: one that never does holds a descriptor
+                // and its buffer for nothing.
+                false => match tokio::time::timeout_at(hello_deadline, read).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        let timeout = self.shared.config.hello_timeout;
+                        let message = format!("no hello within {timeout:?}: closing the connection");
+                        self.reply(0, Err(Error::new(ErrorKind::ProtocolError, message)));
+                        self.flush();
+                        return End::Refused;
+                    }
+                },
+            };
+            match read {
                 Ok(0) if buf.is_empty() => return End::Closed,
                 Ok(0) => return End::Truncated { buffered: buf.len() },
                 Ok(_) => {}
