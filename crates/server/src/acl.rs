@@ -126,10 +126,31 @@ const BUILT_IN_ROLES: [(&str, &str); 3] = [
 ];
 
 /// A user: a hashed credential (PHC string) and roles.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct User {
     pub(crate) hash: String,
     pub(crate) roles: Vec<String>,
+}
+
+/// Never the hash: changes are logged (the metadata group logs each entry it applies).
+impl fmt::Debug for User {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("User")
+            .field("roles", &self.roles)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A change as the log shows it (never a credential or its hash).
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::SetUser { name, user } => write!(f, "set user '{name}' with roles {:?}", user.roles),
+            Change::RemoveUser { name } => write!(f, "removed user '{name}'"),
+            Change::SetRole { name, rules } => write!(f, "set role '{name}' to {rules:?}"),
+            Change::RemoveRole { name } => write!(f, "removed role '{name}'"),
+        }
+    }
 }
 
 /// A change of the users or roles (an entry of the metadata group in a cluster).

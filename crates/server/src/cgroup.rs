@@ -10,7 +10,7 @@
 //!   refuses that to a cgroup holding processes other than the root, and the server moves
 //!   nothing, so under systemd this takes a delegated subtree the server is the root of.
 //! - cgroup v1: the memory and pids hierarchies at `/sys/fs/cgroup/{memory,pids}`, writable.
-//! - neither: no cgroups; workers' subreaper (crate::process) is what finds orphans.
+//! - neither: no cgroups; workers' subreaper (see `process.rs`) is what finds orphans.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -175,7 +175,7 @@ impl Cgroup {
             let live: Vec<u32> = self
                 .members()
                 .into_iter()
-                .filter(|&pid| Some(pid) != except && !crate::process::is_zombie(pid))
+                .filter(|&pid| Some(pid) != except && !is_zombie(pid))
                 .collect();
             if live.is_empty() {
                 return true;
@@ -332,6 +332,17 @@ pub(crate) fn join(fds: &[RawFd]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether the process has ended and waits to be reaped (or is gone).
+pub(crate) fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+        })
+        .unwrap_or(true)
 }
 
 #[cfg(test)]

@@ -208,7 +208,7 @@ impl Config {
         }
         if let Some(tls) = &self.tls {
             if tls.trusted_ca().is_none() {
-                return Err(crate::tls::MISSING_CA.into());
+                return Err(MISSING_CA.into());
             }
         }
         // TLS keeps the token and the values private on the way.
@@ -239,6 +239,11 @@ impl Config {
         cluster.key.as_deref().or(self.functions.token.as_deref())
     }
 }
+
+/// Said when TLS is on but nothing tells the server's own clients (workers, hosts, peers)
+/// which CA signed its certificate.
+pub const MISSING_CA: &str = "TLS needs the CA that signed the nodes' certificates, which \
+     the server's workers, object hosts and peers verify it with: pass --tls-ca FILE (or --tls-client-ca FILE)";
 
 /// The default shared directory must be this user's alone: another user who made it first
 /// could read the functions' files, or plant symlinks that their `>FILE` writes follow.

@@ -339,19 +339,15 @@ impl Connection {
         self.unless_exists = None;
         // The one gate of authentication: a session exists only once `hello` passed it (the
         // token, the session's secret); workers and hosts prove themselves with their ids.
-        if self.client.is_none()
-            && !matches!(
-                request,
-                Request::Hello { .. } | Request::Worker { .. } | Request::Host { .. }
-            )
-        {
+        let introduces = matches!(
+            request,
+            Request::Hello { .. } | Request::Worker { .. } | Request::Host { .. }
+        );
+        if self.client.is_none() && !introduces {
             let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
         }
-        if !matches!(
-            request,
-            Request::Hello { .. } | Request::Worker { .. } | Request::Host { .. }
-        ) {
+        if !introduces {
             match self.authorize(&request) {
                 Ok(Grant::Yes) => {}
                 Ok(Grant::IfExists(refusal)) => self.unless_exists = Some(refusal),
@@ -827,7 +823,7 @@ impl Connection {
             }
             Err(e) => return self.reply(id, Err(e)),
         };
-        info!(conn = self.id, user = who, peer = %self.peer, "users and roles: {}", describe(&change));
+        info!(conn = self.id, user = who, peer = %self.peer, "users and roles: {change}");
         let Some(_) = &self.shared.cluster else {
             let reply = self
                 .shared
@@ -1109,13 +1105,3 @@ fn acl_change(action: &str, args: &[(String, Value)]) -> Result<Option<Change>, 
 
 /// Shorter than this, a password is a guess away.
 const MIN_CREDENTIAL_LEN: usize = 12;
-
-/// A change as the log shows it (never a credential or its hash).
-fn describe(change: &Change) -> String {
-    match change {
-        Change::SetUser { name, user } => format!("set user '{name}' with roles {:?}", user.roles),
-        Change::RemoveUser { name } => format!("removed user '{name}'"),
-        Change::SetRole { name, rules } => format!("set role '{name}' to {rules:?}"),
-        Change::RemoveRole { name } => format!("removed role '{name}'"),
-    }
-}

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
-use crate::cgroup::{Cgroup, Containment};
+use crate::cgroup::{is_zombie, Cgroup, Containment};
 
 /// How often a watched process's resident memory is read.
 const MEMORY_SAMPLE: Duration = Duration::from_millis(50);
@@ -363,17 +363,6 @@ pub(crate) fn kill_descendants(pid: u32) {
         }
     }
     tracing::warn!(pid, "descendants still running after 20 rounds of SIGKILL");
-}
-
-/// Whether the process has ended and waits to be reaped (or is gone).
-pub(crate) fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
-        })
-        .unwrap_or(true)
 }
 
 /// The process's descendants, at most 10,000 of them: a fork bomb must not stall the caller.

@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::config::TlsConfig;
+use crate::config::{TlsConfig, MISSING_CA};
 use crate::Shared;
 
 /// A client that connects and neither finishes its handshake nor closes is dropped after
@@ -114,11 +114,6 @@ pub fn server_config(config: &TlsConfig) -> io::Result<ServerConfig> {
         .with_single_cert(certificates(&config.cert)?, private_key(&config.key)?)
         .map_err(|e| io::Error::other(format!("--tls-cert and --tls-key do not go together: {e}")))
 }
-
-/// Said when TLS is on but nothing tells the server's own clients (workers, hosts, peers)
-/// which CA signed its certificate.
-pub const MISSING_CA: &str = "TLS needs the CA that signed the nodes' certificates, which \
-     the server's workers, object hosts and peers verify it with: pass --tls-ca FILE (or --tls-client-ca FILE)";
 
 /// A connection to a TLS port: the handshake, within [`HANDSHAKE_TIMEOUT`]. `None` when it
 /// failed (logged as a refusal), when the client closed first, or when it spoke plaintext
