@@ -1,14 +1,21 @@
-"""Bounds on what clients may hold: connections at once, and the time to say hello. Real
-server processes and raw sockets (docs/limits.md)."""
+"""Bounds on what clients may hold: connections, time, frames, unread replies and recorded
+replies; each attack keeps the server's memory under a stated bound while another client is
+served. Real server processes and raw sockets (docs/limits.md)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import threading
+import time
+from typing import Iterator, List
 
 import msgpack
+import pytest
 
-from conftest import ServerProcess, server_binary, wait_until
+import spindle
+from conftest import ServerProcess, connected_to, server_binary, wait_until
 from spindle.client import Connection, frame
 from spindle.sessions import new_secret
 
@@ -24,6 +31,86 @@ def read_frame(sock: socket.socket) -> list | None:
 def open_raw(address: str) -> socket.socket:
     host, port = address.rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=30)
+
+
+MiB = 1 << 20
+
+
+def greeted(server: ServerProcess, receive_buffer: int = 0) -> Connection:
+    """A connection that said hello; ``receive_buffer``: a small kernel buffer (set before
+    connecting), so that replies it does not read pile up in the server rather than here."""
+    host, port = server.address.rsplit(":", 1)
+    conn = Connection(host, int(port), new_secret(), 1, timeout=60)
+    if receive_buffer:
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    return conn
+
+
+def create(conn: Connection, type_name: str, key: str, *args) -> None:
+    reply = conn.roundtrip(frame([2, "create", 0, 0, type_name, key, list(args), False]), 2)
+    assert reply[1] == 0, reply
+
+
+def call(id: int, type_name: str, key: str, method: str, *args, seq: int = 0) -> bytes:
+    return frame([id, "call", seq, 0, type_name, key, method, list(args)])
+
+
+def rss(server: ServerProcess) -> int:
+    """The server's resident memory in bytes."""
+    with open(f"/proc/{server.process.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+class Bystander:
+    """Another client calling all along: it must keep being served."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.conn = greeted(server)
+        create(self.conn, "Counter", "bystander")
+        self.calls = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            assert self.conn.roundtrip(call(7, "Counter", "bystander", "increment"), 7)[1] == 0
+            self.calls += 1
+
+    def served(self, more: int = 20) -> bool:
+        """Whether it makes ``more`` calls from now."""
+        start = self.calls
+        return wait_until(lambda: self.calls >= start + more, 30)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(30)
+        self.conn.close()
+
+
+@pytest.fixture
+def bounded() -> Iterator[List]:
+    """Servers started by the test (with its limits), stopped after it."""
+    started: List = []
+    yield started
+    for item in started:
+        item.stop()
+
+
+def start(bounded: List, *args: str) -> ServerProcess:
+    server = ServerProcess(*args, stderr=subprocess.PIPE)
+    # Drain the log, keeping it for the test to read.
+    server.log = []
+    threading.Thread(target=lambda: server.log.extend(server.process.stderr), daemon=True).start()
+    bounded.append(server)
+    return server
+
+
+def logged(server: ServerProcess, text: str) -> int:
+    return sum(text in line for line in list(server.log))
 
 
 def test_past_max_connections_a_new_client_is_told_at_once():
@@ -76,7 +163,180 @@ def test_a_connection_that_never_says_hello_is_closed_and_one_that_did_stays():
 
 
 def test_bad_limits_are_refused_at_start():
-    for args in (["--hello-timeout", "0"], ["--hello-timeout=-1"], ["--max-connections", "0"]):
+    for args in (["--hello-timeout", "0"], ["--hello-timeout=-1"], ["--max-connections", "0"],
+                 ["--frame-timeout", "0"], ["--client-timeout=-1"], ["--max-frame-values", "0"],
+                 ["--output-hard-limit", "10", "--output-limit", "20"]):
         out = subprocess.run([server_binary(), "server", "--port", "0", *args], capture_output=True, text=True,
                              timeout=30, stdin=subprocess.DEVNULL)
         assert out.returncode == 2 and args[0].split("=")[0] in out.stderr, (args, out.stderr)
+
+
+def test_a_client_that_does_not_read_is_not_served_more_until_it_does(bounded):
+    """Pipelined reads of a 4 MiB blob from a client that never reads: the server stops
+    running its requests once its unread replies pass --output-limit (before running them,
+    not after), and runs the rest when it reads."""
+    server = start(bounded, "--output-limit", str(16 * MiB))
+    owner = greeted(server)
+    create(owner, "Blob", "big", b"x" * (4 * MiB))
+    idle = rss(server)
+    bystander = Bystander(server)
+    reader = greeted(server, receive_buffer=64 * 1024)
+    try:
+        count = 400  # 1.6 GiB of replies, if they all ran
+        reader.sock.sendall(b"".join(call(100 + i, "Blob", "big", "get") for i in range(count)))
+        time.sleep(1)
+        assert bystander.served()
+        held = rss(server) - idle
+        assert held < 16 * MiB + 100 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+        # Reading, the client gets every reply, in order.
+        for i in range(count):
+            reply = reader.roundtrip(b"", 100 + i)
+            assert reply[1] == 0 and len(reply[2]) == 4 * MiB
+    finally:
+        bystander.stop()
+        reader.close()
+        owner.close()
+
+
+def test_a_client_whose_unread_replies_pass_the_hard_limit_is_closed(bounded):
+    """Replies another client's calls produce (parked gets woken by puts) cannot wait: past
+    --output-hard-limit the client that does not read is closed, with the reason logged."""
+    server = start(bounded, "--output-limit", str(4 * MiB), "--output-hard-limit", str(32 * MiB))
+    producer = greeted(server)
+    create(producer, "Queue", "q")
+    idle = rss(server)
+    sleeper = greeted(server, receive_buffer=64 * 1024)
+    try:
+        sleeper.sock.sendall(b"".join(call(100 + i, "Queue", "q", "get") for i in range(200)))
+        item = b"y" * MiB
+        for i in range(200):
+            reply = producer.roundtrip(call(10, "Queue", "q", "put", item), 10)
+            assert reply[1] == 0, reply
+        assert wait_until(lambda: logged(server, "--output-hard-limit") > 0, 30), "".join(server.log)
+        # The items put after the sleeper was closed wait in the queue.
+        queued = producer.roundtrip(call(12, "Queue", "q", "qsize"), 12)[2]
+        assert 0 < queued < 200
+        held = rss(server) - idle
+        assert held < 32 * MiB + queued * MiB + 100 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+        # The closed client's socket ends (after what was sent before).
+        sleeper.sock.settimeout(30)
+        with pytest.raises(OSError):
+            while sleeper.sock.recv(1 << 20):
+                pass
+            raise ConnectionResetError("closed")
+        assert producer.roundtrip(frame([11, "ping"]), 11)[2] == "pong"
+    finally:
+        sleeper.close()
+        producer.close()
+
+
+def test_a_session_that_never_acknowledges_keeps_a_bounded_reply_log(bounded):
+    """Small calls returning 1 MiB each, from a session that sends no `acked`: the replies
+    recorded for its retries stay under --max-reply-log (the oldest are forgotten)."""
+    server = start(bounded, "--max-reply-log", str(16 * MiB), "--partitions", "1")
+    conn = greeted(server)
+    create(conn, "Dict", "d")
+    idle = rss(server)
+    for seq in range(1, 601):  # 600 MiB recorded, unbounded
+        reply = conn.roundtrip(call(seq, "Dict", "d", "setdefault", "k", b"z" * MiB, seq=seq), seq)
+        assert reply[1] == 0 and len(reply[2]) == MiB
+    held = rss(server) - idle
+    assert held < 16 * MiB + 100 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+    # The newest replies are still kept for a retry: seq 600 answers from the log.
+    reply = conn.roundtrip(call(9, "Dict", "d", "pop", "k", seq=600), 9)
+    assert reply[1] == 0 and len(reply[2]) == MiB
+    assert conn.roundtrip(call(10, "Dict", "d", "len"), 10)[2] == 1, "the pop did not run"
+    conn.close()
+
+
+def test_large_frames_in_progress_share_a_budget_and_a_deadline(bounded):
+    """Clients holding large partial frames: past --max-partial-frames the next one is
+    refused at once; a frame that does not arrive within --frame-timeout (per MiB) closes
+    its connection."""
+    server = start(bounded, "--max-partial-frames", str(100 * MiB), "--frame-timeout", "1")
+    idle = rss(server)
+    bystander = Bystander(server)
+    holders = [greeted(server) for _ in range(3)]
+    try:
+        # Two frames of 40 MiB each start (the first 8 MiB of each), then a third.
+        for conn in holders:
+            body = msgpack.packb([50, "call", 0, 0, "Blob", "b", "set", [b"q" * (40 * MiB)]])
+            conn.sock.sendall(len(body).to_bytes(4, "big") + body[: 8 * MiB])
+        refused = holders[2].roundtrip(b"", 0)
+        assert refused[2][0] == "Busy" and "--max-partial-frames" in refused[2][1], refused
+        assert bystander.served()
+        held = rss(server) - idle
+        assert held < 100 * MiB + 100 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+        # Their deadline is 1 s + 1 s per MiB: 41 s. A small frame's is about a second.
+        late = greeted(server)
+        body = msgpack.packb([51, "call", 0, 0, "Blob", "b", "set", [b"q" * 1000]])
+        late.sock.sendall(len(body).to_bytes(4, "big") + body[:100])
+        reply = late.roundtrip(b"", 0)
+        assert reply[2][0] == "ProtocolError" and "--frame-timeout" in reply[2][1], reply
+        late.close()
+    finally:
+        bystander.stop()
+        for conn in holders:
+            conn.close()
+
+
+def test_a_frame_of_tiny_values_is_refused_before_it_is_decoded(bounded):
+    """A 48 MiB frame of nils decodes to 1.5 GiB; past --max-frame-values it is refused
+    without decoding, and the connection goes on."""
+    server = start(bounded)
+    conn = greeted(server)
+    idle = rss(server)
+    count = 48 * MiB
+    nils = b"\xdd" + count.to_bytes(4, "big") + b"\xc0" * count
+    # [12, "call", 0, 0, "List", "l", "extend", [nils]]
+    head = b"".join(msgpack.packb(item) for item in [12, "call", 0, 0, "List", "l", "extend"])
+    body = b"\x98" + head + b"\x91" + nils
+    reply = conn.roundtrip(len(body).to_bytes(4, "big") + body, 12)
+    assert reply[2][0] == "ProtocolError" and "--max-frame-values" in reply[2][1], reply
+    held = rss(server) - idle
+    assert held < 48 * MiB + 150 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+    assert conn.roundtrip(frame([13, "ping"]), 13)[2] == "pong"
+    conn.close()
+
+
+def test_an_idle_client_is_closed_and_one_waiting_for_a_reply_is_not(bounded):
+    server = start(bounded, "--client-timeout", "1")
+    idle = greeted(server)
+    waiting = greeted(server)
+    holder = greeted(server)
+    try:
+        create(holder, "Queue", "wq")
+        # A get parked on an empty queue is a call in flight, however long it waits.
+        waiting.sock.sendall(call(30, "Queue", "wq", "get"))
+        reply = idle.roundtrip(b"", 0)
+        assert reply[2][0] == "Timeout" and "--client-timeout" in reply[2][1], reply
+        time.sleep(2)
+        putter = greeted(server)
+        assert putter.roundtrip(call(31, "Queue", "wq", "put", "late"), 31)[1] == 0
+        assert waiting.roundtrip(b"", 30)[2] == "late"
+        putter.close()
+    finally:
+        for conn in (idle, waiting, holder):
+            conn.close()
+
+
+def test_the_sdk_reconnects_when_its_idle_connection_was_closed(bounded):
+    server = start(bounded, "--client-timeout", "0.5")
+    with connected_to(server):
+        counter = spindle.Counter(name="idle-sdk")
+        counter.increment()
+        time.sleep(1.5)
+        assert counter.increment() == 2
+
+
+def test_a_flood_of_bad_frames_is_logged_in_a_few_lines(bounded):
+    server = start(bounded)
+    conn = greeted(server)
+    bad = frame([5, "no-such-op"])
+    conn.sock.sendall(bad * 20000)
+    for _ in range(20000):
+        assert conn.roundtrip(b"", 5)[2][0] == "ProtocolError"
+    assert conn.roundtrip(frame([6, "ping"]), 6)[2] == "pong"
+    lines = logged(server, "no-such-op")
+    assert 1 <= lines <= 2, f"{lines} lines logged"
+    conn.close()

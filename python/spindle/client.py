@@ -642,6 +642,11 @@ class Client:
             if reply[1] == 0:
                 return reply[2]
             error = reply[2]
+            if reply[0] == 0 and isinstance(error, list) and error[:1] == ["Timeout"]:
+                # The server closed this connection for its silence (--client-timeout) before
+                # it read the call: a new connection sends it.
+                self._drop(conn, state)
+                continue
             if isinstance(error, list) and error and error[0] == "NotLeader":
                 # Not this node's shard: go to its leader (or wait out an election).
                 deadline = deadline or time.monotonic() + FAILOVER_TIMEOUT

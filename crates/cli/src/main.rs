@@ -4,6 +4,7 @@
 mod cert;
 mod client;
 mod cluster;
+mod limits;
 mod objects;
 mod run;
 mod sh;
@@ -128,13 +129,6 @@ struct ServerArgs {
     /// Seconds a session outlives its last connection.
     #[arg(long, default_value_t = 5.0)]
     session_ttl: f64,
-    /// Connections served at once, workers' and object hosts' included; past it a new one
-    /// is told so and closed [default: 10000, fewer under a lower open-files limit].
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    max_connections: Option<u32>,
-    /// Seconds a new connection may take to say hello before it is closed.
-    #[arg(long, default_value_t = 10.0)]
-    hello_timeout: f64,
     /// Also exit when stdin reaches end of file (for a server started by a client process,
     /// so it dies with its parent).
     #[arg(long)]
@@ -180,6 +174,8 @@ struct ServerArgs {
         requires = "node_id"
     )]
     cluster_key: Option<String>,
+    #[command(flatten)]
+    limits: limits::LimitArgs,
     #[command(flatten)]
     functions: FunctionArgs,
     #[command(flatten)]
@@ -399,10 +395,10 @@ const USAGE: u8 = 2;
 
 fn run_server(args: ServerArgs) -> ExitCode {
     init_logging("info");
-    let hello_timeout = match Duration::try_from_secs_f64(args.hello_timeout) {
-        Ok(timeout) if !timeout.is_zero() => timeout,
-        _ => {
-            eprintln!("spindle: --hello-timeout must be a positive number of seconds");
+    let limits = match args.limits.config() {
+        Ok(limits) => limits,
+        Err(message) => {
+            eprintln!("spindle: {message}");
             return ExitCode::from(USAGE);
         }
     };
@@ -435,10 +431,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
         partitions: args.partitions.map_or_else(default_partitions, usize::from),
         max_frame: args.max_frame,
         session_ttl,
-        max_connections: args
-            .max_connections
-            .map_or_else(spindle_server::config::default_max_connections, |n| n as usize),
-        hello_timeout,
+        limits,
         functions,
         hosts,
         data_dir: args.data_dir,

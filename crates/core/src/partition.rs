@@ -31,6 +31,10 @@ mod snapshot;
 /// replies it holds (`acked`) keeps only those of its calls in flight.
 const REPLY_LOG_LEN: usize = 4096;
 
+/// Bytes of replies each client keeps per partition unless told otherwise
+/// ([`Partition::set_reply_log_limit`]).
+pub const DEFAULT_REPLY_LOG_BYTES: usize = 64 << 20;
+
 /// Prefix of the keys of unnamed objects; names given by users never start with it.
 pub const UNNAMED_PREFIX: char = '~';
 
@@ -114,6 +118,8 @@ struct ReplyLog {
     /// copy of one arriving now (delayed in the network, say, on a connection the client
     /// gave up) is refused, not run again.
     acked_below: u64,
+    /// About how many bytes the replies take.
+    bytes: usize,
 }
 
 struct Recorded {
@@ -126,23 +132,27 @@ struct Recorded {
 }
 
 impl ReplyLog {
-    fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
+    /// Record `seq`'s reply, forgetting the oldest recorded while the log holds
+    /// [`REPLY_LOG_LEN`] replies or would pass `max_bytes`.
+    fn record(&mut self, seq: u64, reply: Reply, durable: bool, max_bytes: usize) {
         let reply = reply.map_err(Box::new);
+        let size = reply_size(&reply);
+        self.bytes += size;
         if let Some(i) = self.position(seq) {
             let r = &mut self.replies[i];
+            self.bytes -= reply_size(&r.reply);
             (r.reply, r.durable) = (reply, durable);
             return;
         }
-        // Forget first: the rings never grow past their length.
-        if self.order.len() == REPLY_LOG_LEN {
-            if let Some(old) = self.order.pop_front() {
-                let at = match self.replies.front() {
-                    Some(r) if r.seq == old => Some(0),
-                    _ => self.position(old),
-                };
-                if let Some(i) = at {
-                    self.replies.remove(i);
-                }
+        // Forget first: the rings never grow past their length, nor the log past its bytes.
+        while self.order.len() >= REPLY_LOG_LEN || (self.bytes > max_bytes && !self.order.is_empty()) {
+            let Some(old) = self.order.pop_front() else { break };
+            let at = match self.replies.front() {
+                Some(r) if r.seq == old => Some(0),
+                _ => self.position(old),
+            };
+            if let Some(r) = at.and_then(|i| self.replies.remove(i)) {
+                self.bytes -= reply_size(&r.reply);
             }
         }
         self.order.push_back(seq);
@@ -165,7 +175,8 @@ impl ReplyLog {
             return;
         }
         let kept = self.replies.partition_point(|r| r.seq < seq);
-        self.replies.drain(..kept);
+        let forgotten: usize = self.replies.drain(..kept).map(|r| reply_size(&r.reply)).sum();
+        self.bytes -= forgotten;
         // Short: only the calls in flight are left.
         self.order.retain(|&s| s >= seq);
     }
@@ -190,6 +201,15 @@ impl ReplyLog {
             _ => None,
         })
     }
+}
+
+/// About how many bytes a recorded reply takes.
+fn reply_size(reply: &Result<Value, Box<Error>>) -> usize {
+    std::mem::size_of::<Recorded>()
+        + match reply {
+            Ok(value) => crate::value::approx_size(value),
+            Err(e) => std::mem::size_of::<Error>() + e.message.len() + crate::value::approx_size(&e.data),
+        }
 }
 
 /// A call as the partition receives it.
@@ -236,6 +256,8 @@ pub struct Partition {
     /// Parked mutating calls whose eventual reply must be recorded.
     parked_seqs: HashMap<Token, (Arc<str>, u64)>,
     logs: HashMap<Arc<str>, ReplyLog>,
+    /// Bytes of replies a client's log may hold before its new calls are refused.
+    reply_log_limit: ReplyLogLimit,
     /// Keys of connection-tracking objects each connection has used (for disconnect clean-up).
     conn_keys: HashMap<ConnId, HashSet<String>>,
     /// Requests for object hosts, in the order applied, until the server takes them.
@@ -278,6 +300,14 @@ pub struct Partition {
     capture: Option<snapshot::Capture>,
 }
 
+struct ReplyLogLimit(usize);
+
+impl Default for ReplyLogLimit {
+    fn default() -> Self {
+        ReplyLogLimit(DEFAULT_REPLY_LOG_BYTES)
+    }
+}
+
 fn system_caller() -> Caller {
     Caller {
         conn: 0,
@@ -303,6 +333,12 @@ impl Partition {
 
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
+    }
+
+    /// Refuse a client's new calls while its recorded replies here take more than `bytes`
+    /// (it acknowledges none, say): the log of every other client is its own.
+    pub fn set_reply_log_limit(&mut self, bytes: usize) {
+        self.reply_log_limit = ReplyLogLimit(bytes);
     }
 
     /// How many replies this partition keeps for retries, over all its clients.
@@ -547,7 +583,10 @@ impl Partition {
                 }
                 if let Some(client) = client.filter(|_| seq != 0) {
                     let client: Arc<str> = Arc::from(client);
-                    self.logs.entry(client.clone()).or_default().record(seq, reply, true);
+                    self.logs
+                        .entry(client.clone())
+                        .or_default()
+                        .record(seq, reply, true, self.reply_log_limit.0);
                     self.logged_clients.insert(client);
                 }
                 self.highest_logged_conn = self.highest_logged_conn.max(token.conn);
@@ -867,7 +906,7 @@ impl Partition {
                 Some(log) => log,
                 None => self.logs.entry(caller.client.clone()).or_default(),
             };
-            log.record(seq, reply.clone(), logged);
+            log.record(seq, reply.clone(), logged, self.reply_log_limit.0);
         }
         out.push(Delivery { token, reply });
     }
@@ -894,7 +933,7 @@ impl Partition {
                 self.logs
                     .entry(client)
                     .or_default()
-                    .record(seq, d.reply.clone(), logged);
+                    .record(seq, d.reply.clone(), logged, self.reply_log_limit.0);
             }
         }
     }
@@ -1818,14 +1857,14 @@ mod tests {
         let mut log = ReplyLog::default();
         // A client's calls may be recorded out of order (several threads, parked calls).
         for seq in [10, 3, 7] {
-            log.record(seq, Ok(Value::from(seq)), true);
+            log.record(seq, Ok(Value::from(seq)), true, usize::MAX);
         }
         for seq in [3, 7, 10] {
             assert_eq!(log.get(seq).map(|(r, _)| r), Some(Ok(Value::from(seq))), "seq {seq}");
         }
         assert!(log.get(11).is_none() && log.get(5).is_none());
         // Recording a seq again replaces its reply in place.
-        log.record(7, Err(Error::value("again")), false);
+        log.record(7, Err(Error::value("again")), false, usize::MAX);
         assert_eq!(
             log.get(7).map(|(r, durable)| (r.is_err(), durable)),
             Some((true, false))
@@ -1833,15 +1872,34 @@ mod tests {
         assert_eq!(log.durable().map(|(seq, _)| seq).collect::<Vec<_>>(), [10, 3]);
         // The oldest recorded are forgotten first, the newest kept.
         for seq in 11..11 + REPLY_LOG_LEN as u64 {
-            log.record(seq, Ok(Value::Nil), false);
+            log.record(seq, Ok(Value::Nil), false, usize::MAX);
         }
         assert!(log.get(10).is_none() && log.get(3).is_none());
         assert!(log.get(10 + REPLY_LOG_LEN as u64).is_some());
         assert!(log.get(11 + REPLY_LOG_LEN as u64).is_none());
         // A late call is kept as the newest: the oldest recorded (11) goes, not the lowest.
-        log.record(5, Ok(Value::Nil), true);
+        log.record(5, Ok(Value::Nil), true, usize::MAX);
         assert!(log.get(5).is_some() && log.get(11).is_none() && log.get(12).is_some());
         assert_eq!(log.replies.len(), REPLY_LOG_LEN);
+    }
+
+    #[test]
+    fn a_reply_log_forgets_the_oldest_recorded_past_its_bytes() {
+        let mut log = ReplyLog::default();
+        let big = || Ok(Value::Binary(vec![7; 1 << 20]));
+        for seq in 1..=100 {
+            log.record(seq, big(), false, 8 << 20);
+            assert!(log.bytes <= (8 << 20) + (2 << 20), "{} bytes after {seq}", log.bytes);
+        }
+        assert!(log.get(100).is_some() && log.get(94).is_some(), "the newest are kept");
+        assert!(log.get(90).is_none(), "the oldest are forgotten");
+        // Acknowledging them all leaves nothing counted.
+        log.acknowledge(101);
+        assert_eq!(log.bytes, 0);
+        // A reply larger than the limit is still recorded, alone.
+        log.record(200, Ok(Value::Binary(vec![0; 9 << 20])), false, 8 << 20);
+        log.record(201, Ok(Value::Nil), false, 8 << 20);
+        assert!(log.get(200).is_none() && log.get(201).is_some());
     }
 
     #[test]
@@ -1898,7 +1956,7 @@ mod tests {
                     _ => Ok(Value::from(step)),
                 };
                 let durable = rand(2) == 0;
-                log.record(seq, reply.clone(), durable);
+                log.record(seq, reply.clone(), durable, usize::MAX);
                 model.record(seq, reply, durable);
                 assert!(log
                     .replies

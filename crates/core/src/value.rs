@@ -25,6 +25,24 @@ pub fn type_of(v: &Value) -> &'static str {
     }
 }
 
+/// About how many bytes `v` takes in memory: its nodes and the bytes they own. Walks the
+/// value (without recursion: a value may nest deep).
+pub fn approx_size(v: &Value) -> usize {
+    let mut size = 0;
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        size += std::mem::size_of::<Value>();
+        match v {
+            Value::String(s) => size += s.as_bytes().len(),
+            Value::Binary(b) | Value::Ext(_, b) => size += b.len(),
+            Value::Array(items) => stack.extend(items),
+            Value::Map(pairs) => stack.extend(pairs.iter().flat_map(|(k, v)| [k, v])),
+            _ => {}
+        }
+    }
+    size
+}
+
 /// The ext type of a tuple: its body is the MessagePack array of its items. Tuples compare
 /// and hash by their items, like arrays, but a tuple never equals an array (as in Python).
 pub const EXT_TUPLE: i8 = 3;

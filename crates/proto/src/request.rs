@@ -336,6 +336,15 @@ fn read_request_value(rest: &mut &[u8]) -> Result<Value, rmpv::decode::Error> {
     Ok(Value::Array(items))
 }
 
+/// The id of the request in frame `body`, read without decoding the rest (0 if none).
+pub fn request_id(body: &[u8]) -> u64 {
+    let mut rd = body;
+    match rmp::decode::read_array_len(&mut rd) {
+        Ok(len) if len > 0 => rmp::decode::read_int(&mut rd).unwrap_or(0),
+        _ => 0,
+    }
+}
+
 fn peek_id(value: &Value) -> u64 {
     match value {
         Value::Array(items) => items.first().and_then(Value::as_u64).unwrap_or(0),

@@ -1,6 +1,7 @@
-//! The audit log of refusals: a client whose requests are refused is logged once a minute at
-//! most, with how many refusals the quiet spell held, so that a client hammering the server
-//! with bad credentials cannot flood its log (nor grow this table without bound).
+//! The log of what clients do wrong: refusals (the audit trail) and protocol faults. A client
+//! is logged once a minute at most for each, with how many lines the quiet spell held back,
+//! so that a client hammering the server with bad credentials or bad frames cannot flood its
+//! log (nor grow this table without bound).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -17,23 +18,39 @@ const MAX_CLIENTS: usize = 4096;
 
 #[derive(Default)]
 pub(crate) struct Audit {
-    /// Per client: when it was last logged, and its refusals since.
-    clients: Mutex<HashMap<IpAddr, (Instant, u64)>>,
+    /// Per client and kind of line: when it was last logged, and the lines held back since.
+    clients: Mutex<HashMap<(IpAddr, Kind), (Instant, u64)>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Kind {
+    Refusal,
+    Fault,
 }
 
 impl Audit {
     /// A request of the client at `peer` was refused (`why`: what it was told).
     pub(crate) fn refused(&self, peer: IpAddr, why: &str) {
-        if let Some(since) = self.admit(peer, Instant::now()) {
+        if let Some(since) = self.admit((peer, Kind::Refusal), Instant::now()) {
             match since {
                 0 => warn!(%peer, "refused: {why}"),
-                n => warn!(%peer, "refused: {why} (and {n} more refusals in the last minute)"),
+                n => warn!(%peer, "refused: {why} (suppressed {n} similar in the last minute)"),
             }
         }
     }
 
-    /// Whether to log a refusal at `now`: `Some(refusals held back since the last line)`.
-    fn admit(&self, peer: IpAddr, now: Instant) -> Option<u64> {
+    /// The client at `peer` broke the protocol (`what`: what it was told).
+    pub(crate) fn fault(&self, peer: IpAddr, what: &str) {
+        if let Some(since) = self.admit((peer, Kind::Fault), Instant::now()) {
+            match since {
+                0 => warn!(%peer, "{what}"),
+                n => warn!(%peer, "{what} (suppressed {n} similar in the last minute)"),
+            }
+        }
+    }
+
+    /// Whether to log a line at `now`: `Some(lines held back since the last one)`.
+    fn admit(&self, peer: (IpAddr, Kind), now: Instant) -> Option<u64> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((logged, held)) = clients.get_mut(&peer) {
             if now.duration_since(*logged) < EVERY {
@@ -63,17 +80,20 @@ mod tests {
         let audit = Audit::default();
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let t0 = Instant::now();
-        assert_eq!(audit.admit(a, t0), Some(0));
+        assert_eq!(audit.admit((a, Kind::Refusal), t0), Some(0));
         for i in 1..=5 {
-            assert_eq!(audit.admit(a, t0 + Duration::from_secs(i)), None);
+            assert_eq!(audit.admit((a, Kind::Refusal), t0 + Duration::from_secs(i)), None);
         }
         assert_eq!(
-            audit.admit(b, t0 + Duration::from_secs(6)),
+            audit.admit((b, Kind::Refusal), t0 + Duration::from_secs(6)),
             Some(0),
             "another client is its own"
         );
-        assert_eq!(audit.admit(a, t0 + EVERY), Some(5));
-        assert_eq!(audit.admit(a, t0 + EVERY + Duration::from_secs(1)), None);
+        assert_eq!(audit.admit((a, Kind::Refusal), t0 + EVERY), Some(5));
+        assert_eq!(
+            audit.admit((a, Kind::Refusal), t0 + EVERY + Duration::from_secs(1)),
+            None
+        );
     }
 
     #[test]
@@ -82,12 +102,16 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..(MAX_CLIENTS as u32 + 100) {
             let peer = IpAddr::from(i.to_be_bytes());
-            assert_eq!(audit.admit(peer, t0), Some(0), "a new client is always logged");
+            assert_eq!(
+                audit.admit((peer, Kind::Fault), t0),
+                Some(0),
+                "a new client is always logged"
+            );
         }
         assert_eq!(audit.clients.lock().unwrap().len(), MAX_CLIENTS);
         // A minute on, the quiet ones make room.
         let late = IpAddr::from([255, 255, 255, 255]);
-        assert_eq!(audit.admit(late, t0 + EVERY), Some(0));
+        assert_eq!(audit.admit((late, Kind::Fault), t0 + EVERY), Some(0));
         assert_eq!(audit.clients.lock().unwrap().len(), 1);
     }
 }

@@ -19,11 +19,8 @@ pub struct Config {
     pub max_frame: usize,
     /// How long a session outlives its last connection.
     pub session_ttl: Duration,
-    /// Connections served at once (workers' and object hosts' included): past it, a new
-    /// connection is told so and closed.
-    pub max_connections: usize,
-    /// How long a new connection may take to say `hello` before it is closed.
-    pub hello_timeout: Duration,
+    /// What one client may hold (docs/limits.md).
+    pub limits: Limits,
     /// The function gateway's settings.
     pub functions: FunctionsConfig,
     /// Object hosts, which run user-defined objects (they use `functions`' Python, token and
@@ -60,6 +57,53 @@ impl TlsConfig {
     /// The CA this server's own clients (peers, workers, hosts) trust.
     pub fn trusted_ca(&self) -> Option<&Path> {
         self.ca.as_deref().or(self.client_ca.as_deref())
+    }
+}
+
+/// What one client may hold on the server, so that no request can grow its memory without
+/// bound (docs/limits.md has the table users read).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Connections served at once (workers' and object hosts' included): past it, a new
+    /// connection is told so and closed.
+    pub max_connections: usize,
+    /// How long a new connection may take to say `hello` before it is closed.
+    pub hello_timeout: Duration,
+    /// A client connection with no request in flight closes after this long without one
+    /// (Redis's `timeout`); `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// Time allowed to receive a frame once it started: this long, and as long again per
+    /// MiB of the frame, so a slow client may still send a large one.
+    pub frame_timeout: Duration,
+    /// Bytes of frames being received, across all connections: a frame that would take the
+    /// total past it is refused.
+    pub partial_frames: usize,
+    /// Values (MessagePack items) one frame may decode to: a frame of tiny values decodes
+    /// to about 32 times its size.
+    pub frame_values: usize,
+    /// Replies a connection has not taken yet past which its requests wait unread.
+    pub output_soft: usize,
+    /// Replies a connection has not taken yet past which it is closed (replies produced by
+    /// other clients' calls, such as a wake-up, cannot wait).
+    pub output_hard: usize,
+    /// Bytes of replies one session keeps recorded per shard for retries: past it, the
+    /// oldest recorded are forgotten.
+    pub reply_log: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: default_max_connections(),
+            hello_timeout: Duration::from_secs(10),
+            idle_timeout: None,
+            frame_timeout: Duration::from_secs(10),
+            partial_frames: 1 << 30,
+            frame_values: 1 << 23,
+            output_soft: 16 << 20,
+            output_hard: 512 << 20,
+            reply_log: spindle_core::partition::DEFAULT_REPLY_LOG_BYTES,
+        }
     }
 }
 
@@ -164,8 +208,7 @@ impl Default for Config {
             partitions: default_partitions(),
             max_frame: spindle_proto::DEFAULT_MAX_FRAME,
             session_ttl: Duration::from_secs(5),
-            max_connections: default_max_connections(),
-            hello_timeout: Duration::from_secs(10),
+            limits: Limits::default(),
             functions: FunctionsConfig::default(),
             hosts: HostsConfig::default(),
             data_dir: None,
@@ -270,7 +313,6 @@ pub fn is_loopback(host: &str) -> bool {
     host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// One shard per core: enough to keep every worker busy without contention.
 /// 10,000 connections, or fewer when the process may open fewer files (a few dozen are
 /// kept for logs, data and children's pipes): past the descriptor limit, a client would get
 /// no answer at all.
@@ -287,6 +329,7 @@ pub fn default_max_connections() -> usize {
     files.saturating_sub(64).clamp(16, 10_000)
 }
 
+/// One shard per core: enough to keep every worker busy without contention.
 pub fn default_partitions() -> usize {
     cores()
 }

@@ -28,8 +28,9 @@ const INITIAL_READ_BUFFER: usize = 4 * 1024;
 const MIN_READ_SPACE: usize = 8 * 1024;
 /// Buffers above this size are released once empty, to keep idle memory small.
 const KEEP_BUFFER: usize = 256 * 1024;
-/// Stop reading requests while this many reply bytes wait for a client that does not read.
-const OUTBOX_HIGH_WATER: usize = 16 * 1024 * 1024;
+/// Frames up to this size fit the buffer a connection keeps anyway: only larger ones count
+/// against `--max-partial-frames`.
+const SMALL_FRAME: usize = INITIAL_READ_BUFFER + MIN_READ_SPACE;
 /// After refusing an oversized frame, how long to swallow its body before closing, so the
 /// kernel does not answer the unread bytes with a reset that could destroy our reply.
 const LINGER: Duration = Duration::from_secs(1);
@@ -44,10 +45,74 @@ enum End {
     FrameTooLarge,
     /// A `hello` was refused (`Unauthorized`; the connection closes after the reply, so a
     /// client cannot pipeline guesses on it, each costing a credential check), or never
-    /// came in time, or the server was at its connection limit.
+    /// came in time, or a limit was reached (connections, a frame's time, frames' bytes,
+    /// the client's silence).
     Refused,
+    /// The client's unread replies passed `--output-hard-limit`.
+    Overflowed,
     /// The socket failed.
     Failed(std::io::Error),
+}
+
+/// What a connection waits for in time.
+#[derive(Clone, Copy)]
+enum Deadline {
+    Hello,
+    Frame,
+    Idle,
+}
+
+/// Sleep until `at`; forever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Bytes of a large frame being received, held against `--max-partial-frames` (the server's
+/// total of such frames) until it has arrived or the connection ends.
+struct Held {
+    shared: Arc<Shared>,
+    bytes: usize,
+}
+
+impl Held {
+    fn new(shared: &Arc<Shared>) -> Self {
+        Held {
+            shared: shared.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Hold `bytes` (0: none) instead of what was held; refused past the budget.
+    fn hold(&mut self, bytes: usize) -> Result<(), String> {
+        if bytes == self.bytes {
+            return Ok(());
+        }
+        let total = &self.shared.stats.receiving;
+        total.fetch_sub(std::mem::take(&mut self.bytes), Ordering::Relaxed);
+        if bytes == 0 {
+            return Ok(());
+        }
+        let limit = self.shared.config.limits.partial_frames;
+        let before = total.fetch_add(bytes, Ordering::Relaxed);
+        if before + bytes > limit {
+            total.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(format!(
+                "the server is receiving {before} bytes of large frames and takes {limit} at most \
+                 (--max-partial-frames): a frame of {bytes} bytes must wait; try again later"
+            ));
+        }
+        self.bytes = bytes;
+        Ok(())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.shared.stats.receiving.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 struct Connection {
@@ -84,6 +149,10 @@ struct Connection {
     raft_part: Option<(u64, Vec<u8>)>,
     /// A snapshot a peer is streaming to this node.
     incoming: Option<IncomingSnapshot>,
+    /// Requests read that expect a reply, and replies this connection's reader sent (others
+    /// count theirs in the outbox): a client is idle only with every request answered.
+    asked: u64,
+    answered: u64,
 }
 
 /// A snapshot arriving in `snapshot` frames: its message, and the file its data goes to
@@ -153,7 +222,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         None => {
             let (reader, writer) = stream.into_split();
             let writer = Arc::new(writer);
-            let outbox = Outbox::new(Some(writer.clone()));
+            let outbox = Outbox::new(Some(writer.clone()), shared.config.limits.output_hard);
             run(shared, reader, outbox, Sink::Socket(writer), peer).await
         }
         Some(tls) => {
@@ -161,7 +230,8 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
                 return;
             };
             let (reader, writer) = tokio::io::split(stream);
-            run(shared, reader, Outbox::new(None), Sink::Stream(Box::new(writer)), peer).await
+            let outbox = Outbox::new(None, shared.config.limits.output_hard);
+            run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer).await
         }
     }
 }
@@ -191,8 +261,10 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
         host: None,
         raft_part: None,
         incoming: None,
+        asked: 0,
+        answered: 0,
     };
-    let max = conn.shared.config.max_connections;
+    let max = conn.shared.config.limits.max_connections;
     let end = match open > max {
         // Told at once, rather than left to time out at the descriptor limit.
         true => {
@@ -213,10 +285,12 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
             )
         }
         End::FrameTooLarge => debug!(conn = id, "closing after an oversized frame"),
-        End::Refused => debug!(
-            conn = id,
-            "closing after a refused or missing hello, or at the connection limit"
-        ),
+        End::Refused => debug!(conn = id, "closing after a refused or missing hello, or at a limit"),
+        End::Overflowed => {
+            let limit = conn.shared.config.limits.output_hard;
+            let why = format!("closed: its unread replies passed {limit} bytes (--output-hard-limit)");
+            conn.shared.audit.refused(peer.ip(), &why);
+        }
         End::Failed(e) => debug!(conn = id, "connection failed: {e}"),
     }
     conn.finish();
@@ -230,19 +304,30 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
 impl Connection {
     async fn read_loop(&mut self, reader: &mut (impl AsyncRead + Unpin)) -> End {
         let max_frame = self.shared.config.max_frame;
-        let hello_deadline = tokio::time::Instant::now() + self.shared.config.hello_timeout;
+        let soft_limit = self.shared.config.limits.output_soft;
+        let opened = Instant::now();
         let mut buf: Vec<u8> = Vec::with_capacity(INITIAL_READ_BUFFER);
         let mut start = 0;
+        // The frame being received: when it began, and its bytes held against the server's
+        // budget for frames in progress.
+        let mut receiving: Option<Instant> = None;
+        let mut held = Held::new(&self.shared);
+        let mut last_request = opened;
         loop {
-            // Run every whole frame already buffered, then send their replies at once.
+            // Run every whole frame already buffered, then send their replies at once; a
+            // client whose replies pile up unread is not served more until it reads.
             let frame_size = loop {
                 match split_frame(&buf[start..], max_frame) {
                     Split::Frame { body, consumed } => {
                         self.handle_frame(body);
                         start += consumed;
+                        receiving = None;
                         if self.refused {
                             self.flush();
                             return End::Refused;
+                        }
+                        if self.replies.len() > soft_limit && self.flush() > soft_limit {
+                            self.wait_for_writer(soft_limit).await;
                         }
                     }
                     Split::Incomplete { total } => break total,
@@ -254,14 +339,21 @@ impl Connection {
                         let message = format!(
                             "frame of {len} bytes is over the limit of {max_frame} bytes; closing the connection"
                         );
-                        self.reply(0, Err(Error::new(ErrorKind::FrameTooLarge, message)));
-                        self.flush();
-                        return End::FrameTooLarge;
+                        return self.close_with(ErrorKind::FrameTooLarge, message, End::FrameTooLarge);
                     }
                 }
             };
-            if self.flush() > OUTBOX_HIGH_WATER {
-                self.wait_for_writer().await;
+            if start > 0 {
+                last_request = Instant::now();
+            }
+            if self.flush() > soft_limit {
+                self.wait_for_writer(soft_limit).await;
+            }
+            if let Some(overflowed) = self.outbox.death() {
+                return match overflowed {
+                    true => End::Overflowed,
+                    false => End::Failed(std::io::ErrorKind::BrokenPipe.into()),
+                };
             }
 
             if start == buf.len() {
@@ -273,24 +365,47 @@ impl Connection {
                 buf.drain(..start);
             }
             start = 0;
+            if !buf.is_empty() && receiving.is_none() {
+                receiving = Some(Instant::now());
+            }
+            let frame = frame_size.filter(|&size| size > SMALL_FRAME).unwrap_or(0);
+            if let Err(message) = held.hold(frame) {
+                return self.close_with(ErrorKind::Busy, message, End::Refused);
+            }
             let wanted = frame_size.unwrap_or(0).max(buf.len() + MIN_READ_SPACE);
             buf.reserve(wanted - buf.len());
 
-            let read = reader.read_buf(&mut buf);
-            let read = match self.client.is_some() || self.worker.is_some() || self.host.is_some() {
-                true => read.await,
-                // A connection must say hello in time: one that never does holds a descriptor
-                // and its buffer for nothing.
-                false => match tokio::time::timeout_at(hello_deadline, read).await {
-                    Ok(read) => read,
-                    Err(_) => {
-                        let timeout = self.shared.config.hello_timeout;
-                        let message = format!("no hello within {timeout:?}: closing the connection");
-                        self.reply(0, Err(Error::new(ErrorKind::ProtocolError, message)));
-                        self.flush();
-                        return End::Refused;
-                    }
-                },
+            let deadline = self.deadline(opened, last_request, receiving.map(|at| (at, frame_size)));
+            let outbox = self.outbox.clone();
+            let read = tokio::select! {
+                read = reader.read_buf(&mut buf) => read,
+                // The writer closed the connection (its client fell too far behind).
+                _ = outbox.died() => continue,
+                () = sleep_until(deadline.as_ref().map(|(at, _)| *at)) => {
+                    let Some((_, why)) = deadline else { continue };
+                    let message = match why {
+                        Deadline::Hello => {
+                            let timeout = self.shared.config.limits.hello_timeout;
+                            format!("no hello within {timeout:?}: closing the connection")
+                        }
+                        Deadline::Frame => format!(
+                            "a frame of {} bytes took too long to arrive ({} came; --frame-timeout): closing the connection",
+                            frame_size.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                            buf.len(),
+                        ),
+                        // Still waiting for a reply: not idle (look again later).
+                        Deadline::Idle if self.in_flight() => continue,
+                        Deadline::Idle => {
+                            let timeout = self.shared.config.limits.idle_timeout.unwrap_or_default();
+                            format!("idle for {timeout:?}: closing the connection (--client-timeout)")
+                        }
+                    };
+                    let kind = match why {
+                        Deadline::Idle => ErrorKind::Timeout,
+                        _ => ErrorKind::ProtocolError,
+                    };
+                    return self.close_with(kind, message, End::Refused);
+                }
             };
             match read {
                 Ok(0) if buf.is_empty() => return End::Closed,
@@ -301,13 +416,61 @@ impl Connection {
         }
     }
 
-    /// Wait until the client reads enough of its replies (or the socket dies).
-    async fn wait_for_writer(&self) {
+    /// The next deadline of this connection, and what it is for: its `hello`; the frame it
+    /// is receiving (begun at, of size if known); its client's silence (`--client-timeout`).
+    fn deadline(
+        &self,
+        opened: Instant,
+        last_request: Instant,
+        receiving: Option<(Instant, Option<usize>)>,
+    ) -> Option<(Instant, Deadline)> {
+        let limits = &self.shared.config.limits;
+        let introduced = self.client.is_some() || self.worker.is_some() || self.host.is_some();
+        if !introduced {
+            // A connection must say hello in time: one that never does holds a descriptor
+            // and its buffer for nothing. A partial frame does not extend it.
+            return Some((opened + limits.hello_timeout, Deadline::Hello));
+        }
+        if let Some((began, size)) = receiving {
+            // In proportion to the frame's size: a slow client may still send a large one.
+            let mib = size.unwrap_or(0) as u32 >> 20;
+            return Some((began + limits.frame_timeout * (1 + mib), Deadline::Frame));
+        }
+        // Workers, object hosts and peer nodes are the server's own: never idle-closed.
+        let client =
+            self.worker.is_none() && self.host.is_none() && !self.principal.as_ref().is_some_and(Principal::is_node);
+        match (limits.idle_timeout, client) {
+            (Some(timeout), true) => {
+                // Looked at again from now while a call waits for its reply.
+                let from = match self.in_flight() {
+                    true => Instant::now(),
+                    false => last_request,
+                };
+                Some((from + timeout, Deadline::Idle))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a request of this connection still waits for its reply.
+    fn in_flight(&self) -> bool {
+        self.asked > self.answered + self.outbox.delivered()
+    }
+
+    /// Tell the client why (`kind`, `message`), in a frame of id 0, and end with `end`.
+    fn close_with(&mut self, kind: ErrorKind, message: String, end: End) -> End {
+        self.reply(0, Err(Error::new(kind, message)));
+        self.flush();
+        end
+    }
+
+    /// Wait until the client reads enough of its replies (or the connection dies).
+    async fn wait_for_writer(&self, limit: usize) {
         debug!(
             conn = self.id,
             "client is not reading its replies; pausing its requests"
         );
-        while self.outbox.pending() > OUTBOX_HIGH_WATER {
+        while self.outbox.pending() > limit && self.outbox.death().is_none() {
             self.outbox.wait_drained().await;
         }
     }
@@ -323,6 +486,21 @@ impl Connection {
     }
 
     fn handle_frame(&mut self, body: &[u8]) {
+        // Counted before it is decoded: a frame of tiny values decodes to 32 times its size.
+        let max_values = self.shared.config.limits.frame_values;
+        if body.len() > max_values {
+            if let Err(count) = spindle_proto::count_values(body, max_values) {
+                let message = format!(
+                    "the frame holds over {max_values} values ({count} so far; --max-frame-values): send them in parts"
+                );
+                if let Some(host) = self.host {
+                    return hosts::broke_protocol(&self.shared, host, &message);
+                }
+                self.asked += 1;
+                let id = spindle_proto::request::request_id(body);
+                return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
+            }
+        }
         if let Some(worker) = self.worker {
             return self.handle_worker_frame(worker, body);
         }
@@ -330,8 +508,17 @@ impl Connection {
             return self.handle_host_frame(host, body);
         }
         match decode_request(body) {
-            Ok(request) => self.dispatch(request),
-            Err(e) => self.reply(e.id, Err(Error::new(ErrorKind::ProtocolError, e.message))),
+            Ok(request) => {
+                // Raft messages and snapshots' parts are one-way.
+                if !matches!(request, Request::Raft { .. } | Request::Snapshot { .. }) {
+                    self.asked += 1;
+                }
+                self.dispatch(request)
+            }
+            Err(e) => {
+                self.asked += 1;
+                self.reply(e.id, Err(Error::new(ErrorKind::ProtocolError, e.message)))
+            }
         }
     }
 
@@ -942,9 +1129,25 @@ impl Connection {
             Err(e) if matches!(e.kind, ErrorKind::Unauthorized | ErrorKind::PermissionDenied) => {
                 self.shared.audit.refused(self.peer.ip(), &e.message)
             }
+            // A client's own fault: as many as it likes to send, so summarized.
+            Err(e)
+                if matches!(
+                    e.kind,
+                    ErrorKind::ProtocolError | ErrorKind::FrameTooLarge | ErrorKind::NoSession
+                ) =>
+            {
+                let line = format!(
+                    "{}: {} (connection {}, request {id})",
+                    e.kind.as_str(),
+                    e.message,
+                    self.id
+                );
+                self.shared.audit.fault(self.peer.ip(), &line)
+            }
             Err(e) => log_error_reply(self.id, id, e),
             Ok(_) => {}
         }
+        self.answered += 1;
         encode_reply(id, &reply, &mut self.replies);
     }
 

@@ -3,8 +3,8 @@
 //!
 //! Layout: [`config`] (settings), `connection` (per-client reader and writer), `acl` (users,
 //! roles and permissions: a pure state machine), `access` (credentials, and what each
-//! request needs), `pickles` (stamping pickles with their writer), `audit` (refusals, logged
-//! without flooding),
+//! request needs), `pickles` (stamping pickles with their writer), `audit` (refusals and
+//! protocol faults, logged without flooding),
 //! `shards` (partitions behind mutexes, timers, `keep`), `registry` (reply routing),
 //! `sessions` (session lifetimes), `status` (counters and the `status` reply), `gateway`
 //! (functions: the worker pool and invocations), `hosts` (user-defined objects: their classes
@@ -60,7 +60,7 @@ pub(crate) struct Shared {
     pub(crate) registry: registry::Registry,
     pub(crate) sessions: sessions::Sessions,
     pub(crate) stats: status::Stats,
-    /// Refused requests, logged once a minute per client.
+    /// Refused requests and protocol faults, logged once a minute per client.
     pub(crate) audit: audit::Audit,
     /// Credentials, users and roles.
     pub(crate) access: Arc<access::Access>,
@@ -145,7 +145,7 @@ impl Server {
             access,
             cluster,
             tls,
-            shards: shards::Shards::new(config.partitions),
+            shards: shards::Shards::new(config.partitions, config.limits.reply_log),
             registry: registry::Registry::new(),
             sessions: sessions::Sessions::new(),
             stats: status::Stats::new(),

@@ -29,6 +29,13 @@ pub(crate) struct Outbox {
     ready: Notify,
     /// Wakes a reader throttled because the client does not read its replies.
     drained: Notify,
+    /// Wakes the reader when the outbox dies (the socket failed, or too much waited).
+    died: Notify,
+    /// Queued bytes past which the connection is closed (`--output-hard-limit`).
+    hard_limit: usize,
+    /// Replies others sent here (see [`Registry::deliver`]): with the ones its reader sent,
+    /// they tell whether the connection has a request in flight.
+    delivered: AtomicU64,
 }
 
 #[derive(Default)]
@@ -40,6 +47,8 @@ struct OutboxState {
     closing: bool,
     /// The socket failed; queued and future bytes are dropped.
     dead: bool,
+    /// It died of too many unread replies.
+    overflowed: bool,
     /// The socket, for direct writes; let go when the connection closes, so that the writer
     /// task holds the last handle and the write side shuts down after the queue is sent.
     socket: Option<Arc<OwnedWriteHalf>>,
@@ -61,7 +70,8 @@ enum Drain {
 impl Outbox {
     /// An outbox whose frames go to `socket` directly when it is free; without one, every
     /// frame goes through the writer task.
-    pub(crate) fn new(socket: Option<Arc<OwnedWriteHalf>>) -> Self {
+    /// More than `hard_limit` bytes queued kills it.
+    pub(crate) fn new(socket: Option<Arc<OwnedWriteHalf>>, hard_limit: usize) -> Self {
         Outbox {
             state: Mutex::new(OutboxState {
                 socket,
@@ -69,6 +79,9 @@ impl Outbox {
             }),
             ready: Notify::new(),
             drained: Notify::new(),
+            died: Notify::new(),
+            hard_limit,
+            delivered: AtomicU64::new(0),
         }
     }
 
@@ -106,7 +119,7 @@ impl Outbox {
                 let pending = state.bytes.len();
                 drop(state);
                 self.ready.notify_one();
-                return pending;
+                return self.bound(pending);
             }
         };
         state.writing = true;
@@ -114,7 +127,10 @@ impl Outbox {
         let written = try_write_all(&socket, frames);
         drop(socket);
         match written {
-            Ok(n) => self.release(frames, n),
+            Ok(n) => {
+                let pending = self.release(frames, n);
+                self.bound(pending)
+            }
             Err(e) => {
                 tracing::debug!("write failed, dropping further frames: {e}");
                 frames.clear();
@@ -122,6 +138,18 @@ impl Outbox {
                 0
             }
         }
+    }
+
+    /// Close the connection if `pending` queued bytes are past the hard limit (as Redis's
+    /// `client-output-buffer-limit`: a client this far behind is closed rather than given
+    /// the server's memory). Returns what is left queued.
+    fn bound(&self, pending: usize) -> usize {
+        if pending <= self.hard_limit {
+            return pending;
+        }
+        self.kill();
+        self.lock().overflowed = true;
+        0
     }
 
     /// End a direct write that sent `frames[..written]`: the rest goes first in the queue,
@@ -195,6 +223,23 @@ impl Outbox {
         self.drained.notified().await
     }
 
+    /// Returns when the outbox dies (ask [`death`](Self::death) how), or died since the
+    /// last call.
+    pub(crate) async fn died(&self) {
+        self.died.notified().await
+    }
+
+    /// `Some(overflowed)` once the outbox is dead.
+    pub(crate) fn death(&self) -> Option<bool> {
+        let state = self.lock();
+        state.dead.then_some(state.overflowed)
+    }
+
+    /// Replies sent here by others so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+
     /// The reader is done: flush what is queued, then close. Only the writer task writes
     /// from now on, and the write side shuts down when it lets go of the socket.
     pub(crate) fn close(&self) {
@@ -216,9 +261,10 @@ impl Outbox {
         let socket = state.socket.take();
         drop(state);
         drop(socket);
-        // The writer task exits, and a reader throttled on this outbox must not wait forever.
+        // The writer task exits, and the reader stops, throttled on this outbox or not.
         self.ready.notify_one();
         self.drained.notify_one();
+        self.died.notify_one();
     }
 }
 
@@ -381,6 +427,9 @@ impl Registry {
                     }
                 }
             }
+            if let Some((_, outbox)) = to {
+                outbox.delivered.fetch_add(1, Ordering::Relaxed);
+            }
             spindle_proto::encode_reply(d.token.req, &d.reply, &mut frames);
         }
         if let Some((_, outbox)) = to {
@@ -481,7 +530,7 @@ mod tests {
         let (ours, (theirs, _)) = (ours.unwrap(), theirs.unwrap());
         let (_, write) = ours.into_split();
         let write = Arc::new(write);
-        let outbox = Arc::new(Outbox::new(Some(write.clone())));
+        let outbox = Arc::new(Outbox::new(Some(write.clone()), usize::MAX));
         let polls = Arc::new(Polls::default());
         let writer = tokio::spawn(Counted {
             inner: Box::pin(write_loop(Sink::Socket(write), outbox.clone(), 1)),

@@ -55,11 +55,16 @@ pub(crate) struct Shards {
 }
 
 impl Shards {
-    pub(crate) fn new(count: usize) -> Self {
+    /// `count` shards, each keeping up to `reply_log` bytes of replies per client.
+    pub(crate) fn new(count: usize, reply_log: usize) -> Self {
         let shards = (0..count.max(1))
             .map(|_| Shard {
                 state: Mutex::new(ShardState {
-                    partition: Partition::new(),
+                    partition: {
+                        let mut partition = Partition::new();
+                        partition.set_reply_log_limit(reply_log);
+                        partition
+                    },
                     armed: None,
                     calls: 0,
                     log: None,
@@ -324,7 +329,7 @@ mod tests {
 
     #[test]
     fn keys_spread_over_shards() {
-        let shards = Shards::new(4);
+        let shards = Shards::new(4, usize::MAX);
         let used: std::collections::HashSet<usize> = (0..64).map(|i| shards.index_of(&format!("k{i}"))).collect();
         assert_eq!(used.len(), 4);
         assert_eq!(shards.index_of("same"), shards.index_of("same"));
@@ -332,7 +337,7 @@ mod tests {
 
     #[test]
     fn keep_moves_across_shards_and_retries_are_idempotent() {
-        let shards = Shards::new(8);
+        let shards = Shards::new(8, usize::MAX);
         let key = "~c.1";
         let name = (0..)
             .map(|i| format!("kept{i}"))
@@ -349,7 +354,7 @@ mod tests {
 
     #[test]
     fn keep_onto_a_taken_name_restores_the_object() {
-        let shards = Shards::new(3);
+        let shards = Shards::new(3, usize::MAX);
         create(&shards, "~c.1", true);
         create(&shards, "taken", false);
         let e = shards.keep("Counter", "~c.1", Some("taken")).unwrap_err();
@@ -360,7 +365,7 @@ mod tests {
 
     #[test]
     fn a_panic_takes_only_its_shard_out_of_service() {
-        let shards = Shards::new(2);
+        let shards = Shards::new(2, usize::MAX);
         let result = shards.with(0, |_| -> () { panic!("object bug") });
         assert_eq!(result.unwrap_err().kind, ErrorKind::Internal);
         assert_eq!(

@@ -12,6 +12,8 @@ pub(crate) struct Stats {
     started: Instant,
     /// Open connections.
     pub(crate) connections: AtomicUsize,
+    /// Bytes of large frames being received (held against `--max-partial-frames`).
+    pub(crate) receiving: AtomicUsize,
     /// Calls in the last sampled second, as `f64` bits.
     calls_per_s: AtomicU64,
     /// Invocations answered in the last sampled second, as `f64` bits.
@@ -23,6 +25,7 @@ impl Stats {
         Stats {
             started: Instant::now(),
             connections: AtomicUsize::new(0),
+            receiving: AtomicUsize::new(0),
             calls_per_s: AtomicU64::new(0f64.to_bits()),
             invocations_per_s: AtomicU64::new(0f64.to_bits()),
         }

@@ -230,7 +230,7 @@ impl Partition {
                 let seq = r.uint("seq")?;
                 let reply = decode_reply(r.next("reply")?)?;
                 r.end()?;
-                log.record(seq, reply, true);
+                log.record(seq, reply, true, self.reply_log_limit.0);
             }
             log.acked_below = items.optional_uint("acked_below")?;
             items.end()?;

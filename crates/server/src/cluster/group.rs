@@ -988,6 +988,7 @@ impl Driver {
             let actions = hosts::forward(shared, &mut s.partition, None);
             let replaced = rebuilt.map(|mut partition| {
                 partition.skip_object_ids(s.partition.next_object_id());
+                partition.set_reply_log_limit(shared.config.limits.reply_log);
                 s.partition = partition;
             });
             (replies, actions, replaced)

@@ -1,0 +1,76 @@
+//! The flags of `spindle server` that bound what one client may hold (docs/limits.md).
+
+use std::time::Duration;
+
+use clap::Args;
+use spindle_server::config::{default_max_connections, Limits};
+
+#[derive(Args, Clone)]
+pub(crate) struct LimitArgs {
+    /// Connections served at once, workers' and object hosts' included; past it a new one
+    /// is told so and closed [default: 10000, fewer under a lower open-files limit].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: Option<u32>,
+    /// Seconds a new connection may take to say hello before it is closed.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    hello_timeout: f64,
+    /// Seconds a client connection with no call in flight may stay silent before it is
+    /// closed (0: never). Calls waiting on an object (a lock, a queue) are in flight.
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    client_timeout: f64,
+    /// Seconds to receive a frame once it has started, and as many again per MiB of it.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    frame_timeout: f64,
+    /// Bytes of frames being received across all connections; a frame that would pass it
+    /// is refused (Busy) and its connection closed.
+    #[arg(long, default_value_t = Limits::default().partial_frames, value_name = "BYTES")]
+    max_partial_frames: usize,
+    /// MessagePack values one frame may hold (each decodes to about 32 bytes).
+    #[arg(long, default_value_t = Limits::default().frame_values, value_name = "N")]
+    max_frame_values: usize,
+    /// Bytes of replies a client has not read past which its requests wait unread.
+    #[arg(long, default_value_t = Limits::default().output_soft, value_name = "BYTES")]
+    output_limit: usize,
+    /// Bytes of replies a client has not read past which it is closed (replies that other
+    /// clients' calls produce for it cannot wait).
+    #[arg(long, default_value_t = Limits::default().output_hard, value_name = "BYTES")]
+    output_hard_limit: usize,
+    /// Bytes of replies a session keeps per shard for its retries until it acknowledges
+    /// them; past it, its oldest recorded are forgotten (as past 4096 replies).
+    #[arg(long, default_value_t = Limits::default().reply_log, value_name = "BYTES")]
+    max_reply_log: usize,
+}
+
+impl LimitArgs {
+    pub(crate) fn config(&self) -> Result<Limits, String> {
+        let seconds = |value: f64, flag: &str, zero: bool| {
+            Duration::try_from_secs_f64(value)
+                .ok()
+                .filter(|d| zero || !d.is_zero())
+                .ok_or_else(|| match zero {
+                    true => format!("{flag} must be a non-negative number of seconds"),
+                    false => format!("{flag} must be a positive number of seconds"),
+                })
+        };
+        let client_timeout = seconds(self.client_timeout, "--client-timeout", true)?;
+        if self.output_hard_limit < self.output_limit {
+            return Err("--output-hard-limit must be at least --output-limit".into());
+        }
+        if self.max_frame_values == 0 {
+            return Err("--max-frame-values must be positive".into());
+        }
+        Ok(Limits {
+            max_connections: self
+                .max_connections
+                .map_or_else(default_max_connections, |n| n as usize),
+            hello_timeout: seconds(self.hello_timeout, "--hello-timeout", false)?,
+            idle_timeout: (!client_timeout.is_zero()).then_some(client_timeout),
+            frame_timeout: seconds(self.frame_timeout, "--frame-timeout", false)?,
+            partial_frames: self.max_partial_frames,
+            frame_values: self.max_frame_values,
+            output_soft: self.output_limit,
+            output_hard: self.output_hard_limit,
+            reply_log: self.max_reply_log,
+        })
+    }
+}
