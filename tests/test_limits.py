@@ -225,6 +225,12 @@ def test_a_client_whose_unread_replies_pass_the_hard_limit_is_closed(bounded):
                 pass
             raise ConnectionResetError("closed")
         assert producer.roundtrip(frame([11, "ping"]), 11)[2] == "pong"
+        # A client's own reply waits for it whatever its size: one over the hard limit too.
+        create(producer, "Blob", "huge", b"h" * (40 * MiB))
+        slow = greeted(server, receive_buffer=64 * 1024)
+        reply = slow.roundtrip(call(13, "Blob", "huge", "get"), 13)
+        assert reply[1] == 0 and len(reply[2]) == 40 * MiB
+        slow.close()
     finally:
         sleeper.close()
         producer.close()

@@ -31,8 +31,8 @@ pub(crate) struct LimitArgs {
     /// Bytes of replies a client has not read past which its requests wait unread.
     #[arg(long, default_value_t = Limits::default().output_soft, value_name = "BYTES")]
     output_limit: usize,
-    /// Bytes of replies a client has not read past which it is closed (replies that other
-    /// clients' calls produce for it cannot wait).
+    /// Bytes of replies a client has not read past which it is closed when other clients'
+    /// calls produce more for it (a waiter woken: such replies cannot wait).
     #[arg(long, default_value_t = Limits::default().output_hard, value_name = "BYTES")]
     output_hard_limit: usize,
     /// Bytes of replies a session keeps per shard for its retries until it acknowledges

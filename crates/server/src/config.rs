@@ -83,8 +83,8 @@ pub struct Limits {
     pub frame_values: usize,
     /// Replies a connection has not taken yet past which its requests wait unread.
     pub output_soft: usize,
-    /// Replies a connection has not taken yet past which it is closed (replies produced by
-    /// other clients' calls, such as a wake-up, cannot wait).
+    /// Replies a connection has not taken yet past which it is closed when others' calls
+    /// produce more for it (a waiter woken: such replies cannot wait).
     pub output_hard: usize,
     /// Bytes of replies one session keeps recorded per shard for retries: past it, the
     /// oldest recorded are forgotten.
@@ -101,7 +101,7 @@ impl Default for Limits {
             partial_frames: 1 << 30,
             frame_values: 1 << 23,
             output_soft: 16 << 20,
-            output_hard: 512 << 20,
+            output_hard: 256 << 20,
             reply_log: spindle_core::partition::DEFAULT_REPLY_LOG_BYTES,
         }
     }

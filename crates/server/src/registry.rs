@@ -90,19 +90,39 @@ impl Outbox {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Send already-encoded frames, leaving `frames` empty (its allocation may be swapped
-    /// for another). When nothing is queued and nobody is writing, they go straight to the
-    /// socket, as much of them as it takes without blocking; the rest is queued behind
-    /// anything queued before, for the writer task. Never blocks (a lock held by the caller,
-    /// such as a shard's, stays short). Returns how many bytes now wait for the writer (0
-    /// when `frames` is empty: nothing was sent, so nothing to throttle).
+    /// Send already-encoded frames of the connection's own reader, leaving `frames` empty
+    /// (its allocation may be swapped for another). When nothing is queued and nobody is
+    /// writing, they go straight to the socket, as much of them as it takes without
+    /// blocking; the rest is queued behind anything queued before, for the writer task.
+    /// Never blocks (a lock held by the caller, such as a shard's, stays short). Returns how
+    /// many bytes now wait for the writer (0 when `frames` is empty: nothing was sent, so
+    /// nothing to throttle): the reader stops reading past its soft limit.
     pub(crate) fn push_frames(&self, frames: &mut Vec<u8>) -> usize {
+        self.push(frames, false)
+    }
+
+    /// Send frames others produced for this connection (a woken waiter's reply, a task):
+    /// they cannot wait, so a connection already over the hard limit behind is closed
+    /// instead (as Redis's `client-output-buffer-limit`), rather than given the server's
+    /// memory.
+    pub(crate) fn push_delivered(&self, frames: &mut Vec<u8>) {
+        self.push(frames, true);
+    }
+
+    fn push(&self, frames: &mut Vec<u8>, delivered: bool) -> usize {
         if frames.is_empty() {
             return 0;
         }
         let mut state = self.lock();
         if state.dead {
             frames.clear();
+            return 0;
+        }
+        if delivered && state.bytes.len() > self.hard_limit {
+            state.overflowed = true;
+            drop(state);
+            frames.clear();
+            self.kill();
             return 0;
         }
         let socket = match &state.socket {
@@ -119,7 +139,7 @@ impl Outbox {
                 let pending = state.bytes.len();
                 drop(state);
                 self.ready.notify_one();
-                return self.bound(pending);
+                return pending;
             }
         };
         state.writing = true;
@@ -127,10 +147,7 @@ impl Outbox {
         let written = try_write_all(&socket, frames);
         drop(socket);
         match written {
-            Ok(n) => {
-                let pending = self.release(frames, n);
-                self.bound(pending)
-            }
+            Ok(n) => self.release(frames, n),
             Err(e) => {
                 tracing::debug!("write failed, dropping further frames: {e}");
                 frames.clear();
@@ -138,18 +155,6 @@ impl Outbox {
                 0
             }
         }
-    }
-
-    /// Close the connection if `pending` queued bytes are past the hard limit (as Redis's
-    /// `client-output-buffer-limit`: a client this far behind is closed rather than given
-    /// the server's memory). Returns what is left queued.
-    fn bound(&self, pending: usize) -> usize {
-        if pending <= self.hard_limit {
-            return pending;
-        }
-        self.kill();
-        self.lock().overflowed = true;
-        0
     }
 
     /// End a direct write that sent `frames[..written]`: the rest goes first in the queue,
@@ -393,7 +398,7 @@ impl Registry {
         let outboxes = self.outboxes.read().unwrap_or_else(PoisonError::into_inner);
         match outboxes.get(&id) {
             Some(outbox) => {
-                outbox.push_frames(frames);
+                outbox.push_delivered(frames);
                 true
             }
             None => false,
@@ -413,7 +418,7 @@ impl Registry {
             }
             if to.is_none_or(|(conn, _)| conn != d.token.conn) {
                 if let Some((_, outbox)) = to.take() {
-                    outbox.push_frames(&mut frames);
+                    outbox.push_delivered(&mut frames);
                 }
                 match outboxes.get(&d.token.conn) {
                     Some(outbox) => to = Some((d.token.conn, outbox)),
@@ -433,7 +438,7 @@ impl Registry {
             spindle_proto::encode_reply(d.token.req, &d.reply, &mut frames);
         }
         if let Some((_, outbox)) = to {
-            outbox.push_frames(&mut frames);
+            outbox.push_delivered(&mut frames);
         }
     }
 }

@@ -1,0 +1,281 @@
+"""What the bounds of docs/limits.md cost and what they hold: memory attacks made of small
+requests, each run against a server while a bystander client calls, and the throughput of
+``bench/throughput.py``'s ``incr`` load with the bounds in place.
+
+Attacks (sized so that an unbounded server grows by a gigabyte or two):
+
+* ``unread-gets``: a client that never reads pipelines 400 ``Blob.get`` of a 4 MiB blob
+  (1.6 GiB of replies if they all ran);
+* ``wake-ups``: a client that never reads parks 600 ``Queue.get``; another puts items of 1 MiB,
+  each waking one of them, until one stays in the queue (no get waits any more);
+* ``reply-log``: a session that never acknowledges makes 1,000 ``Dict.setdefault`` calls
+  returning a 1 MiB value (and reads them);
+* ``partial-frames``: 8 connections each send the first 56 MiB of a 60 MiB frame and stop;
+* ``tiny-values``: one 48 MiB frame of ``nil``s (1.5 GiB decoded).
+
+For each, the table gives the server's resident memory before and at its peak during the
+attack, and the bystander's p99 latency (sequential ``Counter.add(1)``) idle and during it.
+The goals (issue's): peak RSS under 2x idle plus the configured limits, bystander p99 within
+10x of idle. With ``--baseline BINARY`` (a build from before the bounds) each attack runs
+against it too, for the before/after figure, and the throughput ratio compares the two
+builds (goal: the bounds cost at most 2%). Writes the ``limits`` section of
+``docs/benchmarks.md``. Usage: ``python bench/limits.py [--no-docs] [--baseline BINARY]
+[--rounds R] [--seconds S]`` (``QUICK=1``: short runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import msgpack
+from auth import run as run_load
+from objects import Running, free_port
+from report import QUICK, Claim, log, machine, percentile, print_table, summarize, table, update_section
+from throughput import KEYS, loadgen_binary
+
+import spindle
+from spindle.client import Connection, frame
+from spindle.embedded import find_binary
+from spindle.sessions import new_secret
+
+MiB = 1 << 20
+# The limits the attacks meet (the defaults), for the memory goal.
+LIMITS_MIB = {"unread-gets": 16, "wake-ups": 256, "reply-log": 64, "partial-frames": 1024, "tiny-values": 64}
+
+
+def connect(port: int, receive_buffer: int = 0) -> Connection:
+    conn = Connection("127.0.0.1", port, new_secret(), 1, timeout=120)
+    if receive_buffer:
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    return conn
+
+
+def call(id: int, type_name: str, key: str, method: str, *args, seq: int = 0) -> bytes:
+    return frame([id, "call", seq, 0, type_name, key, method, list(args)])
+
+
+def create(conn: Connection, type_name: str, key: str, *args) -> None:
+    conn.roundtrip(frame([2, "create", 0, 0, type_name, key, list(args), False]), 2)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Watch:
+    """Samples the server's RSS and times the bystander's calls until stopped."""
+
+    def __init__(self, pid: int, port: int) -> None:
+        self.pid, self.peak, self.latencies_us = pid, 0.0, []
+        self.stopped = threading.Event()
+        self.bystander = connect(port)
+        create(self.bystander, "Counter", "bystander")
+        self.threads = [threading.Thread(target=self.sample, daemon=True),
+                        threading.Thread(target=self.call, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def sample(self) -> None:
+        while not self.stopped.is_set():
+            self.peak = max(self.peak, rss_mib(self.pid))
+            time.sleep(0.02)
+
+    def call(self) -> None:
+        request = call(7, "Counter", "bystander", "add", 1)
+        while not self.stopped.is_set():
+            t0 = time.perf_counter_ns()
+            self.bystander.roundtrip(request, 7)
+            self.latencies_us.append((time.perf_counter_ns() - t0) / 1000)
+            time.sleep(0.001)
+
+    def stop(self) -> tuple[float, float]:
+        """The peak RSS in MiB and the bystander's p99 in µs."""
+        self.stopped.set()
+        for t in self.threads:
+            t.join(30)
+        self.bystander.close()
+        return self.peak, percentile(self.latencies_us, 0.99) if self.latencies_us else float("nan")
+
+
+def unread_gets(port: int, hold: float) -> None:
+    owner = connect(port)
+    create(owner, "Blob", "big", b"x" * (4 * MiB))
+    reader = connect(port, receive_buffer=64 * 1024)
+    reader.sock.sendall(b"".join(call(100 + i, "Blob", "big", "get") for i in range(400)))
+    time.sleep(hold)
+    reader.close()
+    owner.close()
+
+
+def wake_ups(port: int, hold: float) -> None:
+    producer = connect(port)
+    create(producer, "Queue", "q")
+    sleeper = connect(port, receive_buffer=64 * 1024)
+    sleeper.sock.sendall(b"".join(call(100 + i, "Queue", "q", "get") for i in range(600)))
+    time.sleep(0.2)
+    item = b"y" * MiB
+    for i in range(600):
+        producer.roundtrip(call(10, "Queue", "q", "put", item), 10)
+        # An item left in the queue: no get waits any more (the sleeper was closed).
+        if i % 10 == 9 and producer.roundtrip(call(11, "Queue", "q", "qsize"), 11)[2]:
+            break
+    time.sleep(hold)
+    sleeper.close()
+    producer.close()
+
+
+def reply_log(port: int, hold: float) -> None:
+    conn = connect(port)
+    create(conn, "Dict", "d")
+    for seq in range(1, 1001):
+        conn.roundtrip(call(seq, "Dict", "d", "setdefault", "k", b"z" * MiB, seq=seq), seq)
+    time.sleep(hold)
+    conn.close()
+
+
+def partial_frames(port: int, hold: float) -> None:
+    body = msgpack.packb([50, "call", 0, 0, "Blob", "b", "set", [b"q" * (60 * MiB)]])
+    conns = []
+    for _ in range(8):
+        conn = connect(port)
+        try:
+            conn.sock.sendall(len(body).to_bytes(4, "big") + body[: 56 * MiB])
+        except OSError:
+            pass  # refused: the server closed it
+        conns.append(conn)
+    time.sleep(hold)
+    for conn in conns:
+        conn.close()
+
+
+def tiny_values(port: int, hold: float) -> None:
+    conn = connect(port)
+    count = 48 * MiB
+    head = b"".join(msgpack.packb(item) for item in [12, "call", 0, 0, "List", "l", "extend"])
+    body = b"\x98" + head + b"\x91\xdd" + count.to_bytes(4, "big") + b"\xc0" * count
+    conn.sock.settimeout(300)
+    conn.roundtrip(len(body).to_bytes(4, "big") + body, 12)
+    time.sleep(hold)
+    conn.close()
+
+
+ATTACKS: dict[str, Callable[[int, float], None]] = {
+    "unread-gets": unread_gets, "wake-ups": wake_ups, "reply-log": reply_log,
+    "partial-frames": partial_frames, "tiny-values": tiny_values,
+}
+
+
+def attack(binary: str, name: str, hold: float) -> dict:
+    """Run attack ``name`` against a fresh server of ``binary``."""
+    port = free_port()
+    server = Running([binary, "server", "--port", str(port)], port)
+    try:
+        watch = Watch(server.proc.pid, port)
+        time.sleep(2)  # the bystander's idle latency, and the idle RSS
+        idle_rss, idle_p99 = rss_mib(server.proc.pid), percentile(watch.latencies_us, 0.99)
+        watch.latencies_us.clear()
+        watch.peak = 0.0
+        try:
+            ATTACKS[name](port, hold)
+        except OSError as exc:
+            log(f"{name}: the attacker's connection ended: {exc}")
+        peak, p99 = watch.stop()
+    finally:
+        server.stop()
+    return {"idle_mib": idle_rss, "peak_mib": peak, "idle_p99_us": idle_p99, "p99_us": p99}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--baseline", help="a spindle binary from before the bounds")
+    parser.add_argument("--rounds", type=int, default=2 if QUICK else 5)
+    parser.add_argument("--seconds", type=float, default=2.0 if QUICK else 8.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--connections", type=int, default=200)
+    args = parser.parse_args()
+    hold = 1.0 if QUICK else 3.0
+    builds = {"bounded": find_binary()} | ({"baseline": args.baseline} if args.baseline else {})
+
+    results: dict = {}
+    for name in ATTACKS:
+        for build, binary in builds.items():
+            log(f"attack {name} on {build}...")
+            results[name, build] = attack(binary, name, hold)
+    headers = ["attack", "server", "RSS idle, MiB", "RSS peak, MiB", "bystander p99 idle, µs",
+               "p99 during, µs", "p99 ratio"]
+    rows = [[name, build, r["idle_mib"], r["peak_mib"], r["idle_p99_us"], r["p99_us"],
+             f"{r['p99_us'] / r['idle_p99_us']:.1f}"] for (name, build), r in results.items()]
+    print_table(headers, rows)
+
+    rates: dict = {build: [] for build in builds}
+    if args.baseline:
+        load = loadgen_binary()
+        running = {}
+        try:
+            for build, binary in builds.items():
+                port = free_port()
+                running[build] = Running([binary, "server", "--port", str(port)], port)
+                client = spindle.Client(f"127.0.0.1:{port}")
+                for i in range(KEYS):
+                    client.create("Counter", f"incr-{i}", [], False)
+                client.close()
+            for r in range(args.rounds):
+                for build in builds:
+                    rate = run_load(load, running[build].port, {}, args)
+                    log(f"round {r + 1}/{args.rounds}: {build} {rate:,.0f} calls/s")
+                    rates[build].append(rate)
+        finally:
+            for server in running.values():
+                server.stop()
+    if args.no_docs:
+        return
+
+    claims = []
+    for name in ATTACKS:
+        r = results[name, "bounded"]
+        bound = 2 * r["idle_mib"] + LIMITS_MIB[name]
+        claims.append(Claim(f"{name}: peak RSS", f"{r['peak_mib']:,.0f} MiB", f"bound {bound:,.0f} MiB",
+                            bound / r["peak_mib"], ">= 1", r["peak_mib"] <= bound))
+        ratio = r["p99_us"] / r["idle_p99_us"]
+        claims.append(Claim(f"{name}: bystander p99 during / idle", f"{r['p99_us']:,.0f} µs",
+                            f"idle {r['idle_p99_us']:,.0f} µs", 10 / ratio, ">= 1 (within 10x)", ratio <= 10))
+    lines = [
+        "## Bounded resources (`bench/limits.py`)",
+        "",
+        f"Machine: {machine()}. Each attack runs against a fresh server with the default limits "
+        "(docs/limits.md) while a bystander client makes sequential `Counter.add(1)` calls; RSS is "
+        f"sampled every 20 ms; the attacker holds on for {hold:g} s after sending."
+        + (" `baseline`: the build before the bounds." if args.baseline else ""),
+        "",
+        *table(headers, rows),
+        "",
+    ]
+    if args.baseline:
+        med = {b: statistics.median(rates[b]) for b in builds}
+        kept = med["bounded"] / med["baseline"]
+        claims.append(Claim("throughput with the bounds / before them", f"{med['bounded']:,.0f}/s",
+                            f"before {med['baseline']:,.0f}/s", kept, ">= 0.98", kept >= 0.98))
+        lines += [
+            f"Throughput (`spindle-loadgen --op incr`, {args.connections} connections, {KEYS} counters, "
+            f"{args.seconds:g} s runs, {args.rounds} rounds taking turns): with the bounds "
+            f"{med['bounded']:,.0f} calls/s ({min(rates['bounded']):,.0f}-{max(rates['bounded']):,.0f}), "
+            f"before them {med['baseline']:,.0f} ({min(rates['baseline']):,.0f}-{max(rates['baseline']):,.0f}): "
+            f"{kept:.3f}.",
+            "",
+        ]
+    update_section("limits", "\n".join(lines))
+    summarize("limits", claims)
+
+
+if __name__ == "__main__":
+    main()
