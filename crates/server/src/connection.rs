@@ -294,10 +294,16 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
         End::Failed(e) => debug!(conn = id, "connection failed: {e}"),
     }
     conn.finish();
-    if let End::FrameTooLarge | End::Refused = end {
-        // Let the writer send the last reply and its FIN before the socket closes.
-        let _ = writer_task.await;
-        let _ = tokio::time::timeout(LINGER, discard_input(&mut reader)).await;
+    match end {
+        End::FrameTooLarge | End::Refused => {
+            // Let the writer send the last reply and its FIN before the socket closes.
+            let _ = writer_task.await;
+            let _ = tokio::time::timeout(LINGER, discard_input(&mut reader)).await;
+        }
+        // Its writer may wait forever on a client that does not read, holding the socket
+        // and the bytes it was sending: stop it.
+        End::Overflowed => writer_task.abort(),
+        _ => {}
     }
 }
 

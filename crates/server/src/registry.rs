@@ -11,7 +11,7 @@
 //! A TLS connection has no direct path: a record written in part cannot be finished without
 //! waiting, so its writer task alone writes, encrypting every batch in one go.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -22,7 +22,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
 
 /// A queue of encoded frames in front of a connection's socket. Frames are appended as
-/// bytes, so the writer sends everything queued in one `write` call.
+/// bytes to chunks of up to [`CHUNK`], so the writer sends many in each `write` call.
 pub(crate) struct Outbox {
     state: Mutex<OutboxState>,
     /// Wakes the writer: bytes were queued or the connection is closing.
@@ -40,7 +40,7 @@ pub(crate) struct Outbox {
 
 #[derive(Default)]
 struct OutboxState {
-    bytes: Vec<u8>,
+    bytes: Queued,
     /// Someone is writing to the socket; queued bytes wait for them to finish.
     writing: bool,
     /// No more replies will come: the writer flushes what is queued and exits.
@@ -54,8 +54,45 @@ struct OutboxState {
     socket: Option<Arc<OwnedWriteHalf>>,
 }
 
-/// The writer task's batch buffer is released after a write above this size.
-const KEEP_BATCH: usize = 256 * 1024;
+/// Queued frames are appended to the last chunk while it stays under this size; a larger
+/// frame is a chunk of its own.
+const CHUNK: usize = 256 * 1024;
+
+/// Frames waiting for the writer, in chunks: a backlog grows without copying itself into
+/// ever larger buffers (each doubling would hold the old copy and the new one at once).
+#[derive(Default)]
+struct Queued {
+    chunks: VecDeque<Vec<u8>>,
+    len: usize,
+}
+
+impl Queued {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Queue `frames` last, leaving it empty.
+    fn push_back(&mut self, frames: &mut Vec<u8>) {
+        self.len += frames.len();
+        match self.chunks.back_mut() {
+            Some(last) if last.len() + frames.len() <= CHUNK => {
+                last.extend_from_slice(frames);
+                frames.clear();
+            }
+            _ => self.chunks.push_back(std::mem::take(frames)),
+        }
+    }
+
+    /// Queue `bytes` first.
+    fn push_front(&mut self, bytes: Vec<u8>) {
+        self.len += bytes.len();
+        self.chunks.push_front(bytes);
+    }
+}
 
 /// What the writer should do next.
 enum Drain {
@@ -129,13 +166,7 @@ impl Outbox {
             Some(socket) if !state.writing && state.bytes.is_empty() => socket.clone(),
             _ => {
                 // Busy (or closing): queue behind what is there.
-                if state.bytes.is_empty() {
-                    // Hand the buffer over instead of copying it.
-                    std::mem::swap(&mut state.bytes, frames);
-                } else {
-                    state.bytes.extend_from_slice(frames);
-                    frames.clear();
-                }
+                state.bytes.push_back(frames);
                 let pending = state.bytes.len();
                 drop(state);
                 self.ready.notify_one();
@@ -170,11 +201,8 @@ impl Outbox {
             return 0;
         }
         if written < frames.len() {
-            if written == 0 && state.bytes.is_empty() {
-                std::mem::swap(&mut state.bytes, frames);
-            } else {
-                state.bytes.splice(0..0, frames[written..].iter().copied());
-            }
+            frames.drain(..written);
+            state.bytes.push_front(std::mem::take(frames));
         }
         frames.clear();
         let pending = state.bytes.len();
@@ -193,15 +221,16 @@ impl Outbox {
         self.lock().bytes.len()
     }
 
-    /// Swap the queued bytes into `into` (which must be empty) so they can be written
+    /// Swap the queued chunks into `into` (which must be empty) so they can be written
     /// without holding the lock.
-    fn take(&self, into: &mut Vec<u8>) -> Drain {
+    fn take(&self, into: &mut VecDeque<Vec<u8>>) -> Drain {
         let mut state = self.lock();
         if state.writing {
             // Someone is writing directly; they wake us if they leave bytes behind.
             Drain::Wait
         } else if !state.bytes.is_empty() {
-            std::mem::swap(&mut state.bytes, into);
+            std::mem::swap(&mut state.bytes.chunks, into);
+            state.bytes.len = 0;
             state.writing = true;
             Drain::Write
         } else if state.closing || state.dead {
@@ -262,7 +291,7 @@ impl Outbox {
         let mut state = self.lock();
         state.dead = true;
         state.writing = false;
-        state.bytes = Vec::new();
+        state.bytes = Queued::default();
         let socket = state.socket.take();
         drop(state);
         drop(socket);
@@ -282,11 +311,18 @@ pub(crate) enum Sink {
 }
 
 impl Sink {
-    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+    async fn write_all(&mut self, chunks: &VecDeque<Vec<u8>>) -> io::Result<()> {
         match self {
-            Sink::Socket(socket) => write_all(socket, bytes).await,
+            Sink::Socket(socket) => {
+                for chunk in chunks {
+                    write_all(socket, chunk).await?;
+                }
+                Ok(())
+            }
             Sink::Stream(stream) => {
-                stream.write_all(bytes).await?;
+                for chunk in chunks {
+                    stream.write_all(chunk).await?;
+                }
                 stream.flush().await
             }
         }
@@ -296,9 +332,9 @@ impl Sink {
 /// How long a closing TLS connection may take to send its `close_notify`.
 const SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Send queued replies until the connection closes; many replies leave in one write.
+/// Send queued replies until the connection closes; many replies leave in each write.
 pub(crate) async fn write_loop(mut sink: Sink, outbox: Arc<Outbox>, conn: ConnId) {
-    let mut batch = Vec::new();
+    let mut batch = VecDeque::new();
     loop {
         match outbox.take(&mut batch) {
             Drain::Write => {
@@ -309,9 +345,6 @@ pub(crate) async fn write_loop(mut sink: Sink, outbox: Arc<Outbox>, conn: ConnId
                 }
                 outbox.written();
                 batch.clear();
-                if batch.capacity() > KEEP_BATCH {
-                    batch = Vec::new();
-                }
                 outbox.notify_drained();
             }
             Drain::Wait => outbox.wait_ready().await,
