@@ -26,6 +26,7 @@ builds (goal: the bounds cost at most 2%). Writes the ``limits`` section of
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import threading
@@ -62,6 +63,12 @@ def call(id: int, type_name: str, key: str, method: str, *args, seq: int = 0) ->
 
 def create(conn: Connection, type_name: str, key: str, *args) -> None:
     conn.roundtrip(frame([2, "create", 0, 0, type_name, key, list(args), False]), 2)
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU time ``pid`` has used, user and system, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -218,6 +225,7 @@ def main() -> None:
     print_table(headers, rows)
 
     rates: dict = {build: [] for build in builds}
+    cpu_us: dict = {build: [] for build in builds}  # the server's CPU per call: steadier on a busy machine
     if args.baseline:
         load = loadgen_binary()
         running = {}
@@ -231,9 +239,14 @@ def main() -> None:
                 client.close()
             for r in range(args.rounds):
                 for build in builds:
+                    pid = running[build].proc.pid
+                    before = cpu_s(pid)
                     rate = run_load(load, running[build].port, {}, args)
-                    log(f"round {r + 1}/{args.rounds}: {build} {rate:,.0f} calls/s")
+                    # The warm-up's calls are not counted in the rate, but its CPU is: about.
+                    per_call = (cpu_s(pid) - before) / (rate * (args.seconds + args.warmup)) * 1e6
+                    log(f"round {r + 1}/{args.rounds}: {build} {rate:,.0f} calls/s, {per_call:.2f} µs CPU/call")
                     rates[build].append(rate)
+                    cpu_us[build].append(per_call)
         finally:
             for server in running.values():
                 server.stop()
@@ -270,7 +283,8 @@ def main() -> None:
             f"{args.seconds:g} s runs, {args.rounds} rounds taking turns): with the bounds "
             f"{med['bounded']:,.0f} calls/s ({min(rates['bounded']):,.0f}-{max(rates['bounded']):,.0f}), "
             f"before them {med['baseline']:,.0f} ({min(rates['baseline']):,.0f}-{max(rates['baseline']):,.0f}): "
-            f"{kept:.3f}.",
+            f"{kept:.3f}. The server's CPU per call (median): with the bounds "
+            f"{statistics.median(cpu_us['bounded']):.2f} µs, before them {statistics.median(cpu_us['baseline']):.2f} µs.",
             "",
         ]
     update_section("limits", "\n".join(lines))
