@@ -80,7 +80,7 @@ lint:
 # never enter the product's. `make bench QUICK=1` is a smoke check (small sizes, report in target/bench-quick/).
 BENCH_VENV := .venv-bench
 BPY := $(BENCH_VENV)/bin/python
-BENCHES := objects latency throughput shared sync functions scaling ml santa durability shell cluster tls auth
+BENCHES := objects latency throughput shared sync functions scaling ml santa durability shell cluster tls auth limits
 export QUICK
 
 $(BENCH_VENV)/.installed: requirements.lock requirements-bench.lock python/pyproject.toml

@@ -305,6 +305,32 @@ def test_a_frame_of_tiny_values_is_refused_before_it_is_decoded(bounded):
     conn.close()
 
 
+@spindle.shared
+class Numbers:
+    def __init__(self) -> None:
+        self.items: List[int] = []
+
+    def extend(self, n: int) -> int:
+        self.items.extend(range(n))
+        return len(self.items)
+
+    def all(self) -> List[int]:
+        return self.items
+
+
+def test_a_method_result_of_too_many_values_fails_that_call_alone(bounded):
+    server = start(bounded, "--max-frame-values", "5000")
+    with connected_to(server):
+        numbers = Numbers()
+        assert numbers.extend(4000) == 4000
+        assert len(numbers.all()) == 4000
+        numbers.extend(2000)
+        with pytest.raises(ValueError, match="--max-frame-values"):
+            numbers.all()
+        # The host and its object live on.
+        assert numbers.extend(1) == 6001
+
+
 def test_an_idle_client_is_closed_and_one_waiting_for_a_reply_is_not(bounded):
     server = start(bounded, "--client-timeout", "1")
     idle = greeted(server)

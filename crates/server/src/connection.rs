@@ -288,7 +288,7 @@ async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Ou
         End::Refused => debug!(conn = id, "closing after a refused or missing hello, or at a limit"),
         End::Overflowed => {
             let limit = conn.shared.config.limits.output_hard;
-            let why = format!("closed: its unread replies passed {limit} bytes (--output-hard-limit)");
+            let why = format!("its unread replies passed {limit} bytes (--output-hard-limit): connection closed");
             conn.shared.audit.refused(peer.ip(), &why);
         }
         End::Failed(e) => debug!(conn = id, "connection failed: {e}"),
@@ -499,11 +499,13 @@ impl Connection {
                 let message = format!(
                     "the frame holds over {max_values} values ({count} so far; --max-frame-values): send them in parts"
                 );
+                let id = spindle_proto::request::request_id(body);
                 if let Some(host) = self.host {
-                    return hosts::broke_protocol(&self.shared, host, &message);
+                    // A method's result: that call fails, not the host's other objects.
+                    let error = Value::Array(vec!["ValueError".into(), message.into(), Value::Nil]);
+                    return hosts::reply(&self.shared, host, Value::Array(vec![id.into(), 1.into(), error]));
                 }
                 self.asked += 1;
-                let id = spindle_proto::request::request_id(body);
                 return self.reply(id, Err(Error::new(ErrorKind::ProtocolError, message)));
             }
         }
