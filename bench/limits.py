@@ -143,8 +143,9 @@ def wake_ups(port: int, hold: float) -> None:
 def reply_log(port: int, hold: float) -> None:
     conn = connect(port)
     create(conn, "Dict", "d")
-    for seq in range(1, 1001):
-        conn.roundtrip(call(seq, "Dict", "d", "setdefault", "k", b"z" * MiB, seq=seq), seq)
+    conn.roundtrip(call(1, "Dict", "d", "setdefault", "k", b"z" * MiB), 1)
+    for seq in range(1, 1001):  # small calls, each answered with the 1 MiB value
+        conn.roundtrip(call(seq, "Dict", "d", "setdefault", "k", None, seq=seq), seq)
     time.sleep(hold)
     conn.close()
 
