@@ -83,6 +83,18 @@ def test_a_rolling_upgrade_under_load_loses_no_acknowledged_call(tmp_path):
                     assert formats(cluster) == {n.node_id: 1 if n.node_id <= upgraded else None
                                                 for n in cluster.nodes}
                 load_goes_on(load)
+                if upgraded == 1:
+                    # The new node crashes mid-upgrade: the old ones lead every shard, from
+                    # what they applied of the entries it wrote.
+                    node.kill()
+                    assert wait_until(lambda: cluster.every_shard_led(via=cluster.nodes[1], without=node), 60), (
+                        cluster.describe()
+                    )
+                    load_goes_on(load)
+                    node.start()
+                    assert wait_until(lambda: cluster.every_shard_led() and cluster.caught_up(node), 60), (
+                        cluster.describe()
+                    )
                 history.wait_known(FAULT_AFTER, since=history.faults[-1][2] if history.faults else 0)
             # Every node reads the new format: they all write it from now on.
             everyone = {n.node_id: CLUSTER_FORMAT for n in cluster.nodes}
