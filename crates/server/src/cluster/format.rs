@@ -16,6 +16,11 @@
 //! node not heard from since this one started counts as format 1). Data of a format newer
 //! than a node reads is refused with both formats named; a Raft group that meets such an
 //! entry stops applying on that node rather than skip it.
+//!
+//! A release that changes any of these, or the op-log records that shard entries carry (their
+//! own version is `spindle_core::record::RECORD_VERSION`), raises [`NEWEST`] and writes the
+//! change only while the active format is the new one: before that, it still writes the
+//! older format, which every node of the cluster reads.
 
 pub(crate) use spindle_proto::CLUSTER_FORMAT as NEWEST;
 

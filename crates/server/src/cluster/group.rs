@@ -1355,13 +1355,16 @@ impl Drop for Stopped {
         if self.meta {
             return;
         }
+        // As when leadership is lost: the calls go to another node (a rolling upgrade stops
+        // nodes under load), and apply there once by their `(client, seq)`.
         let error = Error::new(
-            ErrorKind::Internal,
+            ErrorKind::NotLeader,
             format!(
                 "shard {} stopped on this node (see its log); retry on another node",
                 self.index
             ),
-        );
+        )
+        .with_data(cluster.redirect(self.index).data);
         if let Ok(replies) = self.shared.shards.with(self.index, |s| {
             s.replica.as_mut().map(|r| r.stop(&error)).unwrap_or_default()
         }) {
