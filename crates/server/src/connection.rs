@@ -1046,7 +1046,7 @@ fn hello_reply(shared: &Shared, resumed: bool, principal: &Principal) -> Value {
         // The newest format of what nodes write for each other that this one reads.
         fields.push((
             Value::from("cluster_format"),
-            Value::from(crate::cluster::format::NEWEST),
+            Value::from(spindle_proto::CLUSTER_FORMAT),
         ));
     }
     Value::Map(fields)

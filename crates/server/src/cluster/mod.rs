@@ -17,7 +17,7 @@
 //! committed. Calls reaching a node that does not lead their shard are answered `NotLeader`
 //! with the leader's address: clients follow it and cache the shard map.
 
-pub(crate) mod format;
+mod format;
 mod group;
 mod meta;
 pub(crate) mod moves;
