@@ -62,13 +62,14 @@ def gateway_args(max_workers: int = POOL) -> List[str]:
 
 class ServerProcess:
     """A ``spindle server`` child process on a free port (or on ``port``, to restart a server
-    where its clients reconnect); ``stderr``: where its log goes (default: inherited)."""
+    where its clients reconnect); ``stderr``: where its log goes (default: inherited);
+    ``binary``: another build than the one under test (an older release)."""
 
     def __init__(
         self, *args: str, env: Optional[dict] = None, port: int = 0, stderr: Any = None,
-        prefix: List[str] = [],
+        prefix: List[str] = [], binary: Optional[str] = None,
     ) -> None:
-        self.binary = server_binary()
+        self.binary = binary or server_binary()
         if env is None:
             env = dict(os.environ)
         env["PYTHONPATH"] = pythonpath_for_tests()

@@ -52,13 +52,15 @@ def cluster_map(host: str, port: int) -> Dict:
 
 
 class Node:
-    """One cluster node: a server process with its own port and data directory."""
+    """One cluster node: a server process with its own port and data directory (run by
+    ``binary``, default the build under test)."""
 
     def __init__(
         self, node_id: int, data_dir: Path, join: Optional[str] = None, *extra: str,
-        netns: Optional["Netns"] = None, start: bool = True,
+        netns: Optional["Netns"] = None, start: bool = True, binary: Optional[str] = None,
     ) -> None:
         self.node_id = node_id
+        self.binary = binary
         self.extra = list(extra)
         self.data_dir = data_dir
         self.netns = netns
@@ -84,7 +86,7 @@ class Node:
             args += ["--host", self.host, "--token", NETNS_TOKEN, "--insecure"]
             prefix = self.netns.exec_prefix(self.node_id)
         with open(self.log, "a") as log:
-            self.server = ServerProcess(*args, port=self.port, stderr=log, prefix=prefix)
+            self.server = ServerProcess(*args, port=self.port, stderr=log, prefix=prefix, binary=self.binary)
 
     def map(self) -> Dict:
         """This node's view of the cluster (the `cluster` request)."""
@@ -104,15 +106,17 @@ class Cluster:
 
     def __init__(
         self, root: Path, size: int = 3, rf: int = 3, netns: Optional["Netns"] = None, extra: tuple = (),
+        binary: Optional[str] = None,
     ) -> None:
         self.root = root
         self.extra = extra
         self.nodes: List[Node] = []
         for node_id in range(1, size + 1):
             join = self.nodes[0].address if self.nodes else None
-            self.nodes.append(
-                Node(node_id, root / f"n{node_id}", join, "--replication-factor", str(rf), *extra, netns=netns)
-            )
+            self.nodes.append(Node(
+                node_id, root / f"n{node_id}", join, "--replication-factor", str(rf), *extra, netns=netns,
+                binary=binary,
+            ))
         assert wait_until(self.settled, 30), self.describe()
 
     def add(self) -> Node:
@@ -388,7 +392,7 @@ def test_every_shard_is_replicated_on_three_nodes_and_calls_reach_their_leader(c
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == f"3 nodes, {SHARDS} shards, 3 replicas each", out.stdout
+    assert lines[0] == f"3 nodes, {SHARDS} shards, 3 replicas each, cluster format 2", out.stdout
     table = lines[lines.index(next(line for line in lines if line.startswith("shard"))) + 1:]
     rows = [line.split() for line in table]
     assert [r[0] for r in rows] == [str(i) for i in range(SHARDS)] + ["meta"], out.stdout

@@ -137,10 +137,12 @@ fn status(address: &str) -> Result<(), String> {
         .unwrap_or_default();
     let (groups, metadata) = leaders_views(&map);
     println!(
-        "{} nodes, {} shards, {} replicas each",
+        "{} nodes, {} shards, {} replicas each, cluster format {}",
         nodes.len(),
         groups.len(),
-        field(&map, "replication_factor").and_then(Value::as_u64).unwrap_or(0)
+        field(&map, "replication_factor").and_then(Value::as_u64).unwrap_or(0),
+        // A node of the first release tells none: it writes format 1.
+        field(&map, "cluster_format").and_then(Value::as_u64).unwrap_or(1)
     );
     println!();
     println!("{:<6} {:<24} {:>8}", "node", "address", "leading");

@@ -6,6 +6,12 @@ use spindle_core::value::type_of;
 /// The protocol version this crate speaks (the `protocol` field of `hello`).
 pub const PROTOCOL_VERSION: u64 = 1;
 
+/// The newest cluster format this build reads: the format of what the nodes of a cluster
+/// write for each other (Raft entries, metadata snapshots, `raft` and `snapshot` frames).
+/// Format 1 is the first release's, which wrote no version; a node tells the highest it
+/// reads in its `hello` reply (`cluster_format`), and writes only what every node reads.
+pub const CLUSTER_FORMAT: u64 = 2;
+
 const OPS: &str =
     "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host, acl";
 
@@ -523,14 +529,18 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             }
         }
         "snapshot" => {
-            p.arity("[id, \"snapshot\", from, address, shard, message, chunk, more]", 6)?;
+            p.arity_range(
+                "[id, \"snapshot\", from, address, shard, message, chunk, more, format?]",
+                6,
+                7,
+            )?;
             let (from, address, group) = (p.uint("from")?, p.string("address")?, p.uint("shard")?);
             let message = match p.next() {
                 Value::Nil => None,
                 Value::Binary(b) => Some(b),
                 other => return Err(p.error("message", "bin or nil", &other)),
             };
-            Request::Snapshot {
+            let snapshot = Request::Snapshot {
                 id,
                 from,
                 address,
@@ -538,10 +548,16 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 message,
                 chunk: p.binary("chunk")?,
                 more: p.boolean("more")?,
-            }
+            };
+            p.cluster_format()?;
+            snapshot
         }
         "raft" => {
-            p.arity_range("[id, \"raft\", from, address, shard, [message, ...], more?]", 4, 5)?;
+            p.arity_range(
+                "[id, \"raft\", from, address, shard, [message, ...], more?, format?]",
+                4,
+                6,
+            )?;
             let (from, address, group) = (p.uint("from")?, p.string("address")?, p.uint("shard")?);
             let mut messages = Vec::new();
             for m in p.array("messages")? {
@@ -559,6 +575,7 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             if more && messages.len() != 1 {
                 return Err(bad(id, "a raft part carries exactly one message".to_string()));
             }
+            p.cluster_format()?;
             Request::Raft {
                 id,
                 from,
@@ -722,6 +739,23 @@ impl Operands<'_> {
     }
 
     /// A bool that may be left out or nil (`false`).
+    /// A peer frame's optional last item, the cluster format of what it carries (absent:
+    /// format 1, whose nodes wrote none): one newer than this build reads is refused.
+    fn cluster_format(&mut self) -> Result<u64, RequestError> {
+        let format = self.optional_uint("format")?.max(1);
+        if format > CLUSTER_FORMAT {
+            return Err(bad(
+                self.id,
+                format!(
+                    "'{}' in cluster format {format}; this node reads cluster formats 1 to {CLUSTER_FORMAT} \
+                     (upgrade it before the nodes that write {format})",
+                    self.op
+                ),
+            ));
+        }
+        Ok(format)
+    }
+
     fn optional_boolean(&mut self, field: &str) -> Result<bool, RequestError> {
         match self.next() {
             Value::Nil => Ok(false),
@@ -1148,6 +1182,41 @@ mod tests {
                 ..
             }
         ));
+        // Peer frames may name their cluster format (absent: 1); a newer one is refused.
+        let raft = |format: Option<u64>| {
+            let mut items = vec![14.into(), s("raft"), 2.into(), s("h:1"), 3.into(), v(vec![])];
+            if let Some(format) = format {
+                items.extend([false.into(), format.into()]);
+            }
+            parse_request(v(items))
+        };
+        for format in [None, Some(1), Some(CLUSTER_FORMAT)] {
+            assert!(matches!(raft(format), Ok(Request::Raft { group: 3, .. })), "{format:?}");
+        }
+        let newer = raft(Some(CLUSTER_FORMAT + 1)).unwrap_err();
+        assert!(
+            newer.message.contains(&format!(
+                "cluster format {}; this node reads cluster formats 1 to {CLUSTER_FORMAT}",
+                CLUSTER_FORMAT + 1
+            )),
+            "{newer}"
+        );
+        let snapshot = |format: u64| {
+            let items = vec![
+                15.into(),
+                s("snapshot"),
+                2.into(),
+                s("h:1"),
+                3.into(),
+                Value::Nil,
+                Value::Binary(vec![3]),
+                false.into(),
+                format.into(),
+            ];
+            parse_request(v(items))
+        };
+        assert!(snapshot(CLUSTER_FORMAT).is_ok());
+        assert!(snapshot(CLUSTER_FORMAT + 1).is_err());
         let short = parse_request(v(vec![11.into(), s("adopt"), s("Counter"), s("c")])).unwrap_err();
         assert!(
             short

@@ -1254,6 +1254,11 @@ fn hello_reply(shared: &Shared, resumed: bool, principal: &Principal) -> Value {
         // Clients of a cluster route calls by shard: `cluster` tells the shard map.
         fields.push((Value::from("node"), Value::from(cluster.node_id)));
         fields.push((Value::from("shards"), Value::from(shared.shards.count() as u64)));
+        // The newest format of what nodes write for each other that this one reads.
+        fields.push((
+            Value::from("cluster_format"),
+            Value::from(spindle_proto::CLUSTER_FORMAT),
+        ));
     }
     Value::Map(fields)
 }

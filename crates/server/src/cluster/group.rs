@@ -19,6 +19,7 @@ use spindle_core::{Error, ErrorKind, Partition, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
+use super::format;
 use super::meta::{Command, Meta};
 use super::store::{data_file, RaftStorage, SnapshotData, Store};
 use crate::config::Fsync;
@@ -56,12 +57,13 @@ pub(crate) enum Event {
     Change(Command, oneshot::Sender<Result<Value, Error>>),
 }
 
-/// An entry proposed by a shard's leader: `[node, epoch, proposal, [record, ...]]`, written
-/// straight into a buffer of its size (the records are copied once).
-pub(crate) fn encode_entry(node: u64, epoch: u64, proposal: u64, records: &[Vec<u8>]) -> Vec<u8> {
-    // Markers and lengths: at most 9 bytes an integer, 5 a record, 5 the array.
-    let size = 1 + 3 * 9 + 5 + records.iter().map(|r| 5 + r.len()).sum::<usize>();
+/// An entry proposed by a shard's leader: `[node, epoch, proposal, [record, ...]]` in cluster
+/// format `format`, written straight into a buffer of its size (the records are copied once).
+pub(crate) fn encode_entry(format: u64, node: u64, epoch: u64, proposal: u64, records: &[Vec<u8>]) -> Vec<u8> {
+    // Markers and lengths: at most 9 bytes an integer, 5 a record, 5 the array, 10 the format.
+    let size = 10 + 1 + 3 * 9 + 5 + records.iter().map(|r| 5 + r.len()).sum::<usize>();
     let mut out = Vec::with_capacity(size);
+    format::write_mark(&mut out, format);
     // Writing to a Vec cannot fail.
     let _ = rmp::encode::write_array_len(&mut out, 4);
     for n in [node, epoch, proposal] {
@@ -84,7 +86,8 @@ struct Proposed<'a> {
 /// Decode an entry, its records borrowed from it (read straight from the bytes).
 fn decode_entry(data: &[u8]) -> Result<Proposed<'_>, String> {
     let bad = || "an entry that is not [node, epoch, proposal, records]".to_string();
-    let mut rd = data;
+    // Every format this build reads has the same body so far.
+    let (_, mut rd) = format::open(data, "the entry")?;
     if rmp::decode::read_array_len(&mut rd).map_err(|_| bad())? != 4 {
         return Err(bad());
     }
@@ -235,7 +238,7 @@ impl Driver {
                     entries.push(Entry {
                         index: entries.len() as u64 + 1,
                         term: 1,
-                        data: command.encode().into(),
+                        data: format::wrap(format::NEWEST, &command.encode()).into(),
                         ..Default::default()
                     });
                 }
@@ -365,7 +368,10 @@ impl Driver {
                 cluster(&shared).restore_meta(commands);
             }
             for e in &entries {
-                apply_meta(cluster(&shared), e);
+                if let Err(why) = apply_meta(cluster(&shared), e) {
+                    error!("the cluster's metadata stops here: {why}");
+                    return;
+                }
             }
         } else if let Err(why) = self.rebuild(&shared, None) {
             error!(shard = self.index, "the shard's state cannot be rebuilt: {why}");
@@ -380,6 +386,10 @@ impl Driver {
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
+                    if self.meta {
+                        // The active cluster format needs word from every node.
+                        cluster(&shared).reach_every_node(&shared);
+                    }
                     self.stand_if_leader_down(&shared);
                     self.raw.tick();
                     self.cooldown = self.cooldown.saturating_sub(1);
@@ -414,10 +424,17 @@ impl Driver {
                 let _ = std::fs::remove_file(path);
             }
             if let Err(e) = ready.and_then(|()| self.maybe_snapshot(&shared)) {
-                error!(
-                    shard = self.index,
-                    "the shard's Raft log cannot be written: {e}; this node leaves the shard's service"
-                );
+                if self.broken {
+                    error!(
+                        shard = self.index,
+                        "{e}: this node stops applying the group's entries (none is skipped) and leaves its service"
+                    );
+                } else {
+                    error!(
+                        shard = self.index,
+                        "the shard's Raft log cannot be written: {e}; this node leaves the shard's service"
+                    );
+                }
                 if self.serving {
                     self.demote(&shared);
                 }
@@ -544,7 +561,8 @@ impl Driver {
         if !self.serving || p.epoch != self.epoch {
             return; // their replies were failed when serving stopped
         }
-        let data = encode_entry(self.node_id, p.epoch, p.proposal, &p.records);
+        let format = cluster(shared).active_format();
+        let data = encode_entry(format, self.node_id, p.epoch, p.proposal, &p.records);
         let leading = self.raw.raft.state == StateRole::Leader;
         if leading && self.raw.propose(Vec::new(), data).is_ok() {
             let index = self.raw.raft.raft_log.last_index();
@@ -595,8 +613,9 @@ impl Driver {
             Command::Acl(change) => shared.access.check(change)?,
             _ => {}
         }
+        let data = format::wrap(cluster.active_format(), &command.encode());
         self.raw
-            .propose(Vec::new(), command.encode())
+            .propose(Vec::new(), data)
             .map_err(|e| Error::new(ErrorKind::Busy, format!("the change was not proposed: {e}; retry")))?;
         Ok("proposed".into())
     }
@@ -784,9 +803,15 @@ impl Driver {
         }
     }
 
+    /// Apply committed entries. One that cannot be applied (a format this node does not
+    /// read) is never skipped: the group stops here (`broken`, and an error).
     fn apply(&mut self, shared: &Arc<Shared>, entries: Vec<Entry>) -> std::io::Result<()> {
         let Some(last) = entries.last().map(|e| e.index) else {
             return Ok(());
+        };
+        let unapplied = |driver: &mut Driver, why: String| {
+            driver.broken = true;
+            std::io::Error::other(why)
         };
         // The commit index the entries are replayed to at a restart (see `on_ready`).
         if self.store.mem.rl().hard_state().commit < last {
@@ -798,11 +823,14 @@ impl Driver {
         for e in entries {
             self.applied = e.index;
             if e.get_entry_type() != EntryType::EntryNormal || self.meta {
-                self.apply_run(shared, std::mem::take(&mut run), now);
+                let applied = self.apply_run(shared, std::mem::take(&mut run), now);
+                applied.map_err(|why| unapplied(self, why))?;
             }
             match e.get_entry_type() {
                 EntryType::EntryNormal if e.data.is_empty() => {}
-                EntryType::EntryNormal if self.meta => apply_meta(cluster(shared), &e),
+                EntryType::EntryNormal if self.meta => {
+                    apply_meta(cluster(shared), &e).map_err(|why| unapplied(self, why))?;
+                }
                 EntryType::EntryNormal => run.push(e),
                 EntryType::EntryConfChange => {
                     let cc = match ConfChange::parse_from_bytes(&e.data) {
@@ -836,15 +864,15 @@ impl Driver {
                 EntryType::EntryConfChangeV2 => {}
             }
         }
-        self.apply_run(shared, run, now);
-        Ok(())
+        let applied = self.apply_run(shared, run, now);
+        applied.map_err(|why| unapplied(self, why))
     }
 
     /// Apply committed entries of the shard: release the replies of this epoch's own
-    /// proposals (already applied here), replay the others.
-    fn apply_run(&self, shared: &Arc<Shared>, run: Vec<Entry>, now: Instant) {
+    /// proposals (already applied here), replay the others, up to one that cannot be.
+    fn apply_run(&self, shared: &Arc<Shared>, run: Vec<Entry>, now: Instant) -> Result<(), String> {
         if run.is_empty() {
-            return;
+            return Ok(());
         }
         let outcome = shared.shards.with(self.index, |s| {
             let mut replies = Vec::new();
@@ -856,12 +884,18 @@ impl Driver {
                         continue;
                     }
                 }
-                replay_entry(&mut s.partition, self.index, e.index, entry, now);
+                if let Err(why) = replay_entry(&mut s.partition, e.index, entry, now) {
+                    return (replies, Err(why));
+                }
             }
-            replies
+            (replies, Ok(()))
         });
-        if let Ok(replies) = outcome {
-            shared.registry.deliver(replies);
+        match outcome {
+            Ok((replies, applied)) => {
+                shared.registry.deliver(replies);
+                applied
+            }
+            Err(_) => Ok(()),
         }
     }
 
@@ -1112,7 +1146,10 @@ impl Driver {
                 index: Some(self.applied),
                 proposal: 0,
                 term: None,
-                body: Some(SnapshotData::Bytes(meta_snapshot(&cluster(shared).meta()))),
+                body: Some(SnapshotData::Bytes(meta_snapshot(
+                    &cluster(shared).meta(),
+                    cluster(shared).active_format(),
+                ))),
             });
             return;
         }
@@ -1319,13 +1356,16 @@ impl Drop for Stopped {
         if self.meta {
             return;
         }
+        // As when leadership is lost: the calls go to another node (a rolling upgrade stops
+        // nodes under load), and apply there once by their `(client, seq)`.
         let error = Error::new(
-            ErrorKind::Internal,
+            ErrorKind::NotLeader,
             format!(
                 "shard {} stopped on this node (see its log); retry on another node",
                 self.index
             ),
-        );
+        )
+        .with_data(cluster.redirect(self.index).data);
         if let Ok(replies) = self.shared.shards.with(self.index, |s| {
             s.replica.as_mut().map(|r| r.stop(&error)).unwrap_or_default()
         }) {
@@ -1338,25 +1378,25 @@ fn cluster(shared: &Shared) -> &super::Cluster {
     shared.cluster.as_ref().expect("a Raft group runs only in cluster mode")
 }
 
-/// Apply a committed metadata entry.
-fn apply_meta(cluster: &super::Cluster, e: &Entry) {
+/// Apply a committed metadata entry (refused, not skipped, when it does not decode).
+fn apply_meta(cluster: &super::Cluster, e: &Entry) -> Result<(), String> {
     if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
-        return;
+        return Ok(());
     }
-    match Command::decode(&e.data) {
-        Ok(command) => {
-            if let Command::AddNode { node, address } = &command {
-                cluster.learn_address(*node, address);
-            }
-            info!(?command, "cluster metadata changed");
-            cluster.apply_meta(command);
-        }
-        Err(why) => error!(entry = e.index, "a metadata entry does not decode: {why}"),
+    let what = format!("metadata entry {}", e.index);
+    let (_, body) = format::open(&e.data, &what)?;
+    let command = Command::decode(body).map_err(|why| format!("{what} does not decode: {why}"))?;
+    if let Command::AddNode { node, address } = &command {
+        cluster.learn_address(*node, address);
     }
+    info!(?command, "cluster metadata changed");
+    cluster.apply_meta(command);
+    Ok(())
 }
 
-/// The metadata group's snapshot: the commands that rebuild its state.
-fn meta_snapshot(meta: &Meta) -> Vec<u8> {
+/// The metadata group's snapshot in cluster format `format`: the commands that rebuild its
+/// state.
+fn meta_snapshot(meta: &Meta, format: u64) -> Vec<u8> {
     let mut commands = vec![Value::Binary(Command::SetReplicationFactor { rf: meta.rf }.encode())];
     for (node, address) in &meta.nodes {
         let add = Command::AddNode {
@@ -1369,6 +1409,7 @@ fn meta_snapshot(meta: &Meta) -> Vec<u8> {
         commands.push(Value::Binary(Command::Acl(change).encode()));
     }
     let mut out = Vec::new();
+    format::write_mark(&mut out, format);
     rmpv::encode::write_value(&mut out, &Value::Array(commands)).expect("encoding to memory");
     out
 }
@@ -1444,7 +1485,8 @@ fn meta_commands(data: &[u8]) -> Result<Vec<Command>, String> {
     if data.is_empty() {
         return Ok(Vec::new());
     }
-    rmpv::decode::read_value(&mut &data[..])
+    let (_, mut body) = format::open(data, "the metadata snapshot")?;
+    rmpv::decode::read_value(&mut body)
         .map_err(|e| e.to_string())
         .and_then(|value| match value {
             Value::Array(items) => items
@@ -1477,30 +1519,29 @@ fn replayed(
 ) -> Result<Partition, String> {
     let mut partition = restored(data, now)?;
     for e in entries {
-        replay(&mut partition, index, e, now);
+        if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
+            replay_entry(&mut partition, e.index, decode_entry(&e.data), now)
+                .map_err(|why| format!("shard {index}: {why}"))?;
+        }
     }
     Ok(partition)
 }
 
-/// Apply a committed entry proposed elsewhere (or before a restart) to `partition`.
-fn replay(partition: &mut Partition, index: usize, e: &Entry, now: Instant) {
-    if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
-        replay_entry(partition, index, e.index, decode_entry(&e.data), now);
+/// Apply the records of entry `entry` (decoded) to `partition`: an error at the first that
+/// cannot be (its later records are not applied either).
+fn replay_entry(
+    partition: &mut Partition,
+    entry: u64,
+    decoded: Result<Proposed, String>,
+    now: Instant,
+) -> Result<(), String> {
+    let p = decoded.map_err(|why| format!("replicated entry {entry} cannot be applied: {why}"))?;
+    for record in p.records {
+        partition
+            .replay(record, now)
+            .map_err(|why| format!("a record of replicated entry {entry} cannot be applied: {why}"))?;
     }
-}
-
-/// Apply the records of entry `entry` (decoded) to `partition`.
-fn replay_entry(partition: &mut Partition, index: usize, entry: u64, decoded: Result<Proposed, String>, now: Instant) {
-    match decoded {
-        Ok(p) => {
-            for record in p.records {
-                if let Err(why) = partition.replay(record, now) {
-                    error!(shard = index, entry, "a replicated record was not applied: {why}");
-                }
-            }
-        }
-        Err(why) => error!(shard = index, entry, "a replicated entry does not decode: {why}"),
-    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1546,7 +1587,7 @@ mod tests {
     fn an_entry_is_its_value_encoding_and_decodes_back() {
         let records = vec![b"first".to_vec(), Vec::new(), vec![7u8; 300], vec![1u8; 70_000]];
         for (node, epoch, proposal) in [(1, 1, 1), (3, 200, 70_000), (u64::MAX, 0, 1 << 40)] {
-            let data = encode_entry(node, epoch, proposal, &records);
+            let data = encode_entry(1, node, epoch, proposal, &records);
             let value = Value::Array(vec![
                 node.into(),
                 epoch.into(),
@@ -1560,9 +1601,9 @@ mod tests {
             assert_eq!((p.node, p.epoch, p.proposal), (node, epoch, proposal));
             assert_eq!(p.records, records.iter().map(Vec::as_slice).collect::<Vec<_>>());
         }
-        assert!(decode_entry(&encode_entry(1, 1, 1, &[])).unwrap().records.is_empty());
+        assert!(decode_entry(&encode_entry(1, 1, 1, 1, &[])).unwrap().records.is_empty());
         // Cut anywhere, an entry is refused (not read past its end).
-        let data = encode_entry(2, 3, 4, &records[..3]);
+        let data = encode_entry(1, 2, 3, 4, &records[..3]);
         for cut in 0..data.len() {
             assert!(decode_entry(&data[..cut]).is_err(), "cut at {cut}");
         }
@@ -1575,6 +1616,55 @@ mod tests {
             rmpv::encode::write_value(&mut bytes, &value).unwrap();
             assert!(decode_entry(&bytes).is_err(), "{value}");
         }
+    }
+
+    #[test]
+    fn entries_of_every_format_read_and_one_that_cannot_be_applied_stops_the_replay() {
+        let records = vec![b"r".to_vec()];
+        for format in 1..=format::NEWEST {
+            let data = encode_entry(format, 1, 2, 3, &records);
+            let p = decode_entry(&data).unwrap();
+            assert_eq!((p.node, p.epoch, p.proposal, p.records), (1, 2, 3, vec![&b"r"[..]]));
+        }
+        let entry = |index: u64, data: Vec<u8>| Entry {
+            index,
+            term: 1,
+            data: data.into(),
+            ..Default::default()
+        };
+        let newer = entry(5, encode_entry(format::NEWEST + 1, 1, 2, 3, &[]));
+        let why = replayed(None::<&[u8]>, &[newer], 3, Instant::now()).err().unwrap();
+        assert!(
+            why.starts_with(&format!(
+                "shard 3: replicated entry 5 cannot be applied: the entry is in cluster format {}; \
+                 this node reads cluster formats 1 to {}",
+                format::NEWEST + 1,
+                format::NEWEST
+            )),
+            "{why}"
+        );
+        // A record of a version this node does not read, after one it does: refused, not
+        // skipped.
+        let mut unknown = Vec::new();
+        rmpv::encode::write_value(
+            &mut unknown,
+            &Value::Array(vec![99.into(), "disconnect".into(), 1.into()]),
+        )
+        .unwrap();
+        let entries = [entry(6, encode_entry(2, 1, 2, 3, &[unknown]))];
+        let why = replayed(None::<&[u8]>, &entries, 3, Instant::now()).err().unwrap();
+        assert!(
+            why.contains("entry 6") && why.contains("record format version 99"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_metadata_entry_or_snapshot_of_a_newer_format_is_refused() {
+        let meta = Meta::default();
+        assert!(meta_commands(&meta_snapshot(&meta, format::NEWEST)).is_ok());
+        let why = meta_commands(&meta_snapshot(&meta, format::NEWEST + 1)).unwrap_err();
+        assert!(why.contains("the metadata snapshot is in cluster format"), "{why}");
     }
 
     /// A metadata store in a fresh directory named after `name`: entries 1..=8 (node i added
@@ -1605,7 +1695,7 @@ mod tests {
         let (dir, mut store) = eight_entries("fallback");
         let mut meta = Meta::default();
         (1..=4).for_each(|n| meta.apply(add(n)));
-        snapshot(&mut store, 4, meta_snapshot(&meta));
+        snapshot(&mut store, 4, meta_snapshot(&meta, 1));
         // Written whole (its checksum holds) by a version that wrote something else.
         snapshot(&mut store, 6, b"\xc1 not MessagePack".to_vec());
 
@@ -1634,7 +1724,7 @@ mod tests {
         assert_eq!(entries.len(), 8);
         let mut meta = Meta::default();
         (1..=6).for_each(|n| meta.apply(add(n)));
-        snapshot(&mut store, 6, meta_snapshot(&meta));
+        snapshot(&mut store, 6, meta_snapshot(&meta, format::NEWEST));
 
         let (commands, entries) = stored_meta(&mut store, 8).unwrap();
         assert_eq!(nodes(&commands.unwrap()), [1, 2, 3, 4, 5, 6]);

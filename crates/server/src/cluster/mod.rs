@@ -17,6 +17,7 @@
 //! committed. Calls reaching a node that does not lead their shard are answered `NotLeader`
 //! with the leader's address: clients follow it and cache the shard map.
 
+mod format;
 mod group;
 mod meta;
 pub(crate) mod moves;
@@ -92,6 +93,8 @@ pub(crate) struct Cluster {
     finished: Mutex<std::collections::HashSet<PathBuf>>,
     /// Where the users and roles the metadata group applies take effect.
     access: Arc<Access>,
+    /// The cluster format this node wrote last (see `active_format`).
+    writes_format: AtomicU64,
 }
 
 /// What the rest of the server sees of one shard's Raft group.
@@ -209,6 +212,36 @@ impl Cluster {
     /// The name this node uses in `hello` to its peers.
     pub(crate) fn name(&self) -> String {
         format!("spindle-node-{}", self.node_id)
+    }
+
+    /// The cluster format to write: the newest every node of the cluster reads (see
+    /// `format`). A node that has not told since this one started counts as format 1.
+    pub(crate) fn active_format(&self) -> u64 {
+        let active = {
+            let meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+            meta.nodes
+                .keys()
+                .filter(|&&n| n != self.node_id)
+                .map(|&n| self.peers.format_of(n))
+                .fold(format::NEWEST, u64::min)
+        };
+        let before = self.writes_format.swap(active, Ordering::Relaxed);
+        if before != active {
+            info!(
+                "writing cluster format {active} (the newest every node reads; this node reads up to {})",
+                format::NEWEST
+            );
+        }
+        active
+    }
+
+    /// Keep a link to every other node of the cluster (see `Peers::reach`).
+    fn reach_every_node(&self, shared: &Arc<Shared>) {
+        let nodes: Vec<u64> = {
+            let meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+            meta.nodes.keys().copied().filter(|&n| n != self.node_id).collect()
+        };
+        self.peers.reach(shared, nodes.into_iter());
     }
 
     pub(crate) fn meta(&self) -> meta::Meta {
@@ -390,6 +423,9 @@ impl Cluster {
             ("address".into(), self.address.as_str().into()),
             ("shards".into(), (groups.len() as u64).into()),
             ("replication_factor".into(), (meta.rf as u64).into()),
+            // The format this node writes (the newest all nodes read) and reads at most.
+            ("cluster_format".into(), self.active_format().into()),
+            ("reads_cluster_format".into(), format::NEWEST.into()),
             ("metadata".into(), metadata),
             (
                 "nodes".into(),
@@ -494,6 +530,7 @@ pub(crate) fn prepare(
         received: AtomicU64::new(0),
         finished: Mutex::default(),
         access,
+        writes_format: AtomicU64::new(format::OLDEST),
     };
     Ok(Prepared {
         cluster,

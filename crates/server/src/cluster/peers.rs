@@ -2,7 +2,8 @@
 //! node has a certificate, which it presents as the client's), carrying Raft messages as
 //! `raft` requests on the peer's ordinary port, and snapshots as `snapshot` requests streamed
 //! from their files. A link that fails drops what it held and reconnects; Raft resends
-//! whatever mattered.
+//! whatever mattered. The peer's `hello` reply tells the newest cluster format it reads
+//! (see `format`): the link's frames name theirs when the peer reads more than format 1.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -16,6 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
+use super::format;
 use crate::acl::NODE_USER;
 use crate::tls::{Stream, Tls};
 use crate::Shared;
@@ -43,12 +45,27 @@ pub(crate) struct Peers {
     links: Mutex<HashMap<u64, mpsc::Sender<Outgoing>>>,
     /// Nodes whose link failed to connect last time (redirects avoid them).
     down: Mutex<std::collections::HashSet<u64>>,
+    /// The newest cluster format each peer reads, as its last `hello` reply told.
+    formats: Mutex<HashMap<u64, u64>>,
 }
 
 impl Peers {
     /// Whether this node's last attempt to reach `node` failed.
     pub(crate) fn is_down(&self, node: u64) -> bool {
         self.down.lock().unwrap_or_else(|e| e.into_inner()).contains(&node)
+    }
+
+    /// The newest cluster format `node` reads (format 1 until it tells otherwise).
+    pub(crate) fn format_of(&self, node: u64) -> u64 {
+        let formats = self.formats.lock().unwrap_or_else(|e| e.into_inner());
+        formats.get(&node).copied().unwrap_or(format::OLDEST)
+    }
+
+    fn set_format(&self, node: u64, reads: u64) {
+        let mut formats = self.formats.lock().unwrap_or_else(|e| e.into_inner());
+        if formats.insert(node, reads).unwrap_or(format::OLDEST) != reads {
+            info!(node, "the peer reads cluster formats up to {reads}");
+        }
     }
 
     fn set_down(&self, node: u64, down: bool) {
@@ -70,6 +87,17 @@ impl Peers {
                 tx
             })
             .clone()
+    }
+
+    /// Open a link to each of `nodes` that has none: each tells the cluster format it reads
+    /// as it connects, even to a node that has nothing to send it.
+    pub(crate) fn reach(&self, shared: &Arc<Shared>, nodes: impl Iterator<Item = u64>) {
+        for node in nodes {
+            let known = self.links.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&node);
+            if !known {
+                self.link(shared, node);
+            }
+        }
     }
 
     /// Queue `messages` of shard `group` for node `to`.
@@ -110,11 +138,12 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
             continue;
         };
         let key = shared.access.cluster_key().unwrap_or_default();
-        let stream = match open(&address, &cluster.name(), key, shared.tls.as_ref()).await {
-            Ok(stream) => {
+        let (stream, reads) = match open(&address, &cluster.name(), key, shared.tls.as_ref()).await {
+            Ok(opened) => {
                 info!(node = to, %address, "connected to peer");
                 cluster.peers.set_down(to, false);
-                stream
+                cluster.peers.set_format(to, opened.1);
+                opened
             }
             Err(e) => {
                 debug!(node = to, %address, "cannot reach peer: {e}");
@@ -125,6 +154,8 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                 continue;
             }
         };
+        // The frames' format: the newest both ends read (format 1's frames name none).
+        let link_format = reads.min(format::NEWEST);
         let (mut reader, mut writer) = tokio::io::split(stream);
         // Raft requests are never answered: an answer is an error (a token that differs).
         let outcome = tokio::select! {
@@ -163,7 +194,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                                     vec![id.into(), "snapshot".into(), cluster.node_id.into(),
                                          cluster.address.as_str().into(), group.into()]
                                 };
-                                if let Err(e) = stream_snapshot(&mut writer, &path, message, part, &mut next_id, header).await {
+                                if let Err(e) = stream_snapshot(&mut writer, &path, message, part, &mut next_id, header, link_format).await {
                                     return e;
                                 }
                                 next = rx.try_recv().ok();
@@ -179,8 +210,11 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
                                 group.into(),
                                 Value::Array(messages),
                             ];
-                            if more {
-                                items.push(true.into());
+                            if more || link_format > format::OLDEST {
+                                items.push(more.into());
+                            }
+                            if link_format > format::OLDEST {
+                                items.push(link_format.into());
                             }
                             Value::Array(items)
                         };
@@ -241,7 +275,7 @@ async fn run_link(shared: Arc<Shared>, to: u64, mut rx: mpsc::Receiver<Outgoing>
 
 /// Send snapshot file `path`'s data after `message` (a `MsgSnapshot` without its data) as
 /// `snapshot` frames of up to `part` bytes, read from the file as they go (`header` makes a
-/// frame's first items). A file that is gone (pruned meanwhile) sends nothing: Raft asks
+/// frame's first items; `link_format` its last, past format 1). A file that is gone (pruned meanwhile) sends nothing: Raft asks
 /// again. Fails, ending the link, when the file breaks off mid-way.
 async fn stream_snapshot(
     writer: &mut (impl AsyncWrite + Unpin),
@@ -250,6 +284,7 @@ async fn stream_snapshot(
     part: usize,
     next_id: &mut u64,
     header: impl Fn(u64) -> Vec<Value>,
+    link_format: u64,
 ) -> Result<(), String> {
     let (_, mut data, len) = match super::store::open_snapshot_file(path) {
         Ok(opened) => opened,
@@ -287,6 +322,9 @@ async fn stream_snapshot(
         items.push(message.take().map_or(Value::Nil, Value::Binary));
         items.push(Value::Binary(chunk[..filled].to_vec()));
         items.push(more.into());
+        if link_format > format::OLDEST {
+            items.push(link_format.into());
+        }
         *next_id += 1;
         send(writer, &frame(&Value::Array(items)))
             .await
@@ -333,8 +371,8 @@ fn append_frame(out: &mut Vec<u8>, request: &Value) {
 }
 
 /// Connect to a node (with TLS when this node has it) and say hello as `client`, a node of
-/// the cluster (with its key).
-async fn open(address: &str, client: &str, key: &str, tls: Option<&Tls>) -> Result<Box<dyn Stream>, Error> {
+/// the cluster (with its key); also returns the newest cluster format the node reads.
+async fn open(address: &str, client: &str, key: &str, tls: Option<&Tls>) -> Result<(Box<dyn Stream>, u64), Error> {
     let unavailable = |e: String| Error::new(ErrorKind::Busy, format!("cannot reach {address}: {e}"));
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
         .await
@@ -359,10 +397,21 @@ async fn open(address: &str, client: &str, key: &str, tls: Option<&Tls>) -> Resu
         Value::Array(vec![0.into(), "hello".into(), Value::Map(hello)]),
     );
     // A paused peer's kernel still accepts the connection: the hello must answer in time.
-    tokio::time::timeout(REPLY_TIMEOUT, hello)
+    let reply = tokio::time::timeout(REPLY_TIMEOUT, hello)
         .await
         .map_err(|_| unavailable("no answer to hello within 5 s".into()))??;
-    Ok(stream)
+    Ok((stream, reads_format(&reply)))
+}
+
+/// The newest cluster format a node reads, as its `hello` reply tells (none: format 1).
+fn reads_format(reply: &Value) -> u64 {
+    let field = reply.as_map().and_then(|fields| {
+        fields
+            .iter()
+            .find(|(k, _)| k.as_str() == Some("cluster_format"))
+            .and_then(|(_, v)| v.as_u64())
+    });
+    field.unwrap_or(format::OLDEST).max(format::OLDEST)
 }
 
 /// Send one request and read its reply.
@@ -411,7 +460,7 @@ pub(crate) async fn request(
     tls: Option<&Tls>,
     request: Vec<Value>,
 ) -> Result<Value, Error> {
-    let mut stream = open(address, client, key, tls).await?;
+    let (mut stream, _) = open(address, client, key, tls).await?;
     let mut items = vec![Value::from(1)];
     items.extend(request);
     tokio::time::timeout(REPLY_TIMEOUT, roundtrip(&mut stream, Value::Array(items)))
@@ -422,6 +471,15 @@ pub(crate) async fn request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hello_reply_without_a_cluster_format_is_of_the_first_release() {
+        let reply = |fields: Vec<(Value, Value)>| Value::Map(fields);
+        assert_eq!(reads_format(&reply(vec![("node".into(), 2.into())])), 1);
+        let newer = reply(vec![("cluster_format".into(), (format::NEWEST + 1).into())]);
+        assert_eq!(reads_format(&newer), format::NEWEST + 1);
+        assert_eq!(reads_format(&reply(vec![("cluster_format".into(), 0.into())])), 1);
+    }
 
     #[tokio::test]
     async fn a_peer_that_accepts_and_never_answers_fails_the_hello_in_time() {
