@@ -25,9 +25,11 @@ demo: setup
 test: setup pypy test-tools lint test-rust test-python
 
 # What the tests need beyond the build: the Porcupine linearizability checker (Go; built once
-# here, so no test fetches a module), and iproute2 for the network-partition tests' namespaces.
+# here, so no test fetches a module), iproute2 for the network-partition tests' namespaces, and
+# the previous release's binary for the rolling upgrade test (built from history, minutes once).
 CHECKER := target/linearizability
 test-tools: $(CHECKER)
+	$(PY) tests/previous_release.py
 	@command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq iproute2; } >/dev/null
 	@command -v ip >/dev/null || { echo "error: iproute2 (ip) could not be installed; the partition tests need it" >&2; exit 1; }
 

@@ -15,47 +15,15 @@ from pathlib import Path
 import pytest
 
 from spindle.client import Connection
-from conftest import REPO, wait_until
+from conftest import wait_until
+import previous_release
 from load import FAULT_AFTER
 from test_cluster import (
     CLUSTER_KEY, NODE_USER, Cluster, History, check_exactly_once, keys_on_every_shard, load_goes_on, raw, run_load,
 )
 
-# The last release before cluster formats: its nodes write format 1 (no version at all).
-PREVIOUS_RELEASE = "457032a"
 # The newest cluster format the build under test reads and writes (crates/proto CLUSTER_FORMAT).
 CLUSTER_FORMAT = 2
-
-
-def previous_release_binary() -> str:
-    """The `spindle` binary of ``PREVIOUS_RELEASE``, built once into target/previous-release
-    (its dependencies' builds are kept there for the next commit pinned)."""
-    target = REPO / "target" / "previous-release"
-    binary = target / f"spindle-{PREVIOUS_RELEASE}"
-    if binary.exists():
-        return str(binary)
-    found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{PREVIOUS_RELEASE}^{{commit}}"],
-                           capture_output=True, text=True)
-    if found.returncode != 0:
-        pytest.fail(f"commit {PREVIOUS_RELEASE}, the previous release, is not in this clone's history "
-                    f"(clone it whole, or `git fetch --unshallow`): {found.stderr.strip()}")
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        pytest.fail("no `cargo` to build the previous release with")
-    target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target, prefix="source-") as source:
-        archive = Path(source) / "source.tar"
-        subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "-o", str(archive), found.stdout.strip()],
-                       check=True)
-        subprocess.run(["tar", "-xf", str(archive), "-C", source], check=True)
-        env = dict(os.environ, CARGO_TARGET_DIR=str(target))
-        built = subprocess.run([cargo, "build", "--release", "--locked", "-p", "spindle-cli"], cwd=source, env=env,
-                               capture_output=True, text=True, timeout=3600)
-        assert built.returncode == 0, f"building {PREVIOUS_RELEASE} failed:\n{built.stderr[-4000:]}"
-    partial = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")  # whole or not at all
-    shutil.copy2(target / "release" / "spindle", partial)
-    os.replace(partial, binary)
-    return str(binary)
 
 
 def formats(cluster: Cluster) -> dict:
@@ -65,7 +33,11 @@ def formats(cluster: Cluster) -> dict:
 
 
 def test_a_rolling_upgrade_under_load_loses_no_acknowledged_call(tmp_path):
-    cluster = Cluster(tmp_path, binary=previous_release_binary())
+    try:
+        old = previous_release.binary()
+    except previous_release.BuildError as exc:
+        pytest.fail(str(exc))
+    cluster = Cluster(tmp_path, binary=old)
     try:
         assert formats(cluster) == {1: None, 2: None, 3: None}
         history = History(cluster.addresses, keys_on_every_shard("upgrade"))
