@@ -1340,6 +1340,10 @@ def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
     assert out.returncode != 0 and "--node-id" in out.stderr
     out = start_refused("--threads", "0")
     assert out.returncode == 2 and "--threads" in out.stderr
+    for bad in ("0", "0.5", "soon"):
+        out = start_refused("--node-id", "1", "--data-dir", str(tmp_path / "n9"), "--cluster-key", CLUSTER_KEY,
+                            "--dead-after", bad)
+        assert out.returncode == 2 and "--dead-after" in out.stderr and "1 or more" in out.stderr, out.stderr
 
 
 def test_threads_sets_how_many_threads_serve(tmp_path):

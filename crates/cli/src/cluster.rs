@@ -42,7 +42,8 @@ enum ClusterCommand {
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         partitions: Option<u16>,
     },
-    /// Show the cluster's nodes and each shard's voters, learners, leader and progress.
+    /// Show the cluster's nodes with their liveness (up, suspect, dead; when last heard), and
+    /// each shard's voters, learners, leader, progress and health (up, degraded, no quorum).
     Status {
         #[command(flatten)]
         address: crate::AddressArg,
