@@ -723,7 +723,7 @@ impl Driver {
             self.judge = None;
             return;
         }
-        let judge = self.judge.get_or_insert_with(|| Judge::new(Instant::now()));
+        let judge = self.judge.get_or_insert_with(Judge::new);
         for verdict in cluster(shared).judge(judge) {
             info!(?verdict, "declaring a node's liveness");
             let _ = self.raw.propose(Vec::new(), verdict.encode());

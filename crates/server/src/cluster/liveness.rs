@@ -40,16 +40,17 @@ impl Heard {
 /// The metadata group leader's judge: what it declares of the nodes, from what it heard
 /// since it became leader.
 pub(crate) struct Judge {
-    /// When this node became the leader: a node not heard since is given that long.
-    since: Instant,
+    /// When the judge first saw each node (as it became the leader, or when the node was
+    /// added): a node is given `--dead-after` from then, heard or not.
+    seen: HashMap<u64, Instant>,
     /// Verdicts proposed and when, not yet applied.
     asked: HashMap<u64, (Liveness, Instant)>,
 }
 
 impl Judge {
-    pub(crate) fn new(now: Instant) -> Judge {
+    pub(crate) fn new() -> Judge {
         Judge {
-            since: now,
+            seen: HashMap::new(),
             asked: HashMap::new(),
         }
     }
@@ -68,8 +69,10 @@ impl Judge {
         self.asked.retain(|node, (liveness, at)| {
             meta.liveness(*node) != *liveness && now.duration_since(*at) < PROPOSE_AGAIN
         });
+        self.seen.retain(|node, _| meta.nodes.contains_key(node));
         let mut out = Vec::new();
         for &node in meta.nodes.keys() {
+            let seen = *self.seen.entry(node).or_insert(now);
             let last = heard(node);
             let silent = |from: Instant| now.saturating_duration_since(from);
             let declared = meta.liveness(node);
@@ -82,7 +85,7 @@ impl Judge {
                     false => Liveness::Dead,
                 }
             } else {
-                match silent(last.map_or(self.since, |t| t.max(self.since))) {
+                match silent(last.map_or(seen, |t| t.max(seen))) {
                     s if s > dead_after => Liveness::Dead,
                     s if s > suspect_after => Liveness::Suspect,
                     _ => Liveness::Up,
@@ -113,7 +116,10 @@ mod tests {
     fn a_silent_node_becomes_suspect_then_dead_and_up_again_once_heard() {
         let start = Instant::now();
         let mut meta = meta(&[1, 2, 3]);
-        let mut judge = Judge::new(start);
+        let mut judge = Judge::new();
+        assert!(judge
+            .verdicts(&meta, 1, |_| None, Duration::from_secs(10), start)
+            .is_empty());
         let dead_after = Duration::from_secs(10);
         let at = |s: u64| start + Duration::from_secs(s);
         // Node 3 answers all along; node 2 is never heard (given time from the start).
@@ -161,21 +167,26 @@ mod tests {
             node: 1,
             liveness: Liveness::Suspect,
         });
-        let mut judge = Judge::new(start);
-        let out = judge.verdicts(
-            &meta,
-            1,
-            |_| None,
-            Duration::from_secs(300),
-            start + Duration::from_secs(1),
-        );
-        // This node is up; node 2 had no time to be suspect; dead node 3 stays dead.
-        assert_eq!(
-            out,
-            vec![Command::SetLiveness {
-                node: 1,
-                liveness: Liveness::Up
-            }]
+        let mut judge = Judge::new();
+        let dead_after = Duration::from_secs(300);
+        let up = Command::SetLiveness {
+            node: 1,
+            liveness: Liveness::Up,
+        };
+        assert_eq!(judge.verdicts(&meta, 1, |_| None, dead_after, start), vec![up]);
+        // Node 2 had no time to be suspect; dead node 3 stays dead; this node's verdict is
+        // not asked again within a second.
+        let out = judge.verdicts(&meta, 1, |_| None, dead_after, start + Duration::from_millis(500));
+        assert!(out.is_empty(), "{out:?}");
+        // A node added later is given its time from then, not from the judge's start.
+        meta.apply(Command::AddNode {
+            node: 4,
+            address: "h:4".into(),
+        });
+        let out = judge.verdicts(&meta, 1, |_| None, dead_after, start + Duration::from_secs(400));
+        assert!(
+            !out.iter().any(|c| matches!(c, Command::SetLiveness { node: 4, .. })),
+            "{out:?}"
         );
     }
 }
