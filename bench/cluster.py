@@ -19,6 +19,11 @@ node leading the most shards is killed (``SIGKILL``); at 12 s a fourth node join
 reads completed per 100 ms make the timeline; the dip is measured against the throughput
 before the crash.
 
+**Re-replication.** The same reads on a 4-node cluster (rf = 3) with ``--dead-after`` short:
+the node leading the most shards is killed, and the run measures the time until the cluster
+declares it dead and until every shard is back at three live voters, and the reads per
+second meanwhile. ``--only rereplication`` runs only this part and prints it.
+
 Writes the ``cluster`` section of ``docs/benchmarks.md`` and ``docs/img/cluster-*.png``.
 Usage: ``python bench/cluster.py [--no-docs]`` (``QUICK=1``: short runs).
 """
@@ -67,8 +72,8 @@ def threads_per_node(nodes: int) -> int:
 class LocalCluster:
     """Nodes of one cluster on loopback, each a ``spindle server --node-id`` process."""
 
-    def __init__(self, root: Path, rf: int, fsync: str, nodes: int = NODES) -> None:
-        self.root, self.rf, self.fsync = root, rf, fsync
+    def __init__(self, root: Path, rf: int, fsync: str, nodes: int = NODES, extra: tuple = ()) -> None:
+        self.root, self.rf, self.fsync, self.extra = root, rf, fsync, list(extra)
         self.threads = threads_per_node(nodes)
         root.mkdir(parents=True, exist_ok=True)
         self.procs: dict[int, subprocess.Popen] = {}
@@ -89,7 +94,7 @@ class LocalCluster:
         cmd = [find_binary(), "server", "--node-id", str(node), "--port", str(self.ports[node]),
                "--data-dir", str(self.root / f"n{node}"), "--partitions", str(SHARDS),
                "--replication-factor", str(self.rf), "--fsync", self.fsync, "--threads", str(self.threads), "--shared-cores",
-               "--cluster-key", CLUSTER_KEY]
+               "--cluster-key", CLUSTER_KEY, *self.extra]
         if node > 1:
             cmd += ["--join", self.address(1)]
         log_file = open(self.root / f"n{node}.log", "w")
@@ -102,7 +107,7 @@ class LocalCluster:
             if self.procs[node].poll() is not None:
                 continue
             try:
-                conn = Connection("127.0.0.1", self.ports[node], "bench-cluster", 1)
+                conn = Connection("127.0.0.1", self.ports[node], "bench-cluster-session", 1)
                 reply = conn.roundtrip(frame([2, "cluster"]), 2)
                 conn.close()
                 out.append(reply[2])
@@ -320,6 +325,101 @@ def availability(root: Path, duration: float, kill_at: float, join_at: float) ->
             "reads": len(times)}
 
 
+DEAD_AFTER = 3.0  # seconds: --dead-after of the re-replication run
+
+
+def rereplicated(cluster: LocalCluster, victim: int) -> bool:
+    """Every group, as its leader sees it, has its placed replicas as voters, as many as the
+    live nodes allow (up to 3), none of them ``victim``."""
+    views = {}
+    for m in cluster.maps():
+        for g in m["groups"] + [dict(m["metadata"], shard="meta")]:
+            if g["leader"] == m["node"]:
+                views[g["shard"]] = g
+    want = min(3, sum(1 for p in cluster.procs.values() if p.poll() is None))
+    return len(views) == SHARDS + 1 and all(
+        len(g["voters"]) == want and victim not in g["voters"] and sorted(g["voters"]) == sorted(g["placement"])
+        and (s == "meta" or not g["learners"])
+        for s, g in views.items())
+
+
+def declared_dead(cluster: LocalCluster, victim: int) -> bool:
+    return any(m.get("liveness", {}).get(victim, {}).get("state") == "dead" for m in cluster.maps())
+
+
+def rereplication(root: Path, budget: float) -> dict:
+    """Reads through a node's death on 4 nodes (rf = 3): when it is declared dead, when every
+    shard is back at three live voters, and the reads per second before, while the cluster
+    waits out ``--dead-after``, and while replicas move."""
+    cluster = LocalCluster(root, rf=3, fsync="always", nodes=NODES + 1, extra=("--dead-after", f"{DEAD_AFTER:g}"))
+    keys = [f"model-{i}" for i in range(32)]
+    setup = Client(cluster.addresses)
+    for key in keys:
+        setup.create("Blob", key, [bytes(4096)], False, persistent=True)
+    setup.close()
+    events: dict[str, float] = {}
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        start = time.monotonic() + 2.0
+        until = start + budget
+        readers = [ctx.Process(target=reader_process, args=(cluster.addresses, 25, keys, until, out))
+                   for _ in range(4)]
+        for p in readers:
+            p.start()
+        time.sleep(max(0.0, start + 3.0 - time.monotonic()))
+        victim = cluster.busiest_leader()
+        cluster.procs[victim].kill()
+        events["kill"] = time.monotonic() - start
+        log(f"killed node {victim} at {events['kill']:.1f} s")
+        while time.monotonic() < until and "replicated" not in events:
+            now = time.monotonic() - start
+            if "dead" not in events and declared_dead(cluster, victim):
+                events["dead"] = now
+            if "dead" in events and rereplicated(cluster, victim):
+                events["replicated"] = now
+            time.sleep(0.05)
+        log(f"events: {events}")
+        times: list[float] = []
+        for _ in readers:
+            times.extend(out.get(timeout=until - time.monotonic() + 60))
+        for p in readers:
+            p.join()
+    finally:
+        cluster.stop()
+    counts = [0] * int(budget / BUCKET)
+    for t in times:
+        i = int((t - start) / BUCKET)
+        if 0 <= i < len(counts):
+            counts[i] += 1
+    rate = [c / BUCKET for c in counts]
+
+    def median_rate(a: float, b: float) -> float:
+        part = rate[int(a / BUCKET):int(b / BUCKET)]
+        return statistics.median(part) if part else float("nan")
+
+    kill, dead = events["kill"], events.get("dead", budget)
+    full = events.get("replicated", budget)
+    return {"before": median_rate(1.0, kill), "waiting": median_rate(kill, dead), "moving": median_rate(dead, full),
+            "after": median_rate(full, budget), "to_dead": dead - kill, "to_replicated": full - kill,
+            "moves": full - dead, "replicated": "replicated" in events}
+
+
+def rereplication_rows(r: dict) -> list[list[str]]:
+    def seconds(name: str) -> str:
+        return f"{r[name]:.1f} s" if r["replicated"] else "not within the run"
+
+    return [
+        ["reads/s before the death (median per 100 ms)", f"{r['before']:,.0f}"],
+        ["from the kill to the node declared dead", f"{r['to_dead']:.1f} s (--dead-after {DEAD_AFTER:g} s)"],
+        ["from the kill to every shard at 3 live voters", seconds("to_replicated")],
+        ["of which replicas moving (declared dead to replicated)", seconds("moves")],
+        ["reads/s until declared dead (2 of 3 replicas live)", f"{r['waiting']:,.0f}"],
+        ["reads/s while replicas move", f"{r['moving']:,.0f}"],
+        ["reads/s once replicated", f"{r['after']:,.0f}"],
+    ]
+
+
 # --- report --------------------------------------------------------------------------------
 
 def plot_throughput(results: dict, path: Path) -> None:
@@ -410,7 +510,16 @@ def round_runs(binary: str, work: Path, rf: int, conns: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
+    ap.add_argument("--only", choices=["rereplication"], help="run only this part, print it (no docs)")
     args = ap.parse_args()
+    rereplication_budget = 30.0 if QUICK else 60.0
+    if args.only == "rereplication":
+        work = Path(tempfile.mkdtemp(prefix="spindle-bench-cluster-"))
+        try:
+            print_table(["measure", "value"], rereplication_rows(rereplication(work / "rereplication", rereplication_budget)))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     rounds, seconds = (1, 1.0) if QUICK else (5, 4.0)
     duration, kill_at, join_at = (10.0, 3.0, 6.0) if QUICK else (20.0, 5.0, 12.0)
     avail_runs = 1 if QUICK else 3
@@ -432,6 +541,8 @@ def main() -> None:
             log(f"availability {i + 1}/{avail_runs}: {duration:g} s of reads, a crash at {kill_at:g} s, "
                 f"a join at {join_at:g} s...")
             timelines.append(availability(work / f"availability{i}", duration, kill_at, join_at))
+        log(f"re-replication: a node killed on 4 nodes, --dead-after {DEAD_AFTER:g} s...")
+        moved = rereplication(work / "rereplication", rereplication_budget)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -528,6 +639,8 @@ def main() -> None:
         ["reads in the run", f"{avail['reads']:,}", "", ""],
     ]
     print_table(avail_headers, avail_rows)
+    moved_rows = rereplication_rows(moved)
+    print_table(["measure", "value"], moved_rows)
     claims.append(Claim("availability: a node crash (lowest 1 s; time below 70%)",
                         f"{worst_second * 100:.0f}%; {dip_s:.1f} s", "seed: -30%",
                         worst_second / (1 - GOAL_DIP), f"≥ 70%, < {GOAL_DIP_SECONDS:g} s", dip_ok))
@@ -636,6 +749,14 @@ def main() -> None:
         *table(avail_headers, avail_rows),
         "",
         "![cluster availability](img/cluster-availability.png)",
+        "",
+        f"**Re-replication.** The same reads on a 4-node cluster (rf = 3, `--dead-after {DEAD_AFTER:g}`): "
+        "the node leading the most shards is killed; the metadata group's leader declares it dead once "
+        "it has not heard it for `--dead-after`, and each shard's leader then replaces its replica on "
+        "a live node (one shard at a time per leader: a learner catches up, is promoted, and the dead "
+        "voter is removed).",
+        "",
+        *table(["measure", "value"], moved_rows),
         "",
         "**Reading the timeline.** When a node dies, the shards it led have no leader until "
         "their followers elect one. A follower whose link to its leader finds the leader's port "

@@ -790,6 +790,133 @@ def test_a_joining_node_takes_its_replicas_under_load_with_no_update_lost(cluste
     history.check(tmp_path)
 
 
+# Nodes not heard from for this long are declared dead (suspect after half of it).
+DEAD_AFTER = ("--dead-after", "4")
+
+
+def status(node: Node) -> "tuple[Dict[int, str], Dict[str, str]]":
+    """`spindle cluster status` asked of ``node``: each node's liveness, each group's health."""
+    out = subprocess.run([server_binary(), "cluster", "status", "--address", node.address],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    _, nodes, groups = out.stdout.split("\n\n")
+    liveness = {int(row.split()[0]): row.split()[3] for row in nodes.splitlines()[1:]}
+    health = {row.split()[0]: row[row.rindex("  ") + 2:] for row in groups.splitlines()[1:]}
+    return liveness, health
+
+
+def statuses_agree(live: List[Node], liveness: Dict[int, str], health: Dict[str, str]) -> bool:
+    """Whether `cluster status` asked of every node in ``live`` says the same: ``liveness``,
+    and ``health`` for the groups it names (the others ``up``)."""
+    expected = {shard: health.get(shard, "up") for shard in [*map(str, range(SHARDS)), "meta"]}
+    return all(status(node) == (liveness, expected) for node in live)
+
+
+def replicated_without(cluster: Cluster, dead: List[Node]) -> bool:
+    """Whether every group has its replicas on live nodes only, as many as the live nodes
+    allow (up to 3), with a leader."""
+    views = cluster.views()
+    gone = {n.node_id for n in dead}
+    want = min(3, len(cluster.nodes) - len(dead))
+    return len(views) == SHARDS + 1 and all(
+        len(g["voters"]) == want and not gone & set(g["voters"]) and sorted(g["voters"]) == sorted(g["placement"])
+        and (shard == "meta" or not g["learners"])
+        for shard, g in views.items()
+    )
+
+
+def test_a_dead_node_is_replaced_on_live_nodes_and_a_second_failure_loses_nothing(tmp_path):
+    cluster = Cluster(tmp_path, size=4, extra=DEAD_AFTER)
+    first, second = cluster.busiest_leader(), None
+
+    def kill_one_then_another(load: LoadClients) -> None:
+        nonlocal second
+        first.kill()
+        # Declared dead: every shard gets back to three live voters, and serves.
+        assert wait_until(lambda: replicated_without(cluster, [first]), 120), cluster.describe()
+        live = [n for n in cluster.nodes if n is not first]
+        liveness = {n.node_id: "dead" if n is first else "up" for n in cluster.nodes}
+        assert wait_until(lambda: statuses_agree(live, liveness, {}), 30), [status(n) for n in live]
+        load_goes_on(load)
+        second = live[0]
+        second.kill()
+        assert wait_until(lambda: replicated_without(cluster, [first, second]), 120), cluster.describe()
+        liveness[second.node_id] = "dead"
+        survivors = [n for n in live if n is not second]
+        assert wait_until(lambda: statuses_agree(survivors, liveness, {}), 30), [status(n) for n in survivors]
+        load_goes_on(load)
+
+    try:
+        with History(cluster.addresses, keys_on_every_shard("dead")) as history:
+            run = run_load(cluster, tmp_path, kill_one_then_another, history=history)
+        check_exactly_once(cluster, run)
+        history.check(tmp_path)
+        assert "declaring a node's liveness" in "".join(n.log.read_text() for n in cluster.nodes)
+    finally:
+        cluster.stop()
+
+
+def test_a_dead_node_that_comes_back_takes_its_replicas_back_and_catches_up(tmp_path):
+    cluster = Cluster(tmp_path, size=4, extra=DEAD_AFTER)
+    client = Client(cluster.addresses)
+    try:
+        placed = {shard: g["placement"] for shard, g in cluster.views().items()}
+        keys = keys_on_every_shard("back")
+        for key in keys:
+            client.create("Counter", key, [], False, persistent=True)
+            client.call("Counter", key, "add", [1])
+        victim = cluster.nodes[1]
+        victim.kill()
+        assert wait_until(lambda: replicated_without(cluster, [victim]), 120), cluster.describe()
+        # Written while it is dead: it can only learn them from the others.
+        for key in keys:
+            client.call("Counter", key, "add", [10])
+        victim.start()
+        # Up again, it holds its replicas as before (placement counts it again), caught up.
+        liveness = {n.node_id: "up" for n in cluster.nodes}
+        assert wait_until(lambda: statuses_agree(cluster.nodes, liveness, {}), 60), status(victim)
+        assert wait_until(cluster.settled, 120), cluster.describe()
+        assert {shard: g["placement"] for shard, g in cluster.views().items()} == placed
+        assert wait_until(lambda: cluster.caught_up(victim), 30), cluster.describe()
+        for key in keys:
+            assert client.call("Counter", key, "get", []) == 11
+    finally:
+        client.close()
+        cluster.stop()
+
+
+def test_a_shard_that_lost_its_quorum_says_so_and_redirects_never_name_a_dead_node(tmp_path):
+    cluster = Cluster(tmp_path, size=4, extra=DEAD_AFTER)
+    try:
+        views = cluster.views()
+        # Two nodes that leave the metadata group a quorum (one votes on it, one does not),
+        # and share the most shards: those lose their quorum.
+        outside = next(n for n in cluster.nodes if n.node_id not in views["meta"]["voters"])
+        shared = {n.node_id: [s for s, g in views.items() if s != "meta" and {n.node_id, outside.node_id} <= set(g["voters"])]
+                  for n in cluster.nodes if n is not outside}
+        partner_id = max(shared, key=lambda n: len(shared[n]))
+        lost = shared[partner_id]
+        assert lost, cluster.describe()
+        victims = [outside, next(n for n in cluster.nodes if n.node_id == partner_id)]
+        live = [n for n in cluster.nodes if n not in victims]
+        for victim in victims:
+            victim.kill()
+        liveness = {n.node_id: "dead" if n in victims else "up" for n in cluster.nodes}
+        health = {str(shard): "no quorum" for shard in lost}
+        assert wait_until(lambda: statuses_agree(live, liveness, health), 90), [status(n) for n in live]
+        dead_addresses = {v.address for v in victims}
+        for node in live:
+            for g in node.map()["groups"]:
+                assert g["leader_address"] not in dead_addresses, g
+            for shard in lost:
+                key = next(f"q{i}" for i in range(1000) if shard_of(f"q{i}", SHARDS) == shard)
+                reply = raw(node.host, node.port, [2, "create", 1, 0, "Counter", key, [], False])
+                assert reply[1] == 1 and reply[2][0] == "NotLeader", reply
+                assert not set(reply[2][2:3]) & dead_addresses, reply
+    finally:
+        cluster.stop()
+
+
 # Raft snapshots after this many bytes of log, so that a test's few thousand calls take many.
 SMALL_SNAPSHOTS = ("--snapshot-after", "16384")
 
@@ -1217,6 +1344,10 @@ def test_bad_cluster_settings_are_refused_with_a_clear_message(tmp_path):
     assert out.returncode != 0 and "--node-id" in out.stderr
     out = start_refused("--threads", "0")
     assert out.returncode == 2 and "--threads" in out.stderr
+    for bad in ("0", "0.5", "soon"):
+        out = start_refused("--node-id", "1", "--data-dir", str(tmp_path / "n9"), "--cluster-key", CLUSTER_KEY,
+                            "--dead-after", bad)
+        assert out.returncode == 2 and "--dead-after" in out.stderr and "1 or more" in out.stderr, out.stderr
 
 
 def test_threads_sets_how_many_threads_serve(tmp_path):

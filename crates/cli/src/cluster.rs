@@ -42,7 +42,8 @@ enum ClusterCommand {
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         partitions: Option<u16>,
     },
-    /// Show the cluster's nodes and each shard's voters, learners, leader and progress.
+    /// Show the cluster's nodes with their liveness (up, suspect, dead; when last heard), and
+    /// each shard's voters, learners, leader, progress and health (up, degraded, no quorum).
     Status {
         #[command(flatten)]
         address: crate::AddressArg,
@@ -105,9 +106,17 @@ fn cluster_map(address: &str) -> Result<Value, String> {
     Client::connect(address)?.cluster()
 }
 
-/// Each group as its leader sees it (a node knows only the groups it holds), from the maps
-/// of every node that answers, then the metadata group's.
-fn leaders_views(map: &Value) -> (Vec<Value>, Value) {
+/// The cluster as the nodes that answer see it: each group as its leader sees it (a node
+/// knows only the groups it holds), and the nodes' liveness as the metadata group's leader
+/// (the one that judges it) sees it.
+struct Views {
+    groups: Vec<Value>,
+    metadata: Value,
+    /// Node id -> `{state, last_heard_ms}`.
+    liveness: Value,
+}
+
+fn leaders_views(map: &Value) -> Views {
     let mut groups = client::groups(map);
     groups.push(field(map, "metadata").cloned().unwrap_or(Value::Nil));
     let nodes = field(map, "nodes").and_then(Value::as_map).cloned().unwrap_or_default();
@@ -115,18 +124,83 @@ fn leaders_views(map: &Value) -> (Vec<Value>, Value) {
         .iter()
         .filter_map(|(_, a)| cluster_map(a.as_str()?).ok())
         .collect();
-    for view in &views {
+    // A group no answering node leads is shown as a member of it sees it, the most recent.
+    let claims = |view: &Value, g: &Value, voter: bool| {
         let node = field(view, "node").and_then(Value::as_u64);
+        node.is_some()
+            && match voter {
+                true => ids(field(g, "voters")).contains(&node.unwrap_or(0)),
+                false => field(g, "leader").and_then(Value::as_u64) == node,
+            }
+    };
+    let progress = |g: &Value| {
+        let num = |name: &str| field(g, name).and_then(Value::as_u64).unwrap_or(0);
+        (num("term"), num("applied"))
+    };
+    // How each group's view was chosen: 0 the asked node's, 1 a voter's, 2 its leader's.
+    let mut chosen = vec![0; groups.len()];
+    let mut liveness = field(map, "liveness").cloned().unwrap_or(Value::Nil);
+    for view in &views {
         let mut theirs = client::groups(view);
-        theirs.push(field(view, "metadata").cloned().unwrap_or(Value::Nil));
-        for (mine, their) in groups.iter_mut().zip(theirs) {
-            if node.is_some() && field(&their, "leader").and_then(Value::as_u64) == node {
-                *mine = their;
+        let metadata = field(view, "metadata").cloned().unwrap_or(Value::Nil);
+        if claims(view, &metadata, false) {
+            liveness = field(view, "liveness").cloned().unwrap_or(Value::Nil);
+        }
+        theirs.push(metadata);
+        for ((mine, chosen), their) in groups.iter_mut().zip(chosen.iter_mut()).zip(theirs) {
+            let rank = match (claims(view, &their, false), claims(view, &their, true)) {
+                (true, _) => 2,
+                (false, true) => 1,
+                _ => continue,
+            };
+            if rank > *chosen || (rank == 1 && *chosen == 1 && progress(&their) > progress(mine)) {
+                (*mine, *chosen) = (their, rank);
             }
         }
     }
     let metadata = groups.pop().unwrap_or(Value::Nil);
-    (groups, metadata)
+    Views {
+        groups,
+        metadata,
+        liveness,
+    }
+}
+
+/// A node's liveness (`up`, `suspect`, `dead`) and how long ago it was last heard.
+fn liveness_of(liveness: &Value, node: u64) -> (String, Option<u64>) {
+    let entry = liveness
+        .as_map()
+        .and_then(|m| m.iter().find(|(id, _)| id.as_u64() == Some(node)))
+        .map(|(_, e)| e);
+    let state = entry.and_then(|e| field(e, "state")).and_then(Value::as_str);
+    let heard = entry.and_then(|e| field(e, "last_heard_ms")).and_then(Value::as_u64);
+    (state.unwrap_or("up").to_string(), heard)
+}
+
+/// A group's health from a quorum's view: `no quorum` when its live voters are no majority,
+/// `no leader` while it elects one, `degraded` when a voter is suspect or dead, else `up`;
+/// `, moving` while its voters are not its placement.
+fn health(g: &Value, liveness: &Value) -> String {
+    let voters = ids(field(g, "voters"));
+    let up = |n: u64| liveness_of(liveness, n).0 == "up";
+    let live = voters.iter().filter(|&&n| up(n)).count();
+    let leader = field(g, "leader").and_then(Value::as_u64).unwrap_or(0);
+    let state = if live <= voters.len() / 2 {
+        "no quorum"
+    } else if leader == 0 || !up(leader) || !voters.contains(&leader) {
+        "no leader"
+    } else if live < voters.len() {
+        "degraded"
+    } else {
+        "up"
+    };
+    let (mut settled, mut placed) = (voters.clone(), ids(field(g, "placement")));
+    settled.sort_unstable();
+    placed.sort_unstable();
+    match settled == placed || state == "no quorum" {
+        true => state.to_string(),
+        false => format!("{state}, moving"),
+    }
 }
 
 fn status(address: &str) -> Result<(), String> {
@@ -135,7 +209,11 @@ fn status(address: &str) -> Result<(), String> {
         .and_then(Value::as_map)
         .cloned()
         .unwrap_or_default();
-    let (groups, metadata) = leaders_views(&map);
+    let Views {
+        groups,
+        metadata,
+        liveness,
+    } = leaders_views(&map);
     println!(
         "{} nodes, {} shards, {} replicas each, cluster format {}",
         nodes.len(),
@@ -145,14 +223,22 @@ fn status(address: &str) -> Result<(), String> {
         field(&map, "cluster_format").and_then(Value::as_u64).unwrap_or(1)
     );
     println!();
-    println!("{:<6} {:<24} {:>8}", "node", "address", "leading");
+    println!(
+        "{:<6} {:<24} {:>8}  {:<9} {:>10}",
+        "node", "address", "leading", "liveness", "last heard"
+    );
     for (id, addr) in &nodes {
         let id = id.as_u64().unwrap_or(0);
         let leading = groups
             .iter()
             .filter(|g| field(g, "leader").and_then(Value::as_u64) == Some(id))
             .count();
-        println!("{id:<6} {:<24} {leading:>8}", addr.as_str().unwrap_or("?"));
+        let (state, heard) = liveness_of(&liveness, id);
+        let heard = heard.map_or("-".to_string(), |ms| format!("{:.1} s ago", ms as f64 / 1e3));
+        println!(
+            "{id:<6} {:<24} {leading:>8}  {state:<9} {heard:>10}",
+            addr.as_str().unwrap_or("?")
+        );
     }
     println!();
     println!(
@@ -169,16 +255,6 @@ fn status(address: &str) -> Result<(), String> {
                 v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
             }
         };
-        let (voters, placement) = (ids(field(g, "voters")), ids(field(g, "placement")));
-        let mut settled = voters.clone();
-        settled.sort_unstable();
-        let mut placed = placement.clone();
-        placed.sort_unstable();
-        let health = match num("leader") {
-            0 => "no leader".to_string(),
-            _ if settled != placed => "up, moving".to_string(),
-            _ => "up".to_string(),
-        };
         let name = match std::ptr::eq(g, &metadata) {
             true => "meta".to_string(),
             false => num("shard").to_string(),
@@ -188,7 +264,7 @@ fn status(address: &str) -> Result<(), String> {
             n => n.to_string(),
         };
         println!(
-            "{:<6} {:<8} {:<12} {:<10} {:<12} {:>6} {:>10} {:>10}  {health}",
+            "{:<6} {:<8} {:<12} {:<10} {:<12} {:>6} {:>10} {:>10}  {}",
             name,
             leader,
             list("voters"),
@@ -196,7 +272,8 @@ fn status(address: &str) -> Result<(), String> {
             list("placement"),
             num("term"),
             num("commit"),
-            num("applied")
+            num("applied"),
+            health(g, &liveness)
         );
     }
     Ok(())
@@ -214,7 +291,7 @@ fn add(address: &str, node: u64, node_address: &str) -> Result<(), String> {
             .and_then(Value::as_map)
             .and_then(|nodes| nodes.iter().find(|(id, _)| id.as_u64() == Some(node)))
             .map(|(_, a)| a.as_str().unwrap_or_default().to_string());
-        let (groups, metadata) = leaders_views(&map);
+        let Views { groups, metadata, .. } = leaders_views(&map);
         match listed {
             Some(at) if at != node_address => {
                 return Err(format!("node {node} is a member at {at}; remove it first"));
@@ -267,7 +344,9 @@ fn remove(address: &str, node: u64) -> Result<(), String> {
     let mut asked = false;
     loop {
         let map = cluster_map(address)?;
-        let (mut groups, metadata) = leaders_views(&map);
+        let Views {
+            mut groups, metadata, ..
+        } = leaders_views(&map);
         let is_member =
             |g: &Value| ids(field(g, "voters")).contains(&node) || ids(field(g, "learners")).contains(&node);
         let listed = field(&map, "nodes")
@@ -378,7 +457,7 @@ fn local(nodes: u8, port: u16, dir: &Path, rf: u8, partitions: Option<u16>) -> R
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let ready = cluster_map(&addresses[0]).ok().is_some_and(|map| {
-            let (groups, metadata) = leaders_views(&map);
+            let Views { groups, metadata, .. } = leaders_views(&map);
             let nodes_listed = field(&map, "nodes").and_then(Value::as_map).map_or(0, Vec::len);
             nodes_listed == addresses.len()
                 && groups

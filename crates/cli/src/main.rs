@@ -164,6 +164,12 @@ struct ServerArgs {
     #[arg(long, value_name = "N", requires = "node_id", default_value_t = spindle_server::DEFAULT_REPLICATION_FACTOR as u8,
           value_parser = clap::value_parser!(u8).range(1..=7))]
     replication_factor: u8,
+    /// A node not heard from for longer is declared dead: its replicas move to live nodes
+    /// (it takes them back if it returns).
+    #[arg(long, value_name = "SECONDS", requires = "node_id",
+          default_value_t = spindle_server::DEFAULT_DEAD_AFTER.as_secs_f64(),
+          value_parser = parse_dead_after)]
+    dead_after: f64,
     /// What the cluster's nodes authenticate to each other with: the same on every node
     /// [default: the --token].
     #[arg(
@@ -443,6 +449,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
             advertise: args.advertise,
             replication_factor: usize::from(args.replication_factor),
             key: args.cluster_key,
+            dead_after: Duration::from_secs_f64(args.dead_after),
         }),
     };
     if let Err(message) = config.check() {
@@ -583,4 +590,13 @@ async fn stdin_eof() {
         return std::future::pending().await;
     }
     let _ = closed.await;
+}
+
+/// `--dead-after`: at least a second (a node is suspect after half of it, and a shorter
+/// silence is an ordinary busy moment).
+fn parse_dead_after(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if (1.0..=1e9).contains(&seconds) => Ok(seconds),
+        _ => Err("must be a number of seconds, 1 or more".into()),
+    }
 }

@@ -39,7 +39,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-pub use cluster::{ClusterConfig, DEFAULT_REPLICATION_FACTOR};
+pub use cluster::{ClusterConfig, DEFAULT_DEAD_AFTER, DEFAULT_REPLICATION_FACTOR};
 pub use config::Config;
 pub use journal::RecoveryError;
 

@@ -27,6 +27,10 @@ pub(crate) use spindle_proto::CLUSTER_FORMAT as NEWEST;
 /// The format of a node that tells none (the first release).
 pub(crate) const OLDEST: u64 = 1;
 
+/// The first format with metadata entries declaring nodes' liveness (`SetLiveness`): a node
+/// of an older one cannot read them, so they are written only once every node reads it.
+pub(crate) const LIVENESS: u64 = 2;
+
 /// Starts data of format 2 and later.
 const MARK: u8 = 0xc1;
 

@@ -20,7 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 use super::format;
-use super::meta::{Command, Meta};
+use super::liveness::Judge;
+use super::meta::{Command, Liveness, Meta};
 use super::store::{data_file, RaftStorage, SnapshotData, Store};
 use crate::config::Fsync;
 use crate::{hosts, sessions, Shared};
@@ -166,6 +167,8 @@ pub(crate) struct Driver {
     restand: u32,
     /// The metadata group's state read at start, for `run` to apply (see `stored_meta`).
     stored_meta: Option<(Option<Vec<Command>>, Vec<Entry>)>,
+    /// The judge of the nodes' liveness, while this node leads the metadata group.
+    judge: Option<Judge>,
 }
 
 /// What a leader's snapshot restores: a shard's partition, or the metadata's commands.
@@ -347,6 +350,7 @@ impl Driver {
             stood_for: None,
             restand: 0,
             stored_meta: stored,
+            judge: None,
             confs,
             snapshot_waits: HashMap::new(),
             snapshot_failures: HashMap::new(),
@@ -393,6 +397,7 @@ impl Driver {
                     self.stand_if_leader_down(&shared);
                     self.raw.tick();
                     self.cooldown = self.cooldown.saturating_sub(1);
+                    self.judge_liveness(&shared);
                     self.reconcile(&shared);
                     self.retry_snapshots(&shared);
                     self.publish_view(&shared);
@@ -626,15 +631,19 @@ impl Driver {
     /// leadership away first if this node is one of them; and hand leadership to the
     /// preferred replica, which spreads shard leaders over the nodes.
     fn reconcile(&mut self, shared: &Arc<Shared>) {
-        if self.raw.raft.state != StateRole::Leader || self.raw.raft.has_pending_conf() || self.serve_at.is_some() {
-            return;
-        }
         let cluster = cluster(shared);
-        let meta: Meta = cluster.meta();
-        if meta.nodes.is_empty() || meta.rf == 0 {
+        if self.raw.raft.state != StateRole::Leader {
+            cluster.end_move(self.index);
             return;
         }
+        if self.raw.raft.has_pending_conf() || self.serve_at.is_some() {
+            return;
+        }
+        let meta: Meta = cluster.meta();
         let voters_wanted = self.placed_voters(&meta);
+        if voters_wanted.is_empty() || meta.rf == 0 {
+            return;
+        }
         let members_wanted: Vec<u64> = match self.meta {
             true => meta.nodes.keys().copied().collect(),
             false => voters_wanted.clone(),
@@ -642,6 +651,18 @@ impl Driver {
         let conf = self.raw.raft.prs().conf();
         let voters: Vec<u64> = conf.voters().ids().iter().collect();
         let learners: Vec<u64> = conf.learners().iter().copied().collect();
+        let settled = learners.is_empty() && voters.len() == voters_wanted.len();
+        if settled && voters_wanted.iter().all(|n| voters.contains(n)) {
+            cluster.end_move(self.index);
+        }
+        // A voter may leave only if the voters left still hold a live quorum.
+        let keeps_quorum = |n: u64| {
+            let live = voters
+                .iter()
+                .filter(|&&v| v != n && meta.liveness(v) == Liveness::Up)
+                .count();
+            live > (voters.len() - 1) / 2
+        };
         let committed = self.raw.raft.raft_log.committed;
         let caught_up = |n: u64| self.raw.raft.prs().get(n).is_some_and(|p| p.matched >= committed);
         // Leadership goes only to a placed voter that is up to date and answering (placement
@@ -667,12 +688,13 @@ impl Driver {
             .iter()
             .find(|n| !voters.contains(n) && !learners.contains(n))
         {
-            Some(change(ConfChangeType::AddLearnerNode, n))
+            // A new replica copies the shard: one shard at a time per leader.
+            (self.meta || cluster.claim_move(self.index)).then(|| change(ConfChangeType::AddLearnerNode, n))
         } else if let Some(&n) = learners.iter().find(|n| voters_wanted.contains(n) && caught_up(**n)) {
             Some(change(ConfChangeType::AddNode, n))
         } else if let Some(&n) = voters.iter().find(|n| !voters_wanted.contains(n)) {
             // Only once every placed replica votes, so the group never shrinks below them.
-            if !voters_wanted.iter().all(|w| voters.contains(w)) {
+            if !voters_wanted.iter().all(|w| voters.contains(w)) || !keeps_quorum(n) {
                 None
             } else if n == self.node_id {
                 if let Some(to) = successor.filter(|_| self.cooldown == 0) {
@@ -710,6 +732,25 @@ impl Driver {
             if self.raw.propose_conf_change(Vec::new(), cc).is_ok() {
                 info!(shard = self.index, node, change = ?kind, "moving the group towards its placement");
             }
+        }
+    }
+
+    /// The metadata group's leader declares which nodes are up, suspect or dead (see
+    /// `liveness`), from what it heard since it became the leader.
+    fn judge_liveness(&mut self, shared: &Arc<Shared>) {
+        if !self.meta || self.raw.raft.state != StateRole::Leader {
+            self.judge = None;
+            return;
+        }
+        let cluster = cluster(shared);
+        let format = cluster.active_format();
+        if format < format::LIVENESS {
+            return; // a node of the previous release is still a member
+        }
+        let judge = self.judge.get_or_insert_with(Judge::new);
+        for verdict in cluster.judge(judge) {
+            info!(?verdict, "declaring a node's liveness");
+            let _ = self.raw.propose(Vec::new(), format::wrap(format, &verdict.encode()));
         }
     }
 
@@ -1384,7 +1425,8 @@ fn apply_meta(cluster: &super::Cluster, e: &Entry) -> Result<(), String> {
         return Ok(());
     }
     let what = format!("metadata entry {}", e.index);
-    let (_, body) = format::open(&e.data, &what)?;
+    let (entry_format, body) = format::open(&e.data, &what)?;
+    cluster.format_floor.fetch_max(entry_format, Ordering::Relaxed);
     let command = Command::decode(body).map_err(|why| format!("{what} does not decode: {why}"))?;
     if let Command::AddNode { node, address } = &command {
         cluster.learn_address(*node, address);
@@ -1407,6 +1449,11 @@ fn meta_snapshot(meta: &Meta, format: u64) -> Vec<u8> {
     }
     for change in meta.acl.changes() {
         commands.push(Value::Binary(Command::Acl(change).encode()));
+    }
+    if format >= format::LIVENESS {
+        for (&node, &liveness) in &meta.liveness {
+            commands.push(Value::Binary(Command::SetLiveness { node, liveness }.encode()));
+        }
     }
     let mut out = Vec::new();
     format::write_mark(&mut out, format);

@@ -5,7 +5,9 @@
 //! Placement is rendezvous hashing: a shard's replicas are the `rf` nodes with the highest
 //! hash of (shard, node), and the first of them is its preferred leader. Adding or removing
 //! a node moves only the replicas whose top-`rf` changes (about `rf`/n of them), and every
-//! node computes the same placement from the same metadata.
+//! node computes the same placement from the same metadata. Placement counts only the
+//! nodes not declared dead (see `liveness`): a dead node's replicas move to live ones, and
+//! come back when it does.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +26,35 @@ pub(crate) struct Meta {
     pub(crate) nodes: BTreeMap<u64, String>,
     /// The cluster's users and roles.
     pub(crate) acl: Acl,
+    /// The nodes the metadata group's leader declared not up (the others are up).
+    pub(crate) liveness: BTreeMap<u64, Liveness>,
+}
+
+/// What the metadata group's leader declared of a node, from how long it has not heard it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    #[default]
+    Up,
+    /// Not heard for a while: redirects avoid it, its shards count it out of their quorum.
+    Suspect,
+    /// Not heard for `--dead-after`: placement no longer counts it.
+    Dead,
+}
+
+impl Liveness {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Liveness::Up => "up",
+            Liveness::Suspect => "suspect",
+            Liveness::Dead => "dead",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Liveness> {
+        [Liveness::Up, Liveness::Suspect, Liveness::Dead]
+            .into_iter()
+            .find(|l| l.name() == name)
+    }
 }
 
 /// A change to the metadata (an entry of the metadata group).
@@ -33,6 +64,7 @@ pub(crate) enum Command {
     RemoveNode { node: u64 },
     SetReplicationFactor { rf: usize },
     Acl(acl::Change),
+    SetLiveness { node: u64, liveness: Liveness },
 }
 
 impl Command {
@@ -44,6 +76,9 @@ impl Command {
             Command::RemoveNode { node } => Value::Array(vec!["remove".into(), (*node).into()]),
             Command::SetReplicationFactor { rf } => Value::Array(vec!["rf".into(), (*rf as u64).into()]),
             Command::Acl(change) => Value::Array(vec!["acl".into(), change.to_value()]),
+            Command::SetLiveness { node, liveness } => {
+                Value::Array(vec!["live".into(), (*node).into(), liveness.name().into()])
+            }
         };
         let mut out = Vec::new();
         rmpv::encode::write_value(&mut out, &value).expect("encoding to memory");
@@ -73,6 +108,14 @@ impl Command {
             Some("acl") => Ok(Command::Acl(acl::Change::from_value(
                 items.get(1).ok_or("an acl entry lacks its change")?,
             )?)),
+            Some("live") => Ok(Command::SetLiveness {
+                node: uint(1)?,
+                liveness: items
+                    .get(2)
+                    .and_then(Value::as_str)
+                    .and_then(Liveness::from_name)
+                    .ok_or("a liveness entry lacks up, suspect or dead")?,
+            }),
             _ => Err("an unknown metadata entry".into()),
         }
     }
@@ -86,15 +129,39 @@ impl Meta {
             }
             Command::RemoveNode { node } => {
                 self.nodes.remove(&node);
+                self.liveness.remove(&node);
             }
             Command::SetReplicationFactor { rf } => self.rf = rf.max(1),
             Command::Acl(change) => self.acl.apply(change),
+            Command::SetLiveness { node, liveness } if self.nodes.contains_key(&node) => {
+                match liveness {
+                    Liveness::Up => self.liveness.remove(&node),
+                    _ => self.liveness.insert(node, liveness),
+                };
+            }
+            Command::SetLiveness { .. } => {}
         }
     }
 
-    /// Group `group`'s replicas, most preferred (its leader) first: `count` nodes.
+    /// What was last declared of `node`.
+    pub(crate) fn liveness(&self, node: u64) -> Liveness {
+        self.liveness.get(&node).copied().unwrap_or_default()
+    }
+
+    /// Group `group`'s replicas, most preferred (its leader) first: `count` nodes not
+    /// declared dead (any node while every one is).
     pub(crate) fn placement(&self, group: u64, count: usize) -> Vec<u64> {
-        let mut ranked: Vec<(u64, u64)> = self.nodes.keys().map(|&n| (score(group, n), n)).collect();
+        let live: Vec<u64> = self
+            .nodes
+            .keys()
+            .copied()
+            .filter(|&n| self.liveness(n) != Liveness::Dead)
+            .collect();
+        let candidates = match live.is_empty() {
+            true => self.nodes.keys().copied().collect(),
+            false => live,
+        };
+        let mut ranked: Vec<(u64, u64)> = candidates.into_iter().map(|n| (score(group, n), n)).collect();
         ranked.sort_unstable_by(|a, b| b.cmp(a));
         ranked.into_iter().take(count).map(|(_, n)| n).collect()
     }
@@ -127,6 +194,7 @@ mod tests {
             rf,
             nodes: nodes.iter().map(|&n| (n, format!("h:{n}"))).collect(),
             acl: Acl::default(),
+            liveness: BTreeMap::new(),
         }
     }
 
@@ -140,10 +208,48 @@ mod tests {
             Command::RemoveNode { node: 2 },
             Command::SetReplicationFactor { rf: 2 },
             Command::Acl(acl::Change::RemoveUser { name: "eve".into() }),
+            Command::SetLiveness {
+                node: 4,
+                liveness: Liveness::Dead,
+            },
+            Command::SetLiveness {
+                node: 4,
+                liveness: Liveness::Up,
+            },
         ] {
             assert_eq!(Command::decode(&c.encode()), Ok(c));
         }
         assert!(Command::decode(b"\x91\xa3bad").is_err());
+        let bad = Value::Array(vec!["live".into(), 4u64.into(), "asleep".into()]);
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &bad).unwrap();
+        assert!(Command::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn placement_leaves_out_dead_nodes_and_takes_them_back_when_they_are_up() {
+        let mut four = meta(&[1, 2, 3, 4], 3);
+        let before: Vec<Vec<u64>> = (0..16).map(|s| four.shard_replicas(s)).collect();
+        let dead = |node, liveness| Command::SetLiveness { node, liveness };
+        four.apply(dead(2, Liveness::Suspect));
+        assert_eq!((0..16).map(|s| four.shard_replicas(s)).collect::<Vec<_>>(), before);
+        four.apply(dead(2, Liveness::Dead));
+        for s in 0..16 {
+            let r = four.shard_replicas(s);
+            assert_eq!(r.len(), 3);
+            assert!(!r.contains(&2), "shard {s} placed on a dead node");
+            // Only the shards that had a replica on node 2 move.
+            if !before[s as usize].contains(&2) {
+                assert_eq!(r, before[s as usize]);
+            }
+        }
+        four.apply(dead(2, Liveness::Up));
+        assert_eq!((0..16).map(|s| four.shard_replicas(s)).collect::<Vec<_>>(), before);
+        // A removed node's mark goes with it; a mark for a non-member is ignored.
+        four.apply(dead(2, Liveness::Dead));
+        four.apply(Command::RemoveNode { node: 2 });
+        four.apply(dead(9, Liveness::Dead));
+        assert!(four.liveness.is_empty());
     }
 
     #[test]

@@ -16,9 +16,13 @@
 //! and rebuilds its partition from the committed log, dropping anything applied that never
 //! committed. Calls reaching a node that does not lead their shard are answered `NotLeader`
 //! with the leader's address: clients follow it and cache the shard map.
+//!
+//! The metadata group's leader judges which nodes are up, suspect or dead (see `liveness`);
+//! placement leaves dead nodes out, so their replicas move to live ones.
 
 mod format;
 mod group;
+mod liveness;
 mod meta;
 pub(crate) mod moves;
 mod peers;
@@ -35,7 +39,9 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use group::Event;
+pub use liveness::DEFAULT_DEAD_AFTER;
 pub(crate) use meta::Command as MetadataChange;
+use meta::Liveness;
 
 use crate::access::Access;
 use crate::Shared;
@@ -54,6 +60,9 @@ pub struct ClusterConfig {
     /// What the cluster's nodes authenticate to each other with (`--cluster-key`; the
     /// server's `--token` when not given): peer operations need it, always.
     pub key: Option<String>,
+    /// `--dead-after`: a node not heard from for longer is declared dead, and its replicas
+    /// move to live nodes.
+    pub dead_after: Duration,
 }
 
 /// The largest Raft message (a batch of large entries) a peer sends, in parts, or accepts.
@@ -95,6 +104,15 @@ pub(crate) struct Cluster {
     access: Arc<Access>,
     /// The cluster format this node wrote last (see `active_format`).
     writes_format: AtomicU64,
+    /// The newest format of a metadata entry applied here: the cluster has moved to it and
+    /// never goes back (a node of an older release cannot join it).
+    format_floor: AtomicU64,
+    /// When each node was last heard from (the metadata group's leader judges by it).
+    heard: liveness::Heard,
+    /// `--dead-after`.
+    dead_after: Duration,
+    /// The shard whose replicas this node (its leader) is moving: one at a time.
+    moving: Mutex<Option<usize>>,
 }
 
 /// What the rest of the server sees of one shard's Raft group.
@@ -218,12 +236,15 @@ impl Cluster {
     /// `format`). A node that has not told since this one started counts as format 1.
     pub(crate) fn active_format(&self) -> u64 {
         let active = {
+            // Nodes declared dead do not hold it back: they may never come back (and one that
+            // does is of a release that read the format it was declared dead in).
             let meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
             meta.nodes
                 .keys()
-                .filter(|&&n| n != self.node_id)
+                .filter(|&&n| n != self.node_id && meta.liveness(n) != meta::Liveness::Dead)
                 .map(|&n| self.peers.format_of(n))
                 .fold(format::NEWEST, u64::min)
+                .max(self.format_floor.load(Ordering::Relaxed))
         };
         let before = self.writes_format.swap(active, Ordering::Relaxed);
         if before != active {
@@ -323,7 +344,23 @@ impl Cluster {
         })
     }
 
-    /// The address of group `group`'s leader, or of a node that should know it.
+    /// Whether shard `group`'s leader may start moving its replicas: this node moves one
+    /// shard at a time (each move copies a shard to a new replica while the cluster serves).
+    pub(crate) fn claim_move(&self, group: usize) -> bool {
+        let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
+        *moving.get_or_insert(group) == group
+    }
+
+    /// Shard `group` has its placed replicas (or this node no longer leads it).
+    pub(crate) fn end_move(&self, group: usize) {
+        let mut moving = self.moving.lock().unwrap_or_else(|e| e.into_inner());
+        if *moving == Some(group) {
+            *moving = None;
+        }
+    }
+
+    /// The address of group `group`'s leader, or of a node that should know it; never a node
+    /// declared suspect or dead (a client then asks another node).
     fn leader_guess(&self, group: usize) -> Option<String> {
         let meta = self.meta();
         let placed = match group == self.meta_group {
@@ -334,7 +371,8 @@ impl Cluster {
         if leader == self.node_id {
             return None; // Leading, not serving yet: retry here shortly.
         }
-        let up = |n: u64| n != self.node_id && !self.peers.is_down(n);
+        let live = |n: u64| n != self.node_id && meta.liveness(n) == Liveness::Up;
+        let up = |n: u64| live(n) && !self.peers.is_down(n);
         // A node the group moved away from may never hear of it again: its own view of the
         // leader is trusted only while it is placed to hold the group, or names a placed node.
         let trusted = placed.contains(&self.node_id) || group == self.meta_group || placed.contains(&leader);
@@ -345,7 +383,7 @@ impl Cluster {
             .iter()
             .copied()
             .filter(|&n| up(n))
-            .chain(placed.iter().copied().filter(|&n| n != self.node_id))
+            .chain(placed.iter().copied().filter(|&n| live(n)))
             .find_map(|n| self.address_of(n))
     }
 
@@ -354,6 +392,7 @@ impl Cluster {
     /// such group here (or it stopped).
     pub(crate) fn receive(&self, from: u64, address: &str, group: u64, messages: Vec<Vec<u8>>) -> bool {
         self.learn_address(from, address);
+        self.heard.record(from);
         usize::try_from(group)
             .ok()
             .and_then(|g| self.groups.get(g))
@@ -404,8 +443,8 @@ impl Cluster {
                     (
                         "leader_address".into(),
                         match leader {
-                            0 => self.leader_guess(i).map_or(Value::Nil, Value::from),
-                            n => address(n),
+                            n if n != 0 && meta.liveness(n) == Liveness::Up => address(n),
+                            _ => self.leader_guess(i).map_or(Value::Nil, Value::from),
                         },
                     ),
                     ("voters".into(), ids(&view.voters)),
@@ -437,7 +476,43 @@ impl Cluster {
                 ),
             ),
             ("groups".into(), Value::Array(groups)),
+            ("liveness".into(), self.liveness_view(&meta)),
         ])
+    }
+
+    /// Each node's declared liveness, and how long ago this node last heard it (the
+    /// metadata group's leader hears every node).
+    fn liveness_view(&self, meta: &meta::Meta) -> Value {
+        let now = Instant::now();
+        Value::Map(
+            meta.nodes
+                .keys()
+                .map(|&n| {
+                    let heard = match n == self.node_id {
+                        true => Some(now),
+                        false => self.heard.last(n),
+                    };
+                    let ago = heard.map_or(Value::Nil, |t| Value::from(now.duration_since(t).as_millis() as u64));
+                    let entry = vec![
+                        ("state".into(), meta.liveness(n).name().into()),
+                        ("last_heard_ms".into(), ago),
+                    ];
+                    (Value::from(n), Value::Map(entry))
+                })
+                .collect(),
+        )
+    }
+
+    /// The verdicts of the metadata group's leader (`judge`) on the nodes, now.
+    fn judge(&self, judge: &mut liveness::Judge) -> Vec<meta::Command> {
+        let meta = self.meta();
+        judge.verdicts(
+            &meta,
+            self.node_id,
+            |n| self.heard.last(n),
+            self.dead_after,
+            Instant::now(),
+        )
     }
 }
 
@@ -531,6 +606,10 @@ pub(crate) fn prepare(
         finished: Mutex::default(),
         access,
         writes_format: AtomicU64::new(format::OLDEST),
+        format_floor: AtomicU64::new(format::OLDEST),
+        heard: liveness::Heard::default(),
+        dead_after: config.dead_after,
+        moving: Mutex::new(None),
     };
     Ok(Prepared {
         cluster,
