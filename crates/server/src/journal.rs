@@ -61,7 +61,7 @@ impl std::fmt::Display for RecoveryError {
 
 impl std::error::Error for RecoveryError {}
 
-pub(crate) fn recovery_error(message: String) -> io::Error {
+fn recovery_error(message: String) -> io::Error {
     io::Error::other(RecoveryError(message))
 }
 
@@ -224,13 +224,34 @@ pub(crate) fn submit(s: &mut ShardState, records: Vec<Vec<u8>>, deliveries: Vec<
     out
 }
 
-/// The log failed (an `fsync`): shard `s` refuses persistent writes from now on.
-pub(crate) fn stop(s: &mut ShardState, why: &str) {
-    let ShardState { partition, log, .. } = s;
-    match log {
-        Some(journal) => journal.stop(partition, why),
-        None => partition.storage_failed(why),
-    }
+/// Start the syncer thread of `wal` (none with `--fsync never`). Should an `fsync` fail
+/// (or the thread panic), every partition refuses persistent writes from then on: the
+/// log is theirs alike.
+fn start_syncer(shared: &Arc<Shared>, wal: &Wal, fsync: Fsync) -> io::Result<()> {
+    let Some(syncer) = wal.syncer.clone() else {
+        return Ok(());
+    };
+    let shared = shared.clone();
+    std::thread::Builder::new().name("fsync".into()).spawn(move || {
+        let run = std::panic::AssertUnwindSafe(|| syncer.run(fsync, &|ready| shared.registry.deliver(ready)));
+        let why = std::panic::catch_unwind(run).unwrap_or_else(|_| "the fsync thread panicked".into());
+        // No reply may wait for a thread that is gone.
+        shared.registry.deliver(syncer.fail_waiting(&why));
+        error!("the write-ahead log failed: {why}; persistent objects are read-only until a restart");
+        for index in 0..shared.shards.count() {
+            let stopped = shared.shards.with(index, |s| {
+                let ShardState { partition, log, .. } = s;
+                match log {
+                    Some(journal) => journal.stop(partition, &why),
+                    None => partition.storage_failed(&why),
+                }
+            });
+            if let Err(e) = stopped {
+                error!(partition = index, "could not stop persistent writes: {e}");
+            }
+        }
+    })?;
+    Ok(())
 }
 
 /// After partition `done`'s snapshot: the others snapshot too if the log grew enough since
@@ -292,7 +313,7 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
     let started = Instant::now();
     let count = shared.shards.count();
     storage::remove_stale_temp_files(dir).map_err(|e| recovery_error(e.to_string()))?;
-    crate::upgrade::upgrade(dir, count, shared.config.limits.reply_log)?;
+    crate::upgrade::upgrade(dir, count, shared.config.limits.reply_log).map_err(|e| recovery_error(e.to_string()))?;
     let wal_dir = storage::wal::wal_dir(dir);
     if !wal_dir.is_dir() {
         fs::create_dir(&wal_dir)
@@ -353,7 +374,14 @@ pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_aft
     shared.registry.start_after(highest_conn);
     let classes = crate::hosts::register_recovered_classes(shared).map_err(io::Error::other)?;
     let wal = Arc::new(Wal::new(wal_dir, log, written, fsync)?);
-    crate::wal::start_syncer(shared, &wal, fsync)?;
+    if plan.rejected_snapshots.is_empty() {
+        // A crash between publishing a snapshot and pruning left one too many.
+        for index in 0..count {
+            storage::prune_snapshots(&wal.dir, index as u32, SNAPSHOTS_KEPT)?;
+        }
+        wal.compact(count)?;
+    }
+    start_syncer(shared, &wal, fsync)?;
     for (index, snapshot_mark) in replayed.partition_starts.into_iter().enumerate() {
         let journal = Journal {
             index,

@@ -16,7 +16,10 @@ use spindle_core::Partition;
 use spindle_storage::{self as storage, LogPosition, FIRST_SEGMENT_SEQ};
 use tracing::{info, warn};
 
-use crate::journal::recovery_error;
+/// An error that stops the upgrade (and the start), with its message.
+fn upgrade_error(message: String) -> io::Error {
+    io::Error::other(message)
+}
 
 /// Where the new layout is built before it moves to `wal/`.
 const STAGING_DIR: &str = "wal.upgrade";
@@ -36,10 +39,9 @@ pub(crate) fn upgrade(dir: &Path, partitions: usize, reply_log: usize) -> io::Re
     info!(data_dir = %dir.display(), "the data directory has one op log per partition (an earlier release): moving it to one write-ahead log");
     let staging = dir.join(STAGING_DIR);
     if staging.exists() {
-        fs::remove_dir_all(&staging)
-            .map_err(|e| recovery_error(format!("cannot remove {}: {e}", staging.display())))?;
+        fs::remove_dir_all(&staging).map_err(|e| upgrade_error(format!("cannot remove {}: {e}", staging.display())))?;
     }
-    fs::create_dir(&staging).map_err(|e| recovery_error(format!("cannot create {}: {e}", staging.display())))?;
+    fs::create_dir(&staging).map_err(|e| upgrade_error(format!("cannot create {}: {e}", staging.display())))?;
     let mut objects = 0;
     for index in 0..partitions {
         let mut partition = Partition::new();
@@ -57,7 +59,7 @@ pub(crate) fn upgrade(dir: &Path, partitions: usize, reply_log: usize) -> io::Re
     )?);
     storage::sync_dir(&staging)?;
     fs::rename(&staging, &wal)
-        .map_err(|e| recovery_error(format!("cannot move {} to {}: {e}", staging.display(), wal.display())))?;
+        .map_err(|e| upgrade_error(format!("cannot move {} to {}: {e}", staging.display(), wal.display())))?;
     storage::sync_dir(dir)?;
     remove(dir, &old)?;
     info!(
@@ -85,7 +87,7 @@ fn old_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
 
 fn remove(dir: &Path, files: &[PathBuf]) -> io::Result<()> {
     for file in files {
-        fs::remove_file(file).map_err(|e| recovery_error(format!("cannot delete {}: {e}", file.display())))?;
+        fs::remove_file(file).map_err(|e| upgrade_error(format!("cannot delete {}: {e}", file.display())))?;
     }
     if !files.is_empty() {
         storage::sync_dir(dir)?;
@@ -109,7 +111,7 @@ fn recover(partition: &mut Partition, dir: &Path, index: u32) -> io::Result<()> 
         let mut body = storage::SnapshotReader::open(&snapshot.path)?;
         partition
             .restore_snapshot(&mut body, now)
-            .map_err(|why| recovery_error(format!("snapshot {} does not restore: {why}", snapshot.path.display())))?;
+            .map_err(|why| upgrade_error(format!("snapshot {} does not restore: {why}", snapshot.path.display())))?;
     }
     let outcome = storage::replay(&plan, |pos, record| {
         partition.replay(record, now).map_err(|why| {
@@ -117,7 +119,7 @@ fn recover(partition: &mut Partition, dir: &Path, index: u32) -> io::Result<()> 
             let at = pos
                 .offset
                 .saturating_sub(record.len() as u64 + storage::log::RECORD_HEADER_LEN);
-            recovery_error(format!(
+            upgrade_error(format!(
                 "op log {} holds an unreadable record at byte offset {at}: {why}",
                 path.display()
             ))

@@ -15,10 +15,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use spindle_core::{Delivery, Error, ErrorKind};
 use spindle_storage::{self as storage, wal, LogFile, LogPosition, LogWriter};
-use tracing::error;
 
 use crate::config::Fsync;
-use crate::Shared;
 
 /// The write-ahead log: the segment being written and how much was written.
 pub(crate) struct Wal<F: LogFile = fs::File> {
@@ -203,8 +201,10 @@ impl Syncer {
     }
 
     /// `fsync` until the server exits: `always`, whenever replies wait (back to back under
-    /// load, each covering what was written meanwhile); `interval`, every interval.
-    pub(crate) fn run(&self, shared: &Shared, fsync: Fsync) {
+    /// load, each covering what was written meanwhile); `interval`, every interval. Replies
+    /// covered go to `deliver`. Returns why an `fsync` failed, the replies waiting failed:
+    /// then the log is lost to every partition.
+    pub(crate) fn run(&self, fsync: Fsync, deliver: &dyn Fn(Vec<Delivery>)) -> String {
         loop {
             let target = {
                 let mut state = self.lock();
@@ -251,21 +251,10 @@ impl Syncer {
                     Err(e) => Some(format!("fsync failed: {e}")),
                 }
             };
-            shared.registry.deliver(ready);
+            deliver(ready);
             if let Some(why) = failed {
-                self.fail(shared, &why);
-            }
-        }
-    }
-
-    /// The log can no longer be made durable: fail the replies waiting for it, and every
-    /// persistent write of every partition from now on.
-    pub(crate) fn fail(&self, shared: &Shared, why: &str) {
-        shared.registry.deliver(self.fail_waiting(why));
-        error!("the write-ahead log failed: {why}; persistent objects are read-only until a restart");
-        for index in 0..shared.shards.count() {
-            if let Err(e) = shared.shards.with(index, |s| crate::journal::stop(s, why)) {
-                error!(partition = index, "could not stop persistent writes: {e}");
+                deliver(self.fail_waiting(&why));
+                return why;
             }
         }
     }
@@ -287,22 +276,6 @@ pub(crate) fn storage_errors(why: &str, deliveries: Vec<Delivery>) -> Vec<Delive
             reply: Err(err.clone()),
         })
         .collect()
-}
-
-/// Start the syncer thread of `wal` (none with `--fsync never`).
-pub(crate) fn start_syncer(shared: &Arc<Shared>, wal: &Wal, fsync: Fsync) -> io::Result<()> {
-    let Some(syncer) = wal.syncer.clone() else {
-        return Ok(());
-    };
-    let shared = shared.clone();
-    std::thread::Builder::new().name("fsync".into()).spawn(move || {
-        // Should the thread ever panic, no reply may wait for it forever.
-        let run = std::panic::AssertUnwindSafe(|| syncer.run(&shared, fsync));
-        if std::panic::catch_unwind(run).is_err() {
-            syncer.fail(&shared, "the fsync thread panicked");
-        }
-    })?;
-    Ok(())
 }
 
 #[cfg(test)]
