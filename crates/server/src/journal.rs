@@ -308,19 +308,29 @@ pub(crate) fn partitions(dir: &Path, configured: usize) -> io::Result<usize> {
 
 /// Recover every partition from the write-ahead log in `dir` (after upgrading a data
 /// directory of an earlier release), then start the log's syncer. Runs before the server
-/// accepts connections.
+/// accepts connections; every error is a [`RecoveryError`].
 pub(crate) fn start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_after: u64) -> io::Result<()> {
+    recover_and_start(shared, dir, fsync, snapshot_after).map_err(|e| {
+        match e.get_ref().is_some_and(|inner| inner.is::<RecoveryError>()) {
+            true => e,
+            // The storage crate's message names the file and the offset.
+            false => recovery_error(e.to_string()),
+        }
+    })
+}
+
+fn recover_and_start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_after: u64) -> io::Result<()> {
     let started = Instant::now();
     let count = shared.shards.count();
-    storage::remove_stale_temp_files(dir).map_err(|e| recovery_error(e.to_string()))?;
-    crate::upgrade::upgrade(dir, count, shared.config.limits.reply_log).map_err(|e| recovery_error(e.to_string()))?;
+    storage::remove_stale_temp_files(dir)?;
+    crate::upgrade::upgrade(dir, count, shared.config.limits.reply_log)?;
     let wal_dir = storage::wal::wal_dir(dir);
     if !wal_dir.is_dir() {
         fs::create_dir(&wal_dir)
             .and_then(|()| storage::sync_dir(dir))
             .map_err(|e| recovery_error(format!("cannot create {}: {e}", wal_dir.display())))?;
     }
-    storage::remove_stale_temp_files(&wal_dir).map_err(|e| recovery_error(e.to_string()))?;
+    storage::remove_stale_temp_files(&wal_dir)?;
     let plan = storage::wal::plan_wal_recovery(&wal_dir, count as u32)?;
     for rejected in &plan.rejected_snapshots {
         warn!(
