@@ -701,6 +701,17 @@ def rounds(n: int) -> str:
     return f"{n} round{'s' if n != 1 else ''}"
 
 
+# Measured once, when the per-partition logs became one write-ahead log (the previous
+# release's binary against this one; not rerun by this script).
+SHARED_LOG_NOTE = (
+    "**One write-ahead log for all partitions** (docs/durability.md): 1 KB writes under `--fsync always`, "
+    "16 clients, a log per partition (the previous release) against one shared log, taking turns, 3 runs "
+    "of 4 s each, median, on this machine while it was busy with other builds and tests: with 2 partitions "
+    "(the default here) 7,993 and 9,042 calls/s, **1.13x**; with `--partitions 8`, 4,875 and 6,943 calls/s, "
+    "**1.42x**: one `fsync` per round for all partitions instead of one per partition."
+)
+
+
 def write_docs(args, sizes: Sizes, results: dict, tables: dict, images: list[str]) -> None:
     fs = filesystem(TMP)
     lines = [
@@ -721,17 +732,20 @@ def write_docs(args, sizes: Sizes, results: dict, tables: dict, images: list[str
              "counter increments (`Counter.add(1)` / `INCRBY`) and 1 KB writes (`Blob.set` / `SET`), "
              f"{rounds(sizes.rounds)} of {sizes.seconds:g} s. Goal: persistent with `--fsync always` at "
              "least 0.5x ephemeral. Under `always` every change waits for a `write` and an `fdatasync` "
-             "of its partition's log (shared by the calls queued meanwhile), so with one call in flight per "
+             "of the server's write-ahead log (one for all partitions, shared by the calls queued meanwhile), "
+             "so with one call in flight per "
              "client the ratio depends on the disk's flush latency (a virtual disk here) and on the number of "
              "clients."),
             "",
             *table(*persistent),
             "",
+            SHARED_LOG_NOTE,
+            "",
             ("**Reading the ratio.** With one call in flight per client, a call under `always` waits on "
-             "average for the `fdatasync` in progress on its partition's log to end, then for the next "
+             "average for the `fdatasync` in progress on the log to end, then for the next "
              "one, which covers it: about 1.5 flushes. Measured apart on this machine's virtual disk, a "
-             "flush of a few KiB takes 110-135 µs alone and about 170 µs when both partitions flush at "
-             "once, so a call waits about 250 µs, nearly as long again as its whole ephemeral round trip with "
+             "flush of a few KiB takes 110-135 µs, so a call waits about 200 µs, "
+             "nearly as long again as its whole ephemeral round trip with "
              "16 clients on 2 cores; the ratio therefore sits near 0.5 and swings with the disk from run "
              "to run. With the log on `tmpfs` (a free flush) `always` keeps about 0.8x ephemeral: the "
              "hand-off to the syncer thread and the log write cost the rest. The log is preallocated by "

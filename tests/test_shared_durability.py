@@ -352,4 +352,4 @@ def test_no_acknowledged_call_is_lost_or_repeated_across_kills(tmp_path, snapsho
     assert acked == [[i, i] for i in range(1, len(acked) + 1)]
     assert final == list(range(1, len(acked) + 1))
     if snapshots:
-        assert list((tmp_path / "data").glob("snap-*.sps")), "snapshots were written"
+        assert list((tmp_path / "data" / "wal").glob("snap-*.sps")), "snapshots were written"

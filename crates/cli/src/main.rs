@@ -63,7 +63,7 @@ enum Command {
         #[command(flatten)]
         address: AddressArg,
     },
-    /// Repair the op logs in a data directory after `spindle server` refused to start on
+    /// Repair the write-ahead log in a data directory after `spindle server` refused to start on
     /// corruption: keeps every intact record, sets the damaged originals aside as
     /// `*.corrupt`, and prints what it did. Run it only while no server uses the directory.
     Repair {
@@ -133,20 +133,20 @@ struct ServerArgs {
     /// so it dies with its parent).
     #[arg(long)]
     embedded: bool,
-    /// Directory for the op logs of persistent objects (created if missing). Without it,
-    /// persistent=True is refused.
+    /// Directory for the write-ahead log of persistent objects (created if missing).
+    /// Without it, persistent=True is refused.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// When the op log is fsynced: `always` (before every reply that depends on a logged
+    /// When the write-ahead log is fsynced: `always` (before every reply that depends on a logged
     /// change, one fsync per group of calls), `interval=10ms` (replies after the write,
     /// fsync in the background: a power loss may lose the last interval) or `never`
     /// (the kernel decides). A crash of the server alone loses nothing with any of them.
     #[arg(long, default_value = "always", value_parser = clap::value_parser!(Fsync))]
     fsync: Fsync,
-    /// Log bytes a partition writes before it snapshots its persistent objects (in the
-    /// background) and deletes the log behind the snapshot; recovery loads the snapshot and
-    /// replays at most about this much log. In a cluster, the same for each replica's Raft
-    /// log. 0: never snapshot.
+    /// Bytes of write-ahead log after which a partition snapshots its persistent objects
+    /// (in the background), the log behind every partition's snapshots being deleted;
+    /// recovery loads the snapshots and replays about this much log. In a cluster, the
+    /// bytes of each replica's Raft log. 0: never snapshot.
     #[arg(long, default_value_t = spindle_server::config::DEFAULT_SNAPSHOT_AFTER, value_name = "BYTES")]
     snapshot_after: u64,
     /// Run as node ID of a cluster: every partition becomes a shard replicated by Raft on
@@ -350,7 +350,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// `spindle repair --data-dir DIR`: keep every intact record of every op-log segment.
+/// `spindle repair --data-dir DIR`: keep every intact record of every log segment.
 fn repair(dir: &std::path::Path) -> Result<(), String> {
     if !dir.is_dir() {
         return Err(format!("{} is not a directory", dir.display()));

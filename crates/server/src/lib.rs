@@ -29,6 +29,8 @@ mod sessions;
 mod shards;
 mod status;
 pub mod tls;
+mod upgrade;
+mod wal;
 
 use std::future::Future;
 use std::io;

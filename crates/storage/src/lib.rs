@@ -5,7 +5,11 @@
 //! one write ([`LogWriter::append_batch`]), makes them durable with one `fsync`
 //! ([`LogWriter::sync`]), and only then sends the replies (group commit).
 //!
-//! # On-disk layout (per partition, all in one data directory)
+//! # On-disk layout
+//!
+//! A server keeps one write-ahead log shared by its partitions, with per-partition
+//! snapshots, under `<dir>/wal/` (see [`wal`]). Data directories of earlier releases hold
+//! one log per partition, read once at start (an upgrade):
 //!
 //! ```text
 //! <dir>/log-<partition>-<seq:020>.spl                  op-log segment number <seq>
@@ -75,6 +79,7 @@ pub mod log;
 pub mod recovery;
 pub mod repair;
 pub mod snapshot;
+pub mod wal;
 
 #[cfg(test)]
 pub(crate) mod testutil;
@@ -89,7 +94,7 @@ pub use log::{
     ScanEnd, SegmentHeader, SegmentInfo, SegmentScanner, TornTail, FIRST_SEGMENT_SEQ, MAX_RECORD_LEN, PREALLOCATE,
     SEGMENT_HEADER_LEN,
 };
-pub use recovery::{plan_recovery, replay, RecoveryPlan, ReplayOutcome, ReplaySegment};
+pub use recovery::{plan_recovery, replay, replay_segments, RecoveryPlan, ReplayOutcome, ReplaySegment};
 pub use repair::{repair, repair_dir, DroppedRange, RepairReport};
 pub use snapshot::{
     begin_snapshot, latest_valid_snapshot, list_snapshots, load_latest_snapshot, prune_snapshots, read_snapshot,

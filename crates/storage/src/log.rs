@@ -89,7 +89,9 @@ pub const SEGMENT_HEADER_LEN: u64 = 32;
 /// Size of a record's frame (length + checksum) before its payload.
 pub const RECORD_HEADER_LEN: u64 = 8;
 /// Largest payload accepted. Bounds memory on read and lets a damaged length be spotted.
-pub const MAX_RECORD_LEN: u32 = 64 << 20;
+/// A partition's record holds up to 64 MiB; the rest is room for the write-ahead log's
+/// partition tag.
+pub const MAX_RECORD_LEN: u32 = (64 << 20) + 16;
 /// A live segment grows by this much at a time (see "Segment file format"): the zeros are
 /// written under the partition's lock and flushed by the next `fdatasync`, so a step is
 /// small enough to cost that call about a millisecond.
@@ -159,11 +161,18 @@ fn record_crc(salt: u32, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Appends one framed record to `buf`.
-fn encode_record(buf: &mut Vec<u8>, salt: u32, payload: &[u8]) {
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&record_crc(salt, payload).to_le_bytes());
-    buf.extend_from_slice(payload);
+/// Appends one framed record to `buf`, its payload `prefix ++ body` (no copy in between).
+fn encode_record(buf: &mut Vec<u8>, salt: u32, prefix: &[u8], body: &[u8]) {
+    let len = (prefix.len() + body.len()) as u32;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&salt.to_le_bytes());
+    h.update(&len.to_le_bytes());
+    h.update(prefix);
+    h.update(body);
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(&h.finalize().to_le_bytes());
+    buf.extend_from_slice(prefix);
+    buf.extend_from_slice(body);
 }
 
 /// What is at the start of `buf` (which runs to the end of the file).
@@ -495,17 +504,30 @@ impl<F: LogFile> LogWriter<F> {
         I: IntoIterator,
         I::Item: AsRef<[u8]>,
     {
+        self.append_prefixed(&[], records)
+    }
+
+    /// Like [`LogWriter::append_batch`], every record's payload starting with `prefix`
+    /// (a write-ahead log's partition tag, see [`crate::wal`]).
+    pub fn append_prefixed<I>(&mut self, prefix: &[u8], records: I) -> io::Result<LogPosition>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<[u8]>,
+    {
         self.check_usable()?;
         self.buf.clear();
         for r in records {
             let r = r.as_ref();
-            if r.len() > MAX_RECORD_LEN as usize {
+            if prefix.len() + r.len() > MAX_RECORD_LEN as usize {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("record of {} bytes exceeds the maximum {MAX_RECORD_LEN}", r.len()),
+                    format!(
+                        "record of {} bytes exceeds the maximum {MAX_RECORD_LEN}",
+                        prefix.len() + r.len()
+                    ),
                 ));
             }
-            encode_record(&mut self.buf, self.header.salt, r);
+            encode_record(&mut self.buf, self.header.salt, prefix, r);
         }
         if self.buf.is_empty() {
             return Ok(self.position());

@@ -137,14 +137,24 @@ pub struct ReplayOutcome {
 /// not the last).
 pub fn replay(
     plan: &RecoveryPlan,
+    apply: impl FnMut(LogPosition, &[u8]) -> io::Result<()>,
+) -> io::Result<ReplayOutcome> {
+    replay_segments(plan.start(), &plan.segments, apply)
+}
+
+/// [`replay`] of `segments` (the first read from its `start_offset`), `start` being where
+/// they begin: the write-ahead log's replay of every partition in one pass.
+pub fn replay_segments(
+    start: LogPosition,
+    segments: &[ReplaySegment],
     mut apply: impl FnMut(LogPosition, &[u8]) -> io::Result<()>,
 ) -> io::Result<ReplayOutcome> {
     let mut out = ReplayOutcome {
         records: 0,
-        end: plan.start(),
+        end: start,
         torn: None,
     };
-    for (i, seg) in plan.segments.iter().enumerate() {
+    for (i, seg) in segments.iter().enumerate() {
         let mut scan = SegmentScanner::open_at(&seg.path, seg.start_offset)?;
         while let Some((offset, payload)) = scan.next_record()? {
             let end = LogPosition {
@@ -156,7 +166,7 @@ pub fn replay(
         }
         out.end = scan.position();
         if let Some(ScanEnd::Torn(t)) = scan.end() {
-            if i + 1 != plan.segments.len() {
+            if i + 1 != segments.len() {
                 return Err(Corruption {
                     path: t.path.clone(),
                     offset: t.offset,

@@ -153,13 +153,20 @@ pub fn repair(path: &Path) -> io::Result<RepairReport> {
     Ok(report)
 }
 
-/// Repairs every segment (of every partition) in `dir`, in name order.
+/// Repairs every segment in data directory `dir`, in name order: those of its
+/// write-ahead log (`dir/wal`), and those of an earlier release's per-partition logs.
 pub fn repair_dir(dir: &Path) -> io::Result<Vec<RepairReport>> {
     let mut paths = Vec::new();
-    for entry in fs::read_dir(dir).ctx("listing", dir)? {
-        let entry = entry.ctx("listing", dir)?;
-        if entry.file_name().to_str().and_then(parse_segment_name).is_some() {
-            paths.push(entry.path());
+    let wal = crate::wal::wal_dir(dir);
+    for dir in [dir, wal.as_path()] {
+        if dir == wal && !wal.is_dir() {
+            continue;
+        }
+        for entry in fs::read_dir(dir).ctx("listing", dir)? {
+            let entry = entry.ctx("listing", dir)?;
+            if entry.file_name().to_str().and_then(parse_segment_name).is_some() {
+                paths.push(entry.path());
+            }
         }
     }
     paths.sort();
