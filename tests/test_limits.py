@@ -373,3 +373,85 @@ def test_a_flood_of_bad_frames_is_logged_in_a_few_lines(bounded):
     lines = logged(server, "no-such-op")
     assert 1 <= lines <= 2, f"{lines} lines logged"
     conn.close()
+
+
+def test_past_max_memory_writes_are_refused_and_reads_and_deletes_still_run(bounded):
+    server = start(bounded, "--max-memory", str(4 * MiB))
+    with connected_to(server):
+        words, blob, items = spindle.Dict(name="words"), spindle.Blob(name="blob"), spindle.List(name="items")
+        words["big"] = "x" * (3 * MiB)
+        blob.set(b"y" * (2 * MiB))  # under the limit when sent: may pass it by its own size
+        status = spindle.status()
+        assert status["max_memory"] == 4 * MiB and status["memory_used"] > 5 * MiB, status
+        with pytest.raises(spindle.OutOfMemory, match="over --max-memory 4194304"):
+            words["small"] = 1
+        with pytest.raises(MemoryError):
+            blob.set(b"z")
+        with pytest.raises(spindle.OutOfMemory):
+            items.append(1)
+        with pytest.raises(spindle.OutOfMemory):
+            spindle.Dict(name="new")
+        # Nothing changed; reads, pops and deletes run.
+        assert "small" not in words and len(blob.get()) == 2 * MiB and len(items) == 0
+        assert words.pop("big") == "x" * (3 * MiB)
+        assert spindle.delete(blob)
+        assert spindle.status()["memory_used"] < 4 * MiB
+        words["small"] = 1
+        items.append(1)
+        assert dict(words) == {"small": 1} and list(items) == [1]
+
+
+def test_max_memory_holds_across_partitions(bounded):
+    server = start(bounded, "--max-memory", str(8 * MiB), "--partitions", "4")
+    with connected_to(server):
+        blobs = [spindle.Blob(name=f"b{i}") for i in range(40)]
+        written = 0
+        with pytest.raises(spindle.OutOfMemory):
+            for b in blobs:
+                b.set(b"v" * MiB)
+                written += 1
+        assert 8 <= written <= 9, written
+        used = spindle.status()["memory_used"]
+        assert 8 * MiB < used < 10 * MiB, used
+        # Every partition refuses, whichever holds the bytes.
+        refused = 0
+        for b in blobs:
+            try:
+                b.set(b"w")
+            except spindle.OutOfMemory:
+                refused += 1
+        assert refused >= len(blobs) - written
+
+
+def test_the_server_stays_within_max_memory_while_a_client_keeps_writing(bounded):
+    server = start(bounded, "--max-memory", str(64 * MiB), "--partitions", "2")
+    conn = greeted(server)
+    idle = rss(server)
+    create(conn, "Dict", "d")
+    refused = 0
+    for i in range(1, 301):  # 300 MiB offered
+        reply = conn.roundtrip(call(i, "Dict", "d", "setitem", i, b"m" * MiB), i)
+        if reply[1] == 1:
+            assert reply[2][0] == "OutOfMemory", reply
+            refused += 1
+    assert refused > 200
+    held = rss(server)
+    assert held < idle * 2 + 64 * MiB + 100 * MiB, f"the server holds {held / MiB:.0f} MiB"
+    conn.close()
+
+
+def test_memory_used_is_recovered_with_persistent_objects(bounded, tmp_path):
+    server = start(bounded, "--data-dir", str(tmp_path), "--max-memory", str(64 * MiB))
+    with connected_to(server):
+        d = spindle.Dict(name="kept", persistent=True)
+        for i in range(50):
+            d[i] = "p" * 10_000
+        spindle.List(name="kept-list", persistent=True).extend(list(range(1000)))
+        before = spindle.status()["memory_used"]
+    assert before > 500_000
+    server.stop()
+    again = start(bounded, "--data-dir", str(tmp_path), "--max-memory", str(64 * MiB))
+    with connected_to(again):
+        after = spindle.status()
+        assert after["memory_used"] == before and after["max_memory"] == 64 * MiB
+        assert len(spindle.Dict(name="kept", persistent=True)) == 50

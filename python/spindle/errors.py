@@ -151,6 +151,12 @@ class StorageError(SpindleError, OSError):
     until the server restarts (ephemeral objects keep working)."""
 
 
+class OutOfMemory(SpindleError, MemoryError):
+    """The server's objects hold more than its ``--max-memory``: a call that may grow an
+    object (or create one) is refused and changes nothing. Reads, deletes and calls that
+    only shrink objects still run; delete objects (or raise the limit) to write again."""
+
+
 class ObjectLost(SpindleError):
     """A user-defined object (``@spindle.shared``) was lost with its host process.
 
@@ -267,6 +273,7 @@ _SIMPLE: Dict[str, Callable[[str], BaseException]] = {
     "Unauthorized": Unauthorized,
     "PermissionDenied": PermissionDenied,
     "StorageError": StorageError,
+    "OutOfMemory": OutOfMemory,
     "Busy": SpindleError,
     # A cluster's shard had no leader for longer than the client waits (see client.py).
     "NotLeader": ServerUnavailable,

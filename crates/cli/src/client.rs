@@ -681,6 +681,10 @@ pub fn status(address: &str) -> Result<(), String> {
     let uptime = field(&status, "uptime")
         .and_then(Value::as_f64)
         .map_or("?".into(), format_uptime);
+    let memory = match text("max_memory").as_str() {
+        "0" => format!("{} bytes (no limit)", text("memory_used")),
+        limit => format!("{} of {limit} bytes", text("memory_used")),
+    };
     let rows = [
         ("address", text("address")),
         ("version", text("version")),
@@ -689,6 +693,7 @@ pub fn status(address: &str) -> Result<(), String> {
         ("objects", text("objects")),
         ("persistent", text("persistent_objects")),
         ("data dir", text("data_dir")),
+        ("memory", memory),
         ("connections", text("connections")),
         ("sessions", text("sessions")),
         ("partitions", text("partitions")),

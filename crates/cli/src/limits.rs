@@ -39,6 +39,11 @@ pub(crate) struct LimitArgs {
     /// them; past it, its oldest recorded are forgotten (as past 4096 replies).
     #[arg(long, default_value_t = Limits::default().reply_log, value_name = "BYTES")]
     max_reply_log: usize,
+    /// Bytes the objects may hold (keys and values, approximately) past which calls that
+    /// may grow one are refused with OutOfMemory; reads, deletes and shrinking calls still
+    /// run. 0: no limit.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    max_memory: usize,
 }
 
 impl LimitArgs {
@@ -71,6 +76,7 @@ impl LimitArgs {
             output_soft: self.output_limit,
             output_hard: self.output_hard_limit,
             reply_log: self.max_reply_log,
+            max_memory: self.max_memory,
         })
     }
 }

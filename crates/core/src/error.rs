@@ -47,11 +47,14 @@ pub enum ErrorKind {
     /// In a cluster: this node does not lead the call's shard; `data` is the leader's
     /// address (nil while no leader is known). The call did not run here.
     NotLeader,
+    /// The server's objects hold more bytes than `--max-memory`: a call that may grow an
+    /// object (or create one) is refused until objects are deleted or the limit raised.
+    OutOfMemory,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 31] = [
+    pub const ALL: [ErrorKind; 32] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -83,6 +86,7 @@ impl ErrorKind {
         ErrorKind::ObjectLost,
         ErrorKind::StorageError,
         ErrorKind::NotLeader,
+        ErrorKind::OutOfMemory,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -118,6 +122,7 @@ impl ErrorKind {
             ErrorKind::ObjectLost => "ObjectLost",
             ErrorKind::StorageError => "StorageError",
             ErrorKind::NotLeader => "NotLeader",
+            ErrorKind::OutOfMemory => "OutOfMemory",
         }
     }
 

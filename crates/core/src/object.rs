@@ -65,6 +65,19 @@ pub trait Object: Send {
     /// retried call (same client and seq) gets the recorded reply instead of a second run.
     fn is_mutating(&self, method: &str) -> bool;
 
+    /// Whether a method may make the object hold more bytes (Redis's `denyoom` flag): such
+    /// calls are refused while the server is over `--max-memory`. Methods that only shrink
+    /// (pops, removes, clear) stay allowed, so a full server can be emptied.
+    fn may_grow(&self, method: &str) -> bool {
+        self.is_mutating(method)
+    }
+
+    /// Approximately how many bytes the object holds, for `--max-memory`. O(1): containers
+    /// keep a running total as they change.
+    fn size(&self) -> usize {
+        0
+    }
+
     /// A parked call is due: its deadline passed, or its caller withdrew it (`ctx.withdrawing`;
     /// test with [`Ctx::is_due`]). If `waiter` is still parked here, answer it (through
     /// `ctx.deliver`) with the method's timeout result; if it was answered already, do nothing.

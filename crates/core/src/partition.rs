@@ -23,8 +23,11 @@ use crate::objects::user::{self, Forward, UserObject, UserState};
 use crate::record::{encode_apply, encode_class, encode_user_state, Record, UserStateRef, MAX_RECORD_LEN};
 use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
+mod memory;
 mod object_map;
 mod snapshot;
+
+pub use memory::Memory;
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
 /// older than its oldest call in flight, so a window is enough; a client that says which
@@ -64,6 +67,17 @@ enum Body {
     Builtin(Box<dyn Object>),
     /// Boxed: most objects are built-in, and a small entry keeps a million objects small.
     User(Box<UserObject>),
+}
+
+impl Entry {
+    /// The object's size as counted for `--max-memory` (a user-defined object's state lives
+    /// in its host, bounded by `--host-memory-limit`).
+    fn size(&self) -> usize {
+        match &self.body {
+            Body::Builtin(obj) => obj.size(),
+            Body::User(_) => 0,
+        }
+    }
 }
 
 impl Body {
@@ -339,6 +353,17 @@ impl Partition {
     /// (it acknowledges none, say): the log of every other client is its own.
     pub fn set_reply_log_limit(&mut self, bytes: usize) {
         self.reply_log_limit = ReplyLogLimit(bytes);
+    }
+
+    /// Count this partition's objects in `memory` (shared by a server's partitions), and
+    /// refuse calls that may grow an object while it is over its limit.
+    pub fn set_memory(&mut self, memory: Memory) {
+        self.objects.set_memory(memory);
+    }
+
+    /// The account this partition's objects are counted in.
+    pub fn memory(&self) -> &Memory {
+        self.objects.memory()
     }
 
     /// How many replies this partition keeps for retries, over all its clients.
@@ -757,6 +782,14 @@ impl Partition {
                 return out;
             }
         }
+        // A live call that may grow an object waits for room (a replayed one was accepted
+        // where it ran). Refused before anything is logged or recorded: a retry may pass.
+        if replayed.is_none() && self.may_grow(&op) {
+            if let Err(e) = self.objects.memory().check() {
+                out.push(Delivery { token, reply: Err(e) });
+                return out;
+            }
+        }
         if let Op::Create {
             type_name,
             key,
@@ -861,6 +894,19 @@ impl Partition {
         }
         self.settle(&out);
         out
+    }
+
+    /// Whether `op` may make the objects hold more: a create of a new key, or a call of a
+    /// built-in method that may grow its object.
+    fn may_grow(&self, op: &Op) -> bool {
+        match op {
+            Op::Create { key, .. } => !self.objects.contains_key(key),
+            Op::Call { key, method, .. } => match self.objects.get(key).map(|e| &e.body) {
+                Some(Body::Builtin(obj)) => obj.may_grow(method),
+                _ => false,
+            },
+            Op::Delete { .. } => false,
+        }
     }
 
     /// A call resent (same client and seq) while the first is still with the object's host
@@ -1051,7 +1097,7 @@ impl Partition {
         now: Instant,
         out: &mut Vec<Delivery>,
     ) -> (Result<Option<Value>, Error>, bool) {
-        let Some(entry) = self.objects.get_mut(key) else {
+        let Some((entry, counted, meter)) = self.objects.get_metered(key) else {
             let err = match self.moved.get(key) {
                 Some((new_key, _)) => moved(key, new_key),
                 None => Error::new(
@@ -1081,6 +1127,9 @@ impl Partition {
         let record = obj.is_mutating(method);
         let mut ctx = Ctx::new(caller, token, now, out);
         let step = obj.apply(method, &args, &mut ctx);
+        if record {
+            meter.resize(counted, key.len() + obj.size());
+        }
         if obj.tracks_connections() {
             self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
         }

@@ -89,6 +89,10 @@ pub struct Limits {
     /// Bytes of replies one session keeps recorded per shard for retries: past it, the
     /// oldest recorded are forgotten.
     pub reply_log: usize,
+    /// Bytes the objects may hold (keys and values, approximately) past which calls that
+    /// may grow one are refused with `OutOfMemory` (Redis's `maxmemory` without eviction);
+    /// 0: no limit.
+    pub max_memory: usize,
 }
 
 impl Default for Limits {
@@ -103,6 +107,7 @@ impl Default for Limits {
             output_soft: 16 << 20,
             output_hard: 256 << 20,
             reply_log: spindle_core::partition::DEFAULT_REPLY_LOG_BYTES,
+            max_memory: 0,
         }
     }
 }

@@ -147,7 +147,11 @@ impl Server {
             access,
             cluster,
             tls,
-            shards: shards::Shards::new(config.partitions, config.limits.reply_log),
+            shards: shards::Shards::new(
+                config.partitions,
+                config.limits.reply_log,
+                spindle_core::partition::Memory::new(config.limits.max_memory),
+            ),
             registry: registry::Registry::new(),
             sessions: sessions::Sessions::new(),
             stats: status::Stats::new(),

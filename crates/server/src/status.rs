@@ -90,6 +90,9 @@ pub(crate) fn status(shared: &Shared) -> Value {
         ("objects", Value::from(objects)),
         ("persistent_objects", Value::from(persistent)),
         ("data_dir", data_dir),
+        // Bytes the objects hold, approximately, against --max-memory (0: no limit).
+        ("memory_used", Value::from(shared.shards.memory().used())),
+        ("max_memory", Value::from(shared.shards.memory().limit())),
         (
             "connections",
             Value::from(shared.stats.connections.load(Ordering::Relaxed)),

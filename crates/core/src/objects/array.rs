@@ -100,6 +100,14 @@ impl Data {
         }
     }
 
+    fn len(&self) -> usize {
+        match self {
+            Data::F64(v) => v.len(),
+            Data::F32(v) => v.len(),
+            Data::I64(v) => v.len(),
+        }
+    }
+
     fn encode(&self) -> Vec<u8> {
         match self {
             Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -308,6 +316,10 @@ impl Object for Array {
 
     fn is_mutating(&self, method: &str) -> bool {
         !matches!(method, "get" | "shape" | "dtype")
+    }
+
+    fn size(&self) -> usize {
+        self.data.len() * self.data.dtype().item_size()
     }
 
     fn snapshot(&self) -> Option<Value> {

@@ -40,6 +40,10 @@ impl Object for Blob {
         !matches!(method, "get" | "len" | "read")
     }
 
+    fn size(&self) -> usize {
+        self.data.len()
+    }
+
     fn snapshot(&self) -> Option<Value> {
         Some(snapshot::encode(vec![("data", Value::Binary(self.data.clone()))]))
     }

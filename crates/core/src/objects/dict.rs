@@ -6,16 +6,17 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::snapshot::{self, Fields};
 use crate::object::args;
-use crate::value::{cmp_values, eq_values, type_of, Key};
+use crate::value::{approx_size, cmp_values, eq_values, type_of, Key};
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
 /// The storage a dictionary type provides to the shared methods.
 pub(crate) trait MapStore {
     fn len(&self) -> usize;
     fn get(&self, k: &Key) -> Option<&Value>;
-    fn get_mut(&mut self, k: &Key) -> Option<&mut Value>;
-    /// Insert or replace; a replaced key keeps its position.
-    fn insert(&mut self, k: Key, v: Value);
+    /// Change the value at `k` in place, returning what `f` returns (`None`: no such key).
+    fn update<R>(&mut self, k: &Key, f: impl FnOnce(&mut Value) -> R) -> Option<R>;
+    /// Insert or replace, returning the replaced value; a replaced key keeps its position.
+    fn insert(&mut self, k: Key, v: Value) -> Option<Value>;
     fn remove(&mut self, k: &Key) -> Option<Value>;
     /// The entry `popitem` takes: the last inserted (Dict) or the largest key (SortedDict).
     fn pop_last(&mut self) -> Option<(Key, Value)>;
@@ -41,18 +42,18 @@ impl MapStore for OrderedMap {
         self.map.get(k).map(|(_, v)| v)
     }
 
-    fn get_mut(&mut self, k: &Key) -> Option<&mut Value> {
-        self.map.get_mut(k).map(|(_, v)| v)
+    fn update<R>(&mut self, k: &Key, f: impl FnOnce(&mut Value) -> R) -> Option<R> {
+        self.map.get_mut(k).map(|(_, v)| f(v))
     }
 
-    fn insert(&mut self, k: Key, v: Value) {
+    fn insert(&mut self, k: Key, v: Value) -> Option<Value> {
         if let Some(slot) = self.map.get_mut(&k) {
-            slot.1 = v;
-            return;
+            return Some(std::mem::replace(&mut slot.1, v));
         }
         self.next += 1;
         self.order.insert(self.next, k.clone());
         self.map.insert(k, (self.next, v));
+        None
     }
 
     fn remove(&mut self, k: &Key) -> Option<Value> {
@@ -90,12 +91,12 @@ impl MapStore for BTreeMap<Key, Value> {
         BTreeMap::get(self, k)
     }
 
-    fn get_mut(&mut self, k: &Key) -> Option<&mut Value> {
-        BTreeMap::get_mut(self, k)
+    fn update<R>(&mut self, k: &Key, f: impl FnOnce(&mut Value) -> R) -> Option<R> {
+        BTreeMap::get_mut(self, k).map(f)
     }
 
-    fn insert(&mut self, k: Key, v: Value) {
-        BTreeMap::insert(self, k, v);
+    fn insert(&mut self, k: Key, v: Value) -> Option<Value> {
+        BTreeMap::insert(self, k, v)
     }
 
     fn remove(&mut self, k: &Key) -> Option<Value> {
@@ -115,19 +116,98 @@ impl MapStore for BTreeMap<Key, Value> {
     }
 }
 
+/// A store that keeps the approximate size of its keys and values as they change, so a
+/// dictionary's [`Object::size`] is O(1). Reads go through `Deref` to the store itself.
+#[derive(Default)]
+pub(crate) struct Measured<S> {
+    store: S,
+    bytes: usize,
+}
+
+impl<S> Measured<S> {
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl<S> std::ops::Deref for Measured<S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        &self.store
+    }
+}
+
+fn entry_size(k: &Key, v: &Value) -> usize {
+    approx_size(k.value()) + approx_size(v)
+}
+
+impl<S: MapStore> MapStore for Measured<S> {
+    fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    fn get(&self, k: &Key) -> Option<&Value> {
+        self.store.get(k)
+    }
+
+    fn update<R>(&mut self, k: &Key, f: impl FnOnce(&mut Value) -> R) -> Option<R> {
+        let (r, before, after) = self.store.update(k, |v| {
+            let before = approx_size(v);
+            let r = f(v);
+            (r, before, approx_size(v))
+        })?;
+        self.bytes = self.bytes - before + after;
+        Some(r)
+    }
+
+    fn insert(&mut self, k: Key, v: Value) -> Option<Value> {
+        let key_size = approx_size(k.value());
+        let value_size = approx_size(&v);
+        let old = self.store.insert(k, v);
+        // A replaced entry keeps its (equal) key: only the old value leaves.
+        match &old {
+            Some(old) => self.bytes = self.bytes + value_size - approx_size(old),
+            None => self.bytes += key_size + value_size,
+        }
+        old
+    }
+
+    fn remove(&mut self, k: &Key) -> Option<Value> {
+        let v = self.store.remove(k)?;
+        self.bytes -= entry_size(k, &v);
+        Some(v)
+    }
+
+    fn pop_last(&mut self) -> Option<(Key, Value)> {
+        let (k, v) = self.store.pop_last()?;
+        self.bytes -= entry_size(&k, &v);
+        Some((k, v))
+    }
+
+    fn clear(&mut self) {
+        self.store.clear();
+        self.bytes = 0;
+    }
+
+    fn entries(&self) -> Box<dyn Iterator<Item = (&Key, &Value)> + '_> {
+        self.store.entries()
+    }
+}
+
 pub struct Dict {
-    store: OrderedMap,
+    store: Measured<OrderedMap>,
 }
 
 impl Dict {
     pub fn new(a: &[Value]) -> Result<Self, Error> {
-        let mut store = OrderedMap::default();
+        let mut store = Measured::default();
         init_store("Dict", &mut store, a)?;
         Ok(Dict { store })
     }
 
     pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
-        let mut store = OrderedMap::default();
+        let mut store = Measured::default();
         restore_store("Dict", &mut store, state)?;
         Ok(Dict { store })
     }
@@ -165,6 +245,14 @@ impl Object for Dict {
         !is_read(method)
     }
 
+    fn may_grow(&self, method: &str) -> bool {
+        may_grow(method)
+    }
+
+    fn size(&self) -> usize {
+        self.store.bytes()
+    }
+
     fn snapshot(&self) -> Option<Value> {
         Some(snapshot_store(&self.store))
     }
@@ -194,6 +282,11 @@ pub(crate) fn is_read(method: &str) -> bool {
         method,
         "len" | "getitem" | "get" | "contains" | "keys" | "values" | "items"
     )
+}
+
+/// The methods that may add bytes (all writes but those that only take entries out).
+pub(crate) fn may_grow(method: &str) -> bool {
+    !is_read(method) && !matches!(method, "delitem" | "pop" | "popitem" | "clear")
 }
 
 pub(crate) fn key(method: &str, a: &[Value], i: usize) -> Result<Key, Error> {
@@ -324,11 +417,12 @@ fn apply_inner<S: MapStore>(store: &mut S, method: &str, a: &[Value]) -> Result<
             args::arity(method, a, 3, 3)?;
             let k = key(method, a, 0)?;
             let op = MergeOp::parse(method, a, 2)?;
-            match store.get_mut(&k) {
-                Some(cur) => {
-                    merge_existing(cur, a[1].clone(), op)?;
-                    cur.clone()
-                }
+            let merged = store.update(&k, |cur| {
+                merge_existing(cur, a[1].clone(), op)?;
+                Ok::<_, Error>(cur.clone())
+            });
+            match merged {
+                Some(r) => r?,
                 None => {
                     let v = merge_new(a[1].clone(), op)?;
                     store.insert(k, v.clone());

@@ -2,6 +2,7 @@
 //! exception once; `result`/`exception` park until then.
 
 use crate::object::args;
+use crate::value::approx_size;
 use crate::{Ctx, Error, ErrorKind, Object, Reply, Step, Value};
 
 use super::waiters::{wait_queue_methods, WaitQueue};
@@ -22,6 +23,8 @@ enum Want {
 
 pub struct Future {
     state: State,
+    /// The approximate size of the result or exception once set.
+    bytes: usize,
     waiters: WaitQueue<Want>,
 }
 
@@ -48,6 +51,7 @@ impl Future {
         args::arity("Future", a, 0, 0)?;
         Ok(Future {
             state: State::Pending,
+            bytes: 0,
             waiters: WaitQueue::default(),
         })
     }
@@ -68,6 +72,10 @@ impl Future {
         if !matches!(self.state, State::Pending) {
             return Err(Error::new(ErrorKind::InvalidState, "the future is already done"));
         }
+        self.bytes = match &state {
+            State::Result(v) | State::Exception(v) => approx_size(v),
+            State::Pending | State::Cancelled => 0,
+        };
         self.state = state;
         for w in self.waiters.drain() {
             if let Some(r) = self.answer(w.data) {
@@ -99,6 +107,14 @@ impl Object for Future {
 
     fn is_mutating(&self, method: &str) -> bool {
         matches!(method, "set_result" | "set_exception" | "cancel")
+    }
+
+    fn may_grow(&self, method: &str) -> bool {
+        matches!(method, "set_result" | "set_exception")
+    }
+
+    fn size(&self) -> usize {
+        self.bytes
     }
 
     fn apply(&mut self, method: &str, a: &[Value], ctx: &mut Ctx) -> Result<Step, Error> {

@@ -2,11 +2,98 @@
 
 use super::snapshot::{self, Fields};
 use crate::object::args;
-use crate::value::{cmp_values, eq_values, type_of};
+use std::cmp::Ordering;
+use std::ops::Range;
+
+use crate::value::{approx_size, cmp_values, eq_values, type_of};
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
 pub struct List {
-    items: Vec<Value>,
+    items: Items,
+}
+
+/// The list's items with the running total of their approximate sizes, so
+/// [`Object::size`] is O(1). Reads go through `Deref` to the slice; every change goes
+/// through a method here, which keeps the total.
+#[derive(Default)]
+struct Items {
+    vec: Vec<Value>,
+    bytes: usize,
+}
+
+impl std::ops::Deref for Items {
+    type Target = [Value];
+
+    fn deref(&self) -> &[Value] {
+        &self.vec
+    }
+}
+
+impl Items {
+    fn new(vec: Vec<Value>) -> Items {
+        let bytes = vec.iter().map(approx_size).sum();
+        Items { vec, bytes }
+    }
+
+    fn push(&mut self, v: Value) {
+        self.bytes += approx_size(&v);
+        self.vec.push(v);
+    }
+
+    fn insert(&mut self, i: usize, v: Value) {
+        self.bytes += approx_size(&v);
+        self.vec.insert(i, v);
+    }
+
+    fn extend_from_slice(&mut self, more: &[Value]) {
+        self.bytes += more.iter().map(approx_size).sum::<usize>();
+        self.vec.extend_from_slice(more);
+    }
+
+    fn set(&mut self, i: usize, v: Value) {
+        self.bytes = self.bytes + approx_size(&v) - approx_size(&self.vec[i]);
+        self.vec[i] = v;
+    }
+
+    fn remove(&mut self, i: usize) -> Value {
+        let v = self.vec.remove(i);
+        self.bytes -= approx_size(&v);
+        v
+    }
+
+    /// Replace `range` with `values`.
+    fn splice(&mut self, range: Range<usize>, values: Vec<Value>) {
+        self.bytes += values.iter().map(approx_size).sum::<usize>();
+        let gone: usize = self.vec.splice(range, values).map(|v| approx_size(&v)).sum();
+        self.bytes -= gone;
+    }
+
+    /// Keep the items whose flag in `doomed` is false.
+    fn remove_flagged(&mut self, doomed: &[bool]) {
+        let mut i = 0;
+        let mut gone = 0;
+        self.vec.retain(|v| {
+            i += 1;
+            if doomed[i - 1] {
+                gone += approx_size(v);
+            }
+            !doomed[i - 1]
+        });
+        self.bytes -= gone;
+    }
+
+    fn clear(&mut self) {
+        self.vec.clear();
+        self.bytes = 0;
+    }
+
+    fn reverse(&mut self) {
+        self.vec.reverse();
+    }
+
+    fn sort_by(&mut self, compare: impl FnMut(&Value, &Value) -> Ordering) {
+        self.vec.sort_by(compare);
+    }
 }
 
 fn index_error(message: &str) -> Error {
@@ -99,13 +186,15 @@ impl List {
             Value::Nil => Vec::new(),
             _ => array_arg("List", a, 0, "initial")?.to_vec(),
         };
-        Ok(List { items })
+        Ok(List {
+            items: Items::new(items),
+        })
     }
 
     pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
         let f = Fields::open("List", state, &["items"])?;
         Ok(List {
-            items: f.array("items")?.to_vec(),
+            items: Items::new(f.array("items")?.to_vec()),
         })
     }
 
@@ -136,7 +225,7 @@ impl List {
         }
         let idx: Vec<usize> = s.indexes().collect();
         for (i, v) in idx.into_iter().zip(values) {
-            self.items[i] = v;
+            self.items.set(i, v);
         }
         Ok(())
     }
@@ -145,16 +234,12 @@ impl List {
         args::arity(method, a, 3, 3)?;
         let s = Slice::new(method, a, self.items.len())?;
         if s.step == 1 {
-            self.items.drain(s.range());
+            self.items.splice(s.range(), Vec::new());
             return Ok(());
         }
         let mut doomed = vec![false; self.items.len()];
         s.indexes().for_each(|i| doomed[i] = true);
-        let mut i = 0;
-        self.items.retain(|_| {
-            i += 1;
-            !doomed[i - 1]
-        });
+        self.items.remove_flagged(&doomed);
         Ok(())
     }
 
@@ -194,8 +279,16 @@ impl Object for List {
         )
     }
 
+    fn may_grow(&self, method: &str) -> bool {
+        self.is_mutating(method) && !matches!(method, "delitem" | "delslice" | "pop" | "remove" | "clear")
+    }
+
+    fn size(&self) -> usize {
+        self.items.bytes
+    }
+
     fn snapshot(&self) -> Option<Value> {
-        Some(snapshot::encode(vec![("items", Value::Array(self.items.clone()))]))
+        Some(snapshot::encode(vec![("items", Value::Array(self.items.to_vec()))]))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {
@@ -216,7 +309,7 @@ impl Object for List {
                 let i = self
                     .position(method, a, 0)?
                     .ok_or_else(|| index_error("list assignment index out of range"))?;
-                self.items[i] = a[1].clone();
+                self.items.set(i, a[1].clone());
                 Value::Nil
             }
             "delitem" => {
@@ -314,7 +407,7 @@ impl Object for List {
             }
             "items" => {
                 args::arity(method, a, 0, 0)?;
-                Value::Array(self.items.clone())
+                Value::Array(self.items.to_vec())
             }
             _ => return Err(super::unknown_method("List", method)),
         };

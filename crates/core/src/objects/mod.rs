@@ -21,6 +21,8 @@ mod value;
 mod waiters;
 
 #[cfg(test)]
+mod size_tests;
+#[cfg(test)]
 pub(crate) mod testing;
 
 pub use array::Array;

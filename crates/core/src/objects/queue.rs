@@ -8,7 +8,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::object::args;
-use crate::value::cmp_values;
+use crate::value::{approx_size, cmp_values};
 use crate::{ConnId, Ctx, Error, ErrorKind, Object, Step, Token, Value};
 
 use super::snapshot::{self, Fields};
@@ -57,23 +57,39 @@ impl PartialEq for Ranked {
 
 impl Eq for Ranked {}
 
-enum Items {
+enum Store {
     Deque(VecDeque<Value>),
     Heap(BinaryHeap<Reverse<Ranked>>, u64),
 }
 
+/// The queued items, with the running total of their approximate sizes so
+/// [`Object::size`] is O(1).
+struct Items {
+    store: Store,
+    bytes: usize,
+}
+
 impl Items {
+    fn new(order: Order) -> Items {
+        let store = match order {
+            Order::Priority => Store::Heap(BinaryHeap::new(), 0),
+            _ => Store::Deque(VecDeque::new()),
+        };
+        Items { store, bytes: 0 }
+    }
+
     fn len(&self) -> usize {
-        match self {
-            Items::Deque(d) => d.len(),
-            Items::Heap(h, _) => h.len(),
+        match &self.store {
+            Store::Deque(d) => d.len(),
+            Store::Heap(h, _) => h.len(),
         }
     }
 
     fn push(&mut self, v: Value) {
-        match self {
-            Items::Deque(d) => d.push_back(v),
-            Items::Heap(h, seq) => {
+        self.bytes += approx_size(&v);
+        match &mut self.store {
+            Store::Deque(d) => d.push_back(v),
+            Store::Heap(h, seq) => {
                 *seq += 1;
                 h.push(Reverse(Ranked { value: v, seq: *seq }));
             }
@@ -81,18 +97,20 @@ impl Items {
     }
 
     fn pop(&mut self, order: Order) -> Option<Value> {
-        match self {
-            Items::Deque(d) if order == Order::Lifo => d.pop_back(),
-            Items::Deque(d) => d.pop_front(),
-            Items::Heap(h, _) => h.pop().map(|Reverse(r)| r.value),
-        }
+        let v = match &mut self.store {
+            Store::Deque(d) if order == Order::Lifo => d.pop_back(),
+            Store::Deque(d) => d.pop_front(),
+            Store::Heap(h, _) => h.pop().map(|Reverse(r)| r.value),
+        }?;
+        self.bytes -= approx_size(&v);
+        Some(v)
     }
 
     /// The items oldest put first (deques), or in `get` order (heap; equal items by age).
     fn to_vec(&self) -> Vec<Value> {
-        match self {
-            Items::Deque(d) => d.iter().cloned().collect(),
-            Items::Heap(h, _) => {
+        match &self.store {
+            Store::Deque(d) => d.iter().cloned().collect(),
+            Store::Heap(h, _) => {
                 let mut ranked: Vec<&Ranked> = h.iter().map(|Reverse(r)| r).collect();
                 // Arrival numbers are unique: no two entries compare equal.
                 ranked.sort_unstable();
@@ -140,10 +158,7 @@ impl Queue {
         let name = order.type_name();
         args::arity(name, a, 0, 1)?;
         let maxsize_arg = args::int_or(name, a, 0, "maxsize", 0)?;
-        let items = match order {
-            Order::Priority => Items::Heap(BinaryHeap::new(), 0),
-            _ => Items::Deque(VecDeque::new()),
-        };
+        let items = Items::new(order);
         Ok(Queue {
             order,
             maxsize: usize::try_from(maxsize_arg).ok().filter(|&n| n > 0),
@@ -204,6 +219,14 @@ impl Object for Queue {
 
     fn is_mutating(&self, method: &str) -> bool {
         matches!(method, "put" | "get" | "task_done")
+    }
+
+    fn may_grow(&self, method: &str) -> bool {
+        method == "put"
+    }
+
+    fn size(&self) -> usize {
+        self.items.bytes
     }
 
     fn snapshot(&self) -> Option<Value> {

@@ -7,21 +7,21 @@ use crate::object::args;
 use crate::value::{cmp_values, Key};
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
-use super::dict::{apply_map, init_store, is_read, key, pair, restore_store, snapshot_store};
+use super::dict::{apply_map, init_store, is_read, key, may_grow, pair, restore_store, snapshot_store, Measured};
 
 pub struct SortedDict {
-    store: BTreeMap<Key, Value>,
+    store: Measured<BTreeMap<Key, Value>>,
 }
 
 impl SortedDict {
     pub fn new(a: &[Value]) -> Result<Self, Error> {
-        let mut store = BTreeMap::new();
+        let mut store = Measured::default();
         init_store("SortedDict", &mut store, a)?;
         Ok(SortedDict { store })
     }
 
     pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
-        let mut store = BTreeMap::new();
+        let mut store = Measured::default();
         restore_store("SortedDict", &mut store, state)?;
         Ok(SortedDict { store })
     }
@@ -77,6 +77,14 @@ impl Object for SortedDict {
 
     fn is_mutating(&self, method: &str) -> bool {
         !(is_read(method) || matches!(method, "range" | "first" | "last" | "most_common"))
+    }
+
+    fn may_grow(&self, method: &str) -> bool {
+        may_grow(method)
+    }
+
+    fn size(&self) -> usize {
+        self.store.bytes()
     }
 
     fn snapshot(&self) -> Option<Value> {

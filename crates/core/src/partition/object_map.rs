@@ -1,17 +1,56 @@
 //! The partition's objects by key: a hash index over slots that never move, so a snapshot
 //! can walk the slots a chunk at a time while objects come and go (see [`super::snapshot`]).
+//!
+//! It also keeps the server's memory account ([`Memory`]): every object enters and leaves
+//! through here, with the size it had when last measured.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::memory::Memory;
 use super::Entry;
 
 #[derive(Default)]
 pub(super) struct ObjectMap {
     index: HashMap<Arc<str>, usize>,
-    slots: Vec<Option<(Arc<str>, Entry)>>,
+    /// Each object with its key and the bytes it is counted for in `meter`.
+    slots: Vec<Option<(Arc<str>, Entry, usize)>>,
     /// Empty slots, reused before the slots grow.
     free: Vec<usize>,
+    meter: Meter,
+}
+
+/// The bytes this map's objects are counted for, and the shared account they are counted in.
+#[derive(Default)]
+pub(super) struct Meter {
+    memory: Memory,
+    held: usize,
+}
+
+impl Meter {
+    fn add(&mut self, n: usize) {
+        self.held += n;
+        self.memory.add(n);
+    }
+
+    fn sub(&mut self, n: usize) {
+        self.held -= n;
+        self.memory.sub(n);
+    }
+
+    /// An object counted for `*counted` bytes now holds `now`.
+    pub(super) fn resize(&mut self, counted: &mut usize, now: usize) {
+        self.sub(*counted);
+        self.add(now);
+        *counted = now;
+    }
+}
+
+impl Drop for ObjectMap {
+    /// A partition replaced (failover, restore) gives its objects' bytes back.
+    fn drop(&mut self) {
+        self.memory().sub(self.meter.held);
+    }
 }
 
 impl ObjectMap {
@@ -29,17 +68,32 @@ impl ObjectMap {
 
     pub(super) fn get(&self, key: &str) -> Option<&Entry> {
         let slot = *self.index.get(key)?;
-        self.slots[slot].as_ref().map(|(_, e)| e)
+        self.slots[slot].as_ref().map(|(_, e, _)| e)
     }
 
+    /// The entry at `key`, to change it in a way that keeps its size (see
+    /// [`get_metered`](Self::get_metered)).
     pub(super) fn get_mut(&mut self, key: &str) -> Option<&mut Entry> {
         let slot = *self.index.get(key)?;
-        self.slots[slot].as_mut().map(|(_, e)| e)
+        self.slots[slot].as_mut().map(|(_, e, _)| e)
+    }
+
+    /// The entry at `key`, with the bytes it is counted for and the meter to call
+    /// [`Meter::resize`] on after a change that may resize it.
+    pub(super) fn get_metered(&mut self, key: &str) -> Option<(&mut Entry, &mut usize, &mut Meter)> {
+        let slot = *self.index.get(key)?;
+        let (_, e, size) = self.slots[slot].as_mut()?;
+        Some((e, size, &mut self.meter))
     }
 
     /// Put `entry` at `key`, returning the entry it replaces.
     pub(super) fn insert(&mut self, key: String, entry: Entry) -> Option<Entry> {
-        if let Some(e) = self.get_mut(&key) {
+        let size = key.len() + entry.size();
+        self.meter.add(size);
+        if let Some(&slot) = self.index.get(key.as_str()) {
+            let (_, e, counted) = self.slots[slot].as_mut()?;
+            let old = std::mem::replace(counted, size);
+            self.meter.sub(old);
             return Some(std::mem::replace(e, entry));
         }
         let key: Arc<str> = Arc::from(key);
@@ -50,7 +104,7 @@ impl ObjectMap {
                 self.slots.len() - 1
             }
         };
-        self.slots[slot] = Some((key.clone(), entry));
+        self.slots[slot] = Some((key.clone(), entry, size));
         self.index.insert(key, slot);
         None
     }
@@ -58,15 +112,28 @@ impl ObjectMap {
     pub(super) fn remove(&mut self, key: &str) -> Option<Entry> {
         let slot = self.index.remove(key)?;
         self.free.push(slot);
-        self.slots[slot].take().map(|(_, e)| e)
+        let (_, e, size) = self.slots[slot].take()?;
+        self.meter.sub(size);
+        Some(e)
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
-        self.slots.iter().flatten().map(|(k, e)| (&**k, e))
+        self.slots.iter().flatten().map(|(k, e, _)| (&**k, e))
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &Entry> {
-        self.slots.iter().flatten().map(|(_, e)| e)
+        self.slots.iter().flatten().map(|(_, e, _)| e)
+    }
+
+    pub(super) fn memory(&self) -> &Memory {
+        &self.meter.memory
+    }
+
+    /// Count this map's objects in `memory` from now on, instead of the account they were in.
+    pub(super) fn set_memory(&mut self, memory: Memory) {
+        self.meter.memory.sub(self.meter.held);
+        memory.add(self.meter.held);
+        self.meter.memory = memory;
     }
 
     /// Slots in use or free: every object is in a slot below this, and keeps its slot for
@@ -77,6 +144,6 @@ impl ObjectMap {
 
     /// The object in `slot`, if any.
     pub(super) fn slot_mut(&mut self, slot: usize) -> Option<(&str, &mut Entry)> {
-        self.slots.get_mut(slot)?.as_mut().map(|(k, e)| (&**k, e))
+        self.slots.get_mut(slot)?.as_mut().map(|(k, e, _)| (&**k, e))
     }
 }

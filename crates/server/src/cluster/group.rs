@@ -1064,6 +1064,7 @@ impl Driver {
             let replaced = rebuilt.map(|mut partition| {
                 partition.skip_object_ids(s.partition.next_object_id());
                 partition.set_reply_log_limit(shared.config.limits.reply_log);
+                partition.set_memory(shared.shards.memory().clone());
                 s.partition = partition;
             });
             (replies, actions, replaced)
