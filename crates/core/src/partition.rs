@@ -784,7 +784,7 @@ impl Partition {
         }
         // A live call that may grow an object waits for room (a replayed one was accepted
         // where it ran). Refused before anything is logged or recorded: a retry may pass.
-        if replayed.is_none() && self.may_grow(&op) {
+        if replayed.is_none() && self.objects.memory().limit() > 0 && self.may_grow(&op) {
             if let Err(e) = self.objects.memory().check() {
                 out.push(Delivery { token, reply: Err(e) });
                 return out;

@@ -40,9 +40,12 @@ impl Meter {
 
     /// An object counted for `*counted` bytes now holds `now`.
     pub(super) fn resize(&mut self, counted: &mut usize, now: usize) {
-        self.sub(*counted);
-        self.add(now);
-        *counted = now;
+        // Most calls leave the size as it was: no write to the account the partitions share.
+        if *counted != now {
+            self.sub(*counted);
+            self.add(now);
+            *counted = now;
+        }
     }
 }
 
