@@ -332,7 +332,9 @@ impl Connection {
                             self.flush();
                             return End::Refused;
                         }
-                        if self.replies.len() > soft_limit && self.flush() > soft_limit {
+                        // Large replies go to the outbox as they come (moved, not copied),
+                        // rather than piling up in a buffer that doubles as it grows.
+                        if self.replies.len() > KEEP_BUFFER.min(soft_limit) && self.flush() > soft_limit {
                             self.wait_for_writer(soft_limit).await;
                         }
                     }
