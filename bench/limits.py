@@ -27,6 +27,7 @@ the before/after figure, and the throughput ratio compares the two builds round 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import socket
 import statistics
@@ -82,39 +83,58 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def bystander(port: int, pipe) -> None:
+    """Sequential ``Counter.add(1)`` calls, timed, until told to stop; on each word from
+    ``pipe`` it sends the latencies so far (µs) and starts afresh. A process of its own: in
+    the attacker's, it would wait for the attacker's Python as well as for the server."""
+    conn = connect(port)
+    create(conn, "Counter", "bystander")
+    request = call(7, "Counter", "bystander", "add", 1)
+    latencies: list[float] = []
+    while True:
+        if pipe.poll():
+            word = pipe.recv()
+            pipe.send(latencies)
+            latencies = []
+            if word == "stop":
+                break
+        t0 = time.perf_counter_ns()
+        conn.roundtrip(request, 7)
+        latencies.append((time.perf_counter_ns() - t0) / 1000)
+        time.sleep(0.001)
+    conn.close()
+
+
 class Watch:
-    """Samples the server's RSS and times the bystander's calls until stopped."""
+    """Samples the server's RSS, and times a bystander client's calls, until stopped."""
 
     def __init__(self, pid: int, port: int) -> None:
-        self.pid, self.peak, self.latencies_us = pid, 0.0, []
+        self.pid, self.peak = pid, 0.0
         self.stopped = threading.Event()
-        self.bystander = connect(port)
-        create(self.bystander, "Counter", "bystander")
-        self.threads = [threading.Thread(target=self.sample, daemon=True),
-                        threading.Thread(target=self.call, daemon=True)]
-        for t in self.threads:
-            t.start()
+        self.pipe, theirs = multiprocessing.Pipe()
+        self.bystander = multiprocessing.get_context("fork").Process(target=bystander, args=(port, theirs), daemon=True)
+        self.bystander.start()
+        self.sampler = threading.Thread(target=self.sample, daemon=True)
+        self.sampler.start()
 
     def sample(self) -> None:
         while not self.stopped.is_set():
             self.peak = max(self.peak, rss_mib(self.pid))
             time.sleep(0.02)
 
-    def call(self) -> None:
-        request = call(7, "Counter", "bystander", "add", 1)
-        while not self.stopped.is_set():
-            t0 = time.perf_counter_ns()
-            self.bystander.roundtrip(request, 7)
-            self.latencies_us.append((time.perf_counter_ns() - t0) / 1000)
-            time.sleep(0.001)
+    def split(self, word: str = "split") -> float:
+        """The bystander's p99 in µs since the last split (or its start)."""
+        self.pipe.send(word)
+        latencies = self.pipe.recv()
+        return percentile(latencies, 0.99) if latencies else float("nan")
 
     def stop(self) -> tuple[float, float]:
-        """The peak RSS in MiB and the bystander's p99 in µs."""
+        """The peak RSS in MiB and the bystander's p99 in µs since the last split."""
         self.stopped.set()
-        for t in self.threads:
-            t.join(30)
-        self.bystander.close()
-        return self.peak, percentile(self.latencies_us, 0.99) if self.latencies_us else float("nan")
+        self.sampler.join(30)
+        p99 = self.split("stop")
+        self.bystander.join(30)
+        return self.peak, p99
 
 
 def unread_gets(port: int, hold: float) -> None:
@@ -193,8 +213,7 @@ def attack(binary: str, name: str, hold: float) -> dict:
     try:
         watch = Watch(server.proc.pid, port)
         time.sleep(2)  # the bystander's idle latency, and the idle RSS
-        idle_rss, idle_p99 = rss_mib(server.proc.pid), percentile(watch.latencies_us, 0.99)
-        watch.latencies_us.clear()
+        idle_rss, idle_p99 = rss_mib(server.proc.pid), watch.split()
         watch.peak = 0.0
         try:
             ATTACKS[name](port, hold)
