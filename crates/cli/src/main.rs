@@ -406,7 +406,10 @@ fn run_server(args: ServerArgs) -> ExitCode {
     // replies grow, and a few live bytes pin 2 MiB (Redis turns THP off for itself too).
     // SAFETY: prctl(2) with PR_SET_THP_DISABLE only sets a flag of this process.
     if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
-        debug!("could not turn transparent huge pages off: {}", std::io::Error::last_os_error());
+        debug!(
+            "could not turn transparent huge pages off: {}",
+            std::io::Error::last_os_error()
+        );
     }
     let limits = match args.limits.config() {
         Ok(limits) => limits,

@@ -62,6 +62,14 @@ enum Deadline {
     Idle,
 }
 
+/// What ended a wait for the client's bytes.
+enum Input {
+    Read(std::io::Result<usize>),
+    /// A deadline or the outbox's death that does not end the connection: look anew.
+    Again,
+    End(End),
+}
+
 /// Sleep until `at`; forever without one.
 async fn sleep_until(at: Option<Instant>) {
     match at {
@@ -319,6 +327,7 @@ impl Connection {
         let mut receiving: Option<Instant> = None;
         let mut held = Held::new(&self.shared);
         let mut last_request = opened;
+        let idle_timeout = self.shared.config.limits.idle_timeout.is_some();
         loop {
             // Run every whole frame already buffered, then send their replies at once; a
             // client whose replies pile up unread is not served more until it reads.
@@ -351,7 +360,7 @@ impl Connection {
                     }
                 }
             };
-            if start > 0 {
+            if start > 0 && idle_timeout {
                 last_request = Instant::now();
             }
             if self.flush() > soft_limit {
@@ -384,42 +393,64 @@ impl Connection {
             buf.reserve(wanted - buf.len());
 
             let deadline = self.deadline(opened, last_request, receiving.map(|at| (at, frame_size)));
-            let outbox = self.outbox.clone();
-            let read = tokio::select! {
-                read = reader.read_buf(&mut buf) => read,
-                // The writer closed the connection (its client fell too far behind).
-                _ = outbox.died() => continue,
-                () = sleep_until(deadline.as_ref().map(|(at, _)| *at)) => {
-                    let Some((_, why)) = deadline else { continue };
-                    let message = match why {
-                        Deadline::Hello => {
-                            let timeout = self.shared.config.limits.hello_timeout;
-                            format!("no hello within {timeout:?}: closing the connection")
-                        }
-                        Deadline::Frame => format!(
-                            "a frame of {} bytes took too long to arrive ({} came; --frame-timeout): closing the connection",
-                            frame_size.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
-                            buf.len(),
-                        ),
-                        // Still waiting for a reply: not idle (look again later).
-                        Deadline::Idle if self.in_flight() => continue,
-                        Deadline::Idle => {
-                            let timeout = self.shared.config.limits.idle_timeout.unwrap_or_default();
-                            format!("idle for {timeout:?}: closing the connection (--client-timeout)")
-                        }
-                    };
-                    let kind = match why {
-                        Deadline::Idle => ErrorKind::Timeout,
-                        _ => ErrorKind::ProtocolError,
-                    };
-                    return self.close_with(kind, message, End::Refused);
-                }
+            let read = match self.wait_for_input(reader, &mut buf, deadline, frame_size).await {
+                Input::Read(read) => read,
+                Input::Again => continue,
+                Input::End(end) => return end,
             };
             match read {
                 Ok(0) if buf.is_empty() => return End::Closed,
                 Ok(0) => return End::Truncated { buffered: buf.len() },
                 Ok(_) => {}
                 Err(e) => return End::Failed(e),
+            }
+        }
+    }
+
+    /// Read more of the client's bytes into `buf`, unless a deadline passes first or the
+    /// outbox dies (`Again`: look at the connection anew).
+    async fn wait_for_input(
+        &mut self,
+        reader: &mut (impl AsyncRead + Unpin),
+        buf: &mut Vec<u8>,
+        deadline: Option<(Instant, Deadline)>,
+        frame_size: Option<usize>,
+    ) -> Input {
+        // With no deadline and no call of its own parked (whose wake-up could overflow its
+        // outbox), only the client ends the wait: a plain read, the common case.
+        if deadline.is_none() && !self.in_flight() {
+            return Input::Read(reader.read_buf(buf).await);
+        }
+        let outbox = self.outbox.clone();
+        tokio::select! {
+            biased;
+            read = reader.read_buf(buf) => Input::Read(read),
+            // The writer closed the connection (its client fell too far behind).
+            _ = outbox.died() => Input::Again,
+            () = sleep_until(deadline.as_ref().map(|(at, _)| *at)) => {
+                let Some((_, why)) = deadline else { return Input::Again };
+                let message = match why {
+                    Deadline::Hello => {
+                        let timeout = self.shared.config.limits.hello_timeout;
+                        format!("no hello within {timeout:?}: closing the connection")
+                    }
+                    Deadline::Frame => format!(
+                        "a frame of {} bytes took too long to arrive ({} came; --frame-timeout): closing the connection",
+                        frame_size.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                        buf.len(),
+                    ),
+                    // Still waiting for a reply: not idle (look again later).
+                    Deadline::Idle if self.in_flight() => return Input::Again,
+                    Deadline::Idle => {
+                        let timeout = self.shared.config.limits.idle_timeout.unwrap_or_default();
+                        format!("idle for {timeout:?}: closing the connection (--client-timeout)")
+                    }
+                };
+                let kind = match why {
+                    Deadline::Idle => ErrorKind::Timeout,
+                    _ => ErrorKind::ProtocolError,
+                };
+                Input::End(self.close_with(kind, message, End::Refused))
             }
         }
     }
