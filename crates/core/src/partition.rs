@@ -132,6 +132,9 @@ struct ReplyLog {
     /// copy of one arriving now (delayed in the network, say, on a connection the client
     /// gave up) is refused, not run again.
     acked_below: u64,
+    /// Calls at or above `acked_below` whose replies were forgotten for room (sorted, at
+    /// most [`REPLY_LOG_LEN`]): a retry of one is refused, not run a second time.
+    forgotten: VecDeque<u64>,
     /// About how many bytes the replies take.
     bytes: usize,
 }
@@ -158,6 +161,9 @@ impl ReplyLog {
             (r.reply, r.durable) = (reply, durable);
             return;
         }
+        if let Ok(i) = self.forgotten.binary_search(&seq) {
+            self.forgotten.remove(i); // a replica replaying it records it again
+        }
         // Forget first: the rings never grow past their length, nor the log past its bytes.
         while self.order.len() >= REPLY_LOG_LEN || (self.bytes > max_bytes && !self.order.is_empty()) {
             let Some(old) = self.order.pop_front() else { break };
@@ -167,6 +173,7 @@ impl ReplyLog {
             };
             if let Some(r) = at.and_then(|i| self.replies.remove(i)) {
                 self.bytes -= reply_size(&r.reply);
+                self.remember_forgotten(old);
             }
         }
         self.order.push_back(seq);
@@ -193,6 +200,26 @@ impl ReplyLog {
         self.bytes -= forgotten;
         // Short: only the calls in flight are left.
         self.order.retain(|&s| s >= seq);
+        let gone = self.forgotten.partition_point(|&s| s < seq);
+        self.forgotten.drain(..gone);
+    }
+
+    fn remember_forgotten(&mut self, seq: u64) {
+        if self.forgotten.len() >= REPLY_LOG_LEN {
+            self.forgotten.pop_front();
+        }
+        match self.forgotten.back() {
+            Some(&last) if last > seq => {
+                let i = self.forgotten.partition_point(|&s| s < seq);
+                self.forgotten.insert(i, seq);
+            }
+            _ => self.forgotten.push_back(seq),
+        }
+    }
+
+    /// Whether `seq`'s reply was recorded, then forgotten for room.
+    fn was_forgotten(&self, seq: u64) -> bool {
+        self.forgotten.binary_search(&seq).is_ok()
     }
 
     fn position(&self, seq: u64) -> Option<usize> {
@@ -749,6 +776,17 @@ impl Partition {
                         "call {seq} of this session is not run again: its session acknowledged the replies of \
                          its calls below {}, so this is a stale copy",
                         log.acked_below
+                    ),
+                );
+                out.push(Delivery { token, reply: Err(e) });
+                return out;
+            }
+            if log.was_forgotten(seq) {
+                let e = Error::new(
+                    ErrorKind::ProtocolError,
+                    format!(
+                        "call {seq} of this session ran, but its reply was forgotten: the session's unacknowledged \
+                         replies passed --max-reply-log, so it is not run again"
                     ),
                 );
                 out.push(Delivery { token, reply: Err(e) });
@@ -1870,6 +1908,53 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_of_a_call_whose_reply_was_forgotten_for_room_is_refused_not_run_again() {
+        let mut p = Harness::new();
+        p.p.set_reply_log_limit(1 << 10);
+        p.create_ok("Dict", "d", vec![]);
+        let setdefault = |value: Value| Op::Call {
+            type_name: "Dict".into(),
+            key: "d".into(),
+            method: "setdefault".into(),
+            args: vec!["k".into(), value],
+        };
+        let big = Value::Binary(vec![1; 600]);
+        // A session that never acknowledges: each 600-byte reply pushes the previous out.
+        for seq in 1..=3 {
+            let t = p.token(1);
+            let out = p.p.apply(&who(1), t, seq, 0, setdefault(big.clone()), p.now);
+            assert_eq!(value_of(&out, t), big);
+        }
+        assert!(p.p.logs["c1"].get(1).is_none(), "forgotten for room");
+        let t = p.token(1);
+        let out = p.p.apply(&who(1), t, 1, 0, setdefault(Value::Nil), p.now);
+        let e = error_of(&out, t);
+        assert_eq!(e.kind, ErrorKind::ProtocolError);
+        assert!(
+            e.message.contains("reply was forgotten") && e.message.contains("--max-reply-log"),
+            "{e}"
+        );
+        // Still recorded: answered from the log. New calls run.
+        let t = p.token(1);
+        assert_eq!(
+            value_of(&p.p.apply(&who(1), t, 3, 0, setdefault(Value::Nil), p.now), t),
+            big
+        );
+        let t = p.token(1);
+        assert_eq!(
+            value_of(&p.p.apply(&who(1), t, 4, 0, setdefault(Value::Nil), p.now), t),
+            big
+        );
+        // Acknowledged, the forgotten call is a stale copy, as any acknowledged one.
+        let t = p.token(1);
+        p.p.apply(&who(1), t, 5, 5, setdefault(Value::Nil), p.now);
+        let t = p.token(1);
+        let out = p.p.apply(&who(1), t, 1, 0, setdefault(Value::Nil), p.now);
+        assert!(error_of(&out, t).message.contains("stale copy"));
+        assert!(p.p.logs["c1"].forgotten.is_empty());
+    }
+
+    #[test]
     fn a_replica_replaying_the_log_forgets_the_same_replies() {
         let (mut live, now) = (Partition::new(), Instant::now());
         live.enable_storage();
@@ -1958,20 +2043,27 @@ mod tests {
         struct Model {
             replies: BTreeMap<u64, (Reply, bool)>,
             order: VecDeque<u64>,
+            forgotten: BTreeSet<u64>,
         }
         impl Model {
             fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
+                self.forgotten.remove(&seq);
                 if self.replies.insert(seq, (reply, durable)).is_none() {
                     self.order.push_back(seq);
                     if self.order.len() > REPLY_LOG_LEN {
                         let old = self.order.pop_front().unwrap();
                         self.replies.remove(&old);
+                        if self.forgotten.len() >= REPLY_LOG_LEN {
+                            self.forgotten.pop_first();
+                        }
+                        self.forgotten.insert(old);
                     }
                 }
             }
             fn acknowledge(&mut self, seq: u64) {
                 self.replies.retain(|&s, _| s >= seq);
                 self.order.retain(|&s| s >= seq);
+                self.forgotten.retain(|&s| s >= seq);
             }
         }
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
@@ -2018,6 +2110,11 @@ mod tests {
                     log.get(seq),
                     model.replies.get(&seq).cloned(),
                     "get({seq}), step {step}"
+                );
+                assert_eq!(
+                    log.was_forgotten(seq),
+                    model.forgotten.contains(&seq),
+                    "was_forgotten({seq}), step {step}"
                 );
             }
         }
