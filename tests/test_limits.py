@@ -238,7 +238,8 @@ def test_a_client_whose_unread_replies_pass_the_hard_limit_is_closed(bounded):
 
 def test_a_session_that_never_acknowledges_keeps_a_bounded_reply_log(bounded):
     """Small calls returning 1 MiB each, from a session that sends no `acked`: the replies
-    recorded for its retries stay under --max-reply-log (the oldest are forgotten)."""
+    recorded for its retries stay under --max-reply-log (the oldest are forgotten, and a
+    retry of one is refused)."""
     server = start(bounded, "--max-reply-log", str(16 * MiB), "--partitions", "1")
     conn = greeted(server)
     create(conn, "Dict", "d")
@@ -253,6 +254,10 @@ def test_a_session_that_never_acknowledges_keeps_a_bounded_reply_log(bounded):
     reply = conn.roundtrip(call(9, "Dict", "d", "pop", "k", seq=600), 9)
     assert reply[1] == 0 and len(reply[2]) == MiB
     assert conn.roundtrip(call(10, "Dict", "d", "len"), 10)[2] == 1, "the pop did not run"
+    # An old one was forgotten: its retry is refused, never run a second time.
+    reply = conn.roundtrip(call(11, "Dict", "d", "pop", "k", seq=1), 11)
+    assert reply[1] == 1 and reply[2][0] == "ProtocolError" and "reply was forgotten" in reply[2][1], reply
+    assert conn.roundtrip(call(12, "Dict", "d", "len"), 12)[2] == 1, "the pop did not run"
     conn.close()
 
 
