@@ -1,0 +1,1 @@
+"""``from spindle.concurrent import futures``: the mirror of ``concurrent.futures``."""
