@@ -20,7 +20,7 @@ import pytest
 import mirrors_remote as remote
 import spindle
 import spindle.concurrent.futures as spindle_futures_by_import
-from conftest import POOL, wait_until
+from conftest import POOL, ParkedProbe, wait_until
 from spindle import multiprocessing as smp
 from spindle import queue as squeue
 from spindle import threading as sthreading
@@ -314,6 +314,11 @@ def test_multiprocessing_lock_queue_and_pipe():
     lock.release()
     semaphore = smp.Semaphore(2)
     assert semaphore.get_value() == 2
+    bounded = smp.BoundedSemaphore(1)
+    assert bounded.acquire(timeout=None)
+    bounded.release()
+    with pytest.raises(ValueError):
+        bounded.release()
     q = smp.JoinableQueue()
     q.put(1)
     q.close()
@@ -332,6 +337,26 @@ def test_multiprocessing_lock_queue_and_pipe():
         reader.send(1)
     writer.send_bytes(b"abcdef", 1, 3)
     assert reader.recv_bytes() == b"bcd" and not reader.poll()
+
+
+def test_multiprocessing_condition_acquire_waits_for_a_held_lock():
+    lock = smp.Lock()
+    condition = smp.Condition(lock)
+    held, parked = threading.Event(), []
+
+    def hold() -> None:
+        with condition:
+            held.set()
+            with ParkedProbe(lock) as probe:  # let go once the main thread waits for it
+                parked.append(wait_until(probe.parked))
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    assert condition.acquire()  # timeout=None: waits until the holder lets go
+    condition.release()
+    holder.join()
+    assert parked == [True]
 
 
 def test_mirror_objects_keep_their_methods_in_cloud_functions():

@@ -1,6 +1,7 @@
 """``multiprocessing``'s synchronization types as Spindle objects: the same objects as
 :mod:`spindle.sync`, with ``multiprocessing``'s method signatures where they differ
-(``acquire(block=True, timeout=None)``, ``Semaphore.get_value()``)."""
+(``acquire(block=True, timeout=None)``, ``Semaphore.get_value()``).
+``Event`` and ``Barrier`` are :mod:`spindle.sync`'s own."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from ..proxy import Proxy
 P = TypeVar("P", bound=Proxy)
 
 Barrier = sync.Barrier
-Condition = sync.Condition
 Event = sync.Event
 
 
@@ -60,6 +60,14 @@ class Semaphore(TravelsAsItself, sync.Semaphore):
 
     def get_value(self) -> int:
         return self.value
+
+
+class Condition(TravelsAsItself, sync.Condition):
+    """A shared condition variable with ``multiprocessing.Condition``'s ``acquire``, whatever
+    kind of Spindle lock it holds."""
+
+    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:  # type: ignore[override]
+        return sync.Lock.acquire(self._lock, *_acquire_args(block, timeout))
 
 
 class BoundedSemaphore(Semaphore, sync.BoundedSemaphore):
