@@ -73,3 +73,7 @@ def echo_through(conn: Any) -> None:
 def increment(counter: Any) -> None:
     counter.increment()
 
+
+
+def wait_for(event: Any) -> bool:
+    return event.wait()

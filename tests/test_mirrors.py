@@ -257,6 +257,35 @@ def test_pool_close_join_and_thread_pool():
         pickle.dumps(pool)
 
 
+def test_pool_terminate_withdraws_the_tasks_not_started():
+    go, ran = spindle.Event(), spindle.Counter()
+    pool = smp.Pool(1)
+    running = pool.apply_async(remote.wait_then_count, (go, ran))
+    waiting = [pool.apply_async(remote.increment, (ran,)) for _ in range(3)]
+    with ParkedProbe(go) as probe:  # the first task runs: it waits for `go`
+        assert wait_until(probe.parked)
+    pool.terminate()
+    go.set()
+    pool.join()
+    assert running.get(timeout=60) is None and running.successful()
+    assert all(result.ready() and not result.successful() for result in waiting)
+    with pytest.raises(sfutures.CancelledError):
+        waiting[0].get()
+    assert ran.get() == 1
+
+
+def test_imap_next_takes_a_timeout():
+    go = spindle.Event()
+    with smp.Pool(2) as pool:
+        results = pool.imap(remote.wait_for, [go])
+        with pytest.raises(smp.TimeoutError):
+            results.next(timeout=0.05)
+        go.set()
+        assert results.next(timeout=60) is True
+        with pytest.raises(StopIteration):
+            next(results)
+
+
 def test_pool_initializer_runs_in_each_worker_once():
     token = uuid.uuid4().hex
     with smp.Pool(POOL, initializer=remote.initialize, initargs=(token,)) as pool:
