@@ -71,13 +71,15 @@ class local:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "__dict__":
-            raise AttributeError(f"{type(self).__name__!r} object attribute '__dict__' is read-only")
+            raise AttributeError(
+                f"{type(self).__name__!r} object attribute '__dict__' is read-only")
         with _Patched(self):
             object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         if name == "__dict__":
-            raise AttributeError(f"{type(self).__name__!r} object attribute '__dict__' is read-only")
+            raise AttributeError(
+                f"{type(self).__name__!r} object attribute '__dict__' is read-only")
         with _Patched(self):
             object.__delattr__(self, name)
 

@@ -112,7 +112,8 @@ class SyncManager:
     def Event(self) -> sync.Event:
         return sync.Event()
 
-    def Barrier(self, parties: int, action: Any = None, timeout: Optional[float] = None) -> sync.Barrier:
+    def Barrier(self, parties: int, action: Any = None,
+                timeout: Optional[float] = None) -> sync.Barrier:
         return sync.Barrier(parties, action, timeout)
 
     def Pool(self, processes: Optional[int] = None, *args: Any, **kwargs: Any) -> Any:

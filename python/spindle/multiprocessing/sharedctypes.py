@@ -85,7 +85,8 @@ class Value(_Synchronized, data.Value):
 class Array(_Synchronized, data.List):
     """``multiprocessing.Array(typecode_or_type, size_or_initializer, lock=True)``."""
 
-    def __init__(self, typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True) -> None:
+    def __init__(self, typecode_or_type: Any, size_or_initializer: Any, *,
+                 lock: Any = True) -> None:
         ctype = _ctype(typecode_or_type)
         if isinstance(size_or_initializer, int):
             items = list((ctype * size_or_initializer)())

@@ -41,21 +41,25 @@ def _acquire_args(block: bool, timeout: Optional[float]) -> Any:
 class Lock(TravelsAsItself, sync.Lock):
     """A shared lock with ``multiprocessing.Lock``'s ``acquire(block=True, timeout=None)``."""
 
-    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:  # type: ignore[override]
+    def acquire(  # type: ignore[override]
+            self, block: bool = True, timeout: Optional[float] = None) -> bool:
         return super().acquire(*_acquire_args(block, timeout))
 
 
 class RLock(TravelsAsItself, sync.RLock):
     """A shared reentrant lock with ``multiprocessing.RLock``'s ``acquire``."""
 
-    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:  # type: ignore[override]
+    def acquire(  # type: ignore[override]
+            self, block: bool = True, timeout: Optional[float] = None) -> bool:
         return super().acquire(*_acquire_args(block, timeout))
 
 
 class Semaphore(TravelsAsItself, sync.Semaphore):
-    """A shared semaphore with ``multiprocessing.Semaphore``'s ``get_value()``."""
+    """A shared semaphore with ``multiprocessing.Semaphore``'s ``acquire(block, timeout)``
+    (keyword ``block``) and ``get_value()``."""
 
-    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:  # type: ignore[override]
+    def acquire(  # type: ignore[override]
+            self, block: bool = True, timeout: Optional[float] = None) -> bool:
         return super().acquire(block, timeout)
 
     def get_value(self) -> int:
@@ -66,7 +70,8 @@ class Condition(TravelsAsItself, sync.Condition):
     """A shared condition variable with ``multiprocessing.Condition``'s ``acquire``, whatever
     kind of Spindle lock it holds."""
 
-    def acquire(self, block: bool = True, timeout: Optional[float] = None) -> bool:  # type: ignore[override]
+    def acquire(  # type: ignore[override]
+            self, block: bool = True, timeout: Optional[float] = None) -> bool:
         return sync.Lock.acquire(self._lock, *_acquire_args(block, timeout))
 
 
