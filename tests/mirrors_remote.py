@@ -77,3 +77,8 @@ def increment(counter: Any) -> None:
 
 def wait_for(event: Any) -> bool:
     return event.wait()
+
+
+def worker_id(_: Any = None) -> Optional[str]:
+    """The id the gateway gave the worker running this (None outside a worker)."""
+    return os.environ.get("SPINDLE_WORKER_ID")

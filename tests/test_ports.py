@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import mirrors_remote as remote
 import spindle
 
 PORTS = Path(__file__).resolve().parents[1] / "examples" / "ports"
@@ -49,3 +50,13 @@ def test_the_bank_account_port_warns_of_its_lost_deposits(child_env):
     assert run("bank_account_stdlib.py", child_env).stdout == "balance: 1000\n"
     ported = run("bank_account_spindle.py", child_env)
     assert "LostUpdateWarning" in ported.stderr and "Account" in ported.stderr
+
+
+def test_the_joblib_import_of_the_search_port_sends_its_batches_to_spindle_workers():
+    from joblib import Parallel, delayed
+
+    from spindle.joblib import parallel_config
+
+    with parallel_config(n_jobs=2):
+        ids = Parallel()(delayed(remote.worker_id)() for _ in range(4))
+    assert all(ids) and remote.worker_id() is None
