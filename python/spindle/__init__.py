@@ -12,7 +12,9 @@ A server that speaks TLS is reached with its CA: ``$SPINDLE_TLS_CA`` (and
 ``$SPINDLE_TLS_CERT``/``$SPINDLE_TLS_KEY`` for a client certificate), or
 ``spindle.connect(address, tls="ca.pem")`` (or ``tls=spindle.tls_context(...)``).
 
-Porting a threaded program is a change of imports: every constructor takes the positional
+Porting a threaded program is a change of imports: ``from spindle import threading, queue,
+multiprocessing`` and ``from spindle.concurrent import futures`` are mirror modules with every
+public name of their standard-library twins; every constructor takes the positional
 arguments of its standard-library twin, ``name=`` is keyword-only, and errors are the
 exceptions the program already catches (``queue.Empty``, ``threading.BrokenBarrierError``,
 ``KeyError``...). Using any object connects implicitly.

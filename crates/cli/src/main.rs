@@ -39,7 +39,8 @@ struct Cli {
 enum Command {
     /// Run a state server (objects and functions) in the foreground.
     Server(Box<ServerArgs>),
-    /// Look at a cluster (`status`) or take a node out of it (`remove`).
+    /// Run a development cluster on this machine (`local`), look at a cluster (`status`), add
+    /// a node to it (`add`) or take one out (`remove`).
     Cluster(cluster::ClusterArgs),
     /// Run a Python program against $SPINDLE_ADDRESS, or else against a server started
     /// for it (and stopped after); exits with the program's exit code.
@@ -290,7 +291,9 @@ impl FunctionArgs {
 #[derive(Args)]
 pub(crate) struct AddressArg {
     /// Server address [default: $SPINDLE_ADDRESS or 127.0.0.1:7070].
-    #[arg(long, env = "SPINDLE_ADDRESS", default_value = DEFAULT_ADDRESS)]
+    // The help's first line says the default and the variable: clap's would repeat them.
+    #[arg(long, env = "SPINDLE_ADDRESS", default_value = DEFAULT_ADDRESS, hide_env = true,
+          hide_default_value = true)]
     pub(crate) address: String,
     #[command(flatten)]
     pub(crate) tls: client::TlsArgs,
