@@ -17,12 +17,13 @@ that does not pickle.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 import types
 import warnings
 import zlib
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import cloudpickle
 
@@ -118,13 +119,14 @@ def watch(fn: Any, args: tuple) -> Optional[Watch]:
     return w if w.before else None
 
 
-def _global_names(code: types.CodeType) -> Set[str]:
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> FrozenSet[str]:
     """The global names a function's code (and the code nested in it) uses."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)
-    return names
+    return frozenset(names)
 
 
 def changed(w: Optional[Watch]) -> List[Dict[str, Any]]:
