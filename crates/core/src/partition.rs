@@ -38,6 +38,9 @@ const REPLY_LOG_LEN: usize = 4096;
 /// ([`Partition::set_reply_log_limit`]).
 pub const DEFAULT_REPLY_LOG_BYTES: usize = 64 << 20;
 
+/// An object's key and the session it goes with (`None`: named or kept).
+pub type KeyAndOwner = (String, Option<Arc<str>>);
+
 /// Prefix of the keys of unnamed objects; names given by users never start with it.
 pub const UNNAMED_PREFIX: char = '~';
 
@@ -387,7 +390,7 @@ impl Partition {
     /// The live user-defined objects of `type_name` at `version`, as `(key, owner)`: the
     /// session an unnamed object goes with, `None` for a named (or kept) one. What stops
     /// another version from being defined, for the refusal to name.
-    pub fn objects_of_version(&self, type_name: &str, version: &str) -> Vec<(String, Option<Arc<str>>)> {
+    pub fn objects_of_version(&self, type_name: &str, version: &str) -> Vec<KeyAndOwner> {
         if self.count_version(type_name, version) == 0 {
             return Vec::new();
         }

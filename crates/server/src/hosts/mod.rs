@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
 use spindle_core::objects::user::{self, Forward};
+use spindle_core::partition::KeyAndOwner;
 use spindle_core::{ConnId, Error, ErrorKind, Partition, Value};
 use tokio::process::Child;
 use tokio::sync::Notify;
@@ -431,11 +432,7 @@ pub(crate) fn define(
 }
 
 /// The live objects of `type_name` at `version` on every shard, as `(key, owning session)`.
-pub(crate) fn objects_of_version(
-    shared: &Shared,
-    type_name: &str,
-    version: &str,
-) -> Result<Vec<(String, Option<Arc<str>>)>, Error> {
+pub(crate) fn objects_of_version(shared: &Shared, type_name: &str, version: &str) -> Result<Vec<KeyAndOwner>, Error> {
     let shards = &shared.shards;
     let mut alive = Vec::new();
     for index in 0..shards.count() {
@@ -445,7 +442,7 @@ pub(crate) fn objects_of_version(
 }
 
 /// Why `version` cannot replace `old` yet: which objects still use it, and what to do.
-fn still_used(type_name: &str, old: &str, version: &str, alive: &[(String, Option<Arc<str>>)]) -> String {
+fn still_used(type_name: &str, old: &str, version: &str, alive: &[KeyAndOwner]) -> String {
     const SHOWN: usize = 5;
     let mut named: Vec<&str> = alive
         .iter()
