@@ -89,3 +89,42 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(child_env, mode):
         assert {"task", "parallel_for"} <= set(drawn), out.stderr
     else:
         assert drawn == [] and "/50" not in out.stderr, out.stderr
+
+
+WAITING = textwrap.dedent(
+    """
+    import sys, spindle, remote
+    release = spindle.Event(name=sys.argv[1])
+    with spindle.Executor(echo=False) as ex:
+        print(list(ex.map(remote.wait_event, [release] * 3)))
+    """
+)
+
+
+def test_a_long_map_draws_a_bar_when_stderr_is_a_terminal(child_env, uniq):
+    # The bar shows once the map has run DELAY seconds; the map waits for us to see it.
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-c", WAITING, f"{uniq}.go"], env=child_env,
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 120
+        while "task:" not in seen and time.monotonic() < deadline:
+            if select.select([master], [], [], 1)[0]:
+                seen += os.read(master, 4096).decode("utf-8", "replace")
+        assert re.search(r"task: +0%.*0/3", seen), seen
+    finally:
+        spindle.Event(name=f"{uniq}.go").set()
+        out, _ = proc.communicate(timeout=120)
+        os.close(master)
+    assert out.strip() == "[True, True, True]"
