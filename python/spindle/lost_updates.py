@@ -82,7 +82,15 @@ class Watch:
 
 def watch(fn: Any, args: tuple) -> Optional[Watch]:
     """What ``fn`` (called with ``args``) can change without sharing it, as it is now. A
-    batch runner (a function with ``_spindle_runs_argument = i``) stands for its argument i."""
+    batch runner (a function with ``_spindle_runs_argument = i``) stands for its argument i.
+    Never raises: a check must not fail the call it watches."""
+    try:
+        return _watch(fn, args)
+    except Exception:
+        return None
+
+
+def _watch(fn: Any, args: tuple) -> Optional[Watch]:
     target = getattr(fn, "_spindle_runs_argument", None)
     if target is not None and len(args) > target:  # a batch runner: the user's function
         fn = args[target]
@@ -136,7 +144,11 @@ def changed(w: Optional[Watch]) -> List[Dict[str, Any]]:
     code = w.fn.__code__
     lost = []
     for (kind, name), before in w.before.items():
-        if _differs(w, kind, name, before):
+        try:
+            differs = _differs(w, kind, name, before)
+        except Exception:  # never fails the call (an odd __eq__ or __getattr__, say)
+            continue
+        if differs:
             lost.append({"kind": kind, "name": name, "function": w.fn.__qualname__,
                          "file": code.co_filename, "line": code.co_firstlineno})
     return lost
