@@ -3,7 +3,7 @@
 
 ```python
 import spindle
-spindle.connect()                 # $SPINDLE_ADDRESS, 127.0.0.1:7070, or an embedded server
+spindle.connect()                 # $SPINDLE_ADDRESS, else a private embedded server
 hits = spindle.Counter()          # unnamed: lives as long as this program's session
 words = spindle.Dict(name="words")  # named: found by name from any program
 ```
@@ -27,7 +27,8 @@ Functions run on the server's worker pool: ``spindle.Thread`` (like ``threading.
 
 ``Lock.acquire`` and ``RLock.acquire`` return True and warn :class:`AbandonedLockWarning`
 when the previous holder died while holding the lock (a dead holder's ``Semaphore`` permits
-are given back silently).
+are given back silently). A cloud function that changes state it cannot share (a global, a
+closure's variable, its plain ``self``) warns :class:`LostUpdateWarning` at the caller.
 """
 
 from .client import Client, connect, disconnect, tls_context
@@ -38,6 +39,7 @@ from .errors import (
     AbandonedLockWarning,
     BlockingCallError,
     FunctionTimeout,
+    LostUpdateWarning,
     ObjectLost,
     ObjectNotFound,
     OutOfMemory,
@@ -51,6 +53,7 @@ from .errors import (
     TypeMismatch,
     Unauthorized,
     UnknownMethod,
+    UndecodableValue,
     UnknownType,
     UntrustedValue,
     WorkerCrashed,
@@ -92,6 +95,7 @@ __all__ = [
     "LifoQueue",
     "List",
     "Lock",
+    "LostUpdateWarning",
     "ObjectLost",
     "ObjectNotFound",
     "OutOfMemory",
@@ -112,6 +116,7 @@ __all__ = [
     "TypeMismatch",
     "Unauthorized",
     "UnknownMethod",
+    "UndecodableValue",
     "UnknownType",
     "UntrustedValue",
     "Value",

@@ -38,6 +38,9 @@ const REPLY_LOG_LEN: usize = 4096;
 /// ([`Partition::set_reply_log_limit`]).
 pub const DEFAULT_REPLY_LOG_BYTES: usize = 64 << 20;
 
+/// An object's key and the session it goes with (`None`: named or kept).
+pub type KeyAndOwner = (String, Option<Arc<str>>);
+
 /// Prefix of the keys of unnamed objects; names given by users never start with it.
 pub const UNNAMED_PREFIX: char = '~';
 
@@ -409,6 +412,26 @@ impl Partition {
             .get(&(type_name.to_string(), version.to_string()))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The live user-defined objects of `type_name` at `version`, as `(key, owner)`: the
+    /// session an unnamed object goes with, `None` for a named (or kept) one. What stops
+    /// another version from being defined, for the refusal to name.
+    pub fn objects_of_version(&self, type_name: &str, version: &str) -> Vec<KeyAndOwner> {
+        if self.count_version(type_name, version) == 0 {
+            return Vec::new();
+        }
+        self.objects
+            .iter()
+            .filter_map(|(key, e)| match &e.body {
+                Body::User(u)
+                    if u.type_name == type_name && u.version == version && !matches!(u.state, UserState::Lost(_)) =>
+                {
+                    Some((key.to_string(), e.owner.clone()))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// The code of class `type_name` at `version`, if this partition logged it.
@@ -2340,6 +2363,25 @@ mod tests {
             let (t, out) = create(&mut h, &who(1), 1, "c", ctor("v1", vec![]), false);
             assert_eq!(value_of(&out, t), Value::Boolean(true));
             assert!(h.p.take_forwards().is_empty());
+        }
+
+        #[test]
+        fn objects_of_a_version_name_their_owners() {
+            let mut h = Harness::new();
+            constructed(&mut h, "named");
+            create(&mut h, &who(1), 2, "~c1.1", ctor("v1", vec![]), true);
+            let mut found = h.p.objects_of_version(T, "v1");
+            found.sort();
+            assert_eq!(
+                found,
+                vec![
+                    ("named".to_string(), None),
+                    ("~c1.1".to_string(), Some(Arc::from("c1")))
+                ]
+            );
+            assert!(h.p.objects_of_version(T, "v2").is_empty());
+            h.p.end_session("c1", h.now);
+            assert_eq!(h.p.objects_of_version(T, "v1"), vec![("named".to_string(), None)]);
         }
 
         #[test]

@@ -697,7 +697,7 @@ impl Connection {
                 code,
             } => {
                 let unless_defined = self.unless_exists.take();
-                let reply = hosts::define(&self.shared, &type_name, &version, code, unless_defined);
+                let reply = sessions::define(&self.shared, &type_name, &version, code, unless_defined);
                 self.reply(id, reply)
             }
             Request::Host { id, host, .. } => self.host_hello(id, &host),
