@@ -288,9 +288,6 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
 # run cut short by a process exit (`os._exit(0)` in a test) writes nothing.
 ALLOWED_SKIPS: dict = {
     # "tests/test_file.py::test_name": "why this may skip in CI",
-    # An xfail until branch `semantics` (spindle.LostUpdateWarning) is merged; remove then.
-    "tests/test_ports.py::test_the_bank_account_port_warns_of_its_lost_deposits":
-        "xfail until spindle.LostUpdateWarning exists (branch semantics)",
 }
 
 _OUTCOMES: dict = {}  # nodeid -> "passed" | "failed" | "skipped" (the worst of its phases)

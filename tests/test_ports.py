@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import mirrors_remote as remote
-import spindle
 
 PORTS = Path(__file__).resolve().parents[1] / "examples" / "ports"
 SAME_OUTPUT = ["url_fetch", "primes", "daemon_worker", "dining_philosophers", "random_search"]
@@ -44,8 +43,6 @@ def test_the_port_prints_what_the_original_prints(name, child_env):
     assert run(f"{name}_spindle.py", child_env).stdout == original
 
 
-@pytest.mark.xfail(not hasattr(spindle, "LostUpdateWarning"), strict=True,
-                   reason="LostUpdateWarning comes with branch semantics")
 def test_the_bank_account_port_warns_of_its_lost_deposits(child_env):
     assert run("bank_account_stdlib.py", child_env).stdout == "balance: 1000\n"
     ported = run("bank_account_spindle.py", child_env)
