@@ -306,6 +306,23 @@ def test_a_frame_of_tiny_values_is_refused_before_it_is_decoded(bounded):
     conn.close()
 
 
+def test_a_tuple_of_tiny_values_is_counted_too(bounded):
+    """A tuple (ext type 3) is decoded by the server (its pickles stamped, its items hashed as
+    a key): its items count against --max-frame-values like an array's."""
+    server = start(bounded, "--max-frame-values", str(MiB))
+    conn = greeted(server)
+    count = 4 * MiB
+    nils = b"\xdd" + count.to_bytes(4, "big") + b"\xc0" * count
+    tuple_of_nils = b"\xc9" + len(nils).to_bytes(4, "big") + b"\x03" + nils
+    # [14, "call", 0, 0, "List", "l", "append", [tuple_of_nils]]
+    head = b"".join(msgpack.packb(item) for item in [14, "call", 0, 0, "List", "l", "append"])
+    body = b"\x98" + head + b"\x91" + tuple_of_nils
+    reply = conn.roundtrip(len(body).to_bytes(4, "big") + body, 14)
+    assert reply[2][0] == "ProtocolError" and "--max-frame-values" in reply[2][1], reply
+    assert conn.roundtrip(frame([15, "ping"]), 15)[2] == "pong"
+    conn.close()
+
+
 @spindle.shared
 class Numbers:
     def __init__(self) -> None:
