@@ -440,6 +440,27 @@ def test_max_memory_holds_across_partitions(bounded):
         assert refused >= len(blobs) - written
 
 
+def test_max_memory_counts_what_each_object_costs_beyond_its_bytes(bounded):
+    """A million tiny objects take about 160 MB, though their keys and values hold 8: under a
+    --max-memory of 8 MiB the creates are refused long before."""
+    server = start(bounded, "--max-memory", str(8 * MiB))
+    conn = greeted(server)
+    idle = rss(server)
+    made = 0
+    for batch in range(100):
+        conn.sock.sendall(b"".join(frame([20, "create", 0, 0, "Counter", f"c{batch}.{i}", [], False])
+                                   for i in range(10000)))
+        replies = [conn.roundtrip(b"", 20) for _ in range(10000)]
+        made += sum(reply[1] == 0 for reply in replies)
+        if made < len(replies) * (batch + 1):
+            assert all(reply[1] == 0 or reply[2][0] == "OutOfMemory" for reply in replies)
+            break
+    assert made < 100_000, f"{made} objects made"
+    held = rss(server) - idle
+    assert held < 8 * MiB + 50 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+    conn.close()
+
+
 def test_the_server_stays_within_max_memory_while_a_client_keeps_writing(bounded):
     server = start(bounded, "--max-memory", str(64 * MiB), "--partitions", "2")
     conn = greeted(server)

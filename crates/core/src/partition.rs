@@ -1128,7 +1128,7 @@ impl Partition {
         let mut ctx = Ctx::new(caller, token, now, out);
         let step = obj.apply(method, &args, &mut ctx);
         if record {
-            meter.resize(counted, key.len() + obj.size());
+            meter.resize(counted, memory::object_size(key, obj.size()));
         }
         if obj.tracks_connections() {
             self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
