@@ -392,6 +392,27 @@ def test_a_flood_of_bad_frames_is_logged_in_a_few_lines(bounded):
     conn.close()
 
 
+def test_a_flood_of_bad_calls_and_of_calls_over_max_memory_is_logged_in_a_few_lines(bounded):
+    """Each error is a line in the log (tests/test_server_log.py), but a client making bad
+    calls, or writes refused past --max-memory, as fast as it can is summarized."""
+    server = start(bounded, "--max-memory", "1000")
+    conn = greeted(server)
+
+    def flood(request: bytes, kind: str) -> None:
+        conn.sock.sendall(request * 20000)
+        for _ in range(20000):
+            assert conn.roundtrip(b"", 5)[2][0] == kind
+
+    create(conn, "Counter", "n")
+    flood(call(5, "Counter", "n", "add", "five"), "BadArguments")
+    create(conn, "Blob", "b", b"x" * 2000)  # over the limit from now on
+    flood(call(5, "Blob", "b", "append", b"y"), "OutOfMemory")
+    assert conn.roundtrip(frame([6, "ping"]), 6)[2] == "pong"
+    bad, refused = logged(server, "must be an integer"), logged(server, "over --max-memory")
+    assert 1 <= bad <= 2 and 1 <= refused <= 2, f"{bad} and {refused} lines logged"
+    conn.close()
+
+
 def test_past_max_memory_writes_are_refused_and_reads_and_deletes_still_run(bounded):
     server = start(bounded, "--max-memory", str(4 * MiB))
     with connected_to(server):

@@ -1154,7 +1154,14 @@ impl Connection {
                 );
                 self.shared.audit.fault(self.peer.ip(), &line)
             }
-            Err(e) => log_error_reply(self.id, id, e),
+            Err(e) if registry::is_control_flow(e.kind) => log_error_reply(self.id, id, e, 0),
+            // Bad calls, and calls refused at a limit (`--max-memory`): as many as a client
+            // likes to make, so summarized too.
+            Err(e) => {
+                if let Some(suppressed) = self.shared.audit.failed(self.peer.ip(), e.kind) {
+                    log_error_reply(self.id, id, e, suppressed)
+                }
+            }
             Ok(_) => {}
         }
         self.answered += 1;
