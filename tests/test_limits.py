@@ -165,6 +165,7 @@ def test_a_connection_that_never_says_hello_is_closed_and_one_that_did_stays():
 def test_bad_limits_are_refused_at_start():
     for args in (["--hello-timeout", "0"], ["--hello-timeout=-1"], ["--max-connections", "0"],
                  ["--frame-timeout", "0"], ["--client-timeout=-1"], ["--max-frame-values", "0"],
+                 ["--max-calls-in-flight", "0"],
                  ["--output-hard-limit", "10", "--output-limit", "20"]):
         out = subprocess.run([server_binary(), "server", "--port", "0", *args], capture_output=True, text=True,
                              timeout=30, stdin=subprocess.DEVNULL)
@@ -253,6 +254,30 @@ def test_a_session_that_never_acknowledges_keeps_a_bounded_reply_log(bounded):
     reply = conn.roundtrip(call(9, "Dict", "d", "pop", "k", seq=600), 9)
     assert reply[1] == 0 and len(reply[2]) == MiB
     assert conn.roundtrip(call(10, "Dict", "d", "len"), 10)[2] == 1, "the pop did not run"
+    conn.close()
+
+
+def test_a_connection_parks_a_bounded_number_of_calls(bounded):
+    """A get parked on an empty queue costs the server about 100 bytes and its client 40:
+    past --max-calls-in-flight a connection's new calls are refused until one is answered."""
+    server = start(bounded, "--max-calls-in-flight", "1000")
+    conn = greeted(server)
+    create(conn, "Queue", "q")
+    conn.sock.sendall(b"".join(call(100 + i, "Queue", "q", "get") for i in range(1000)))
+    reply = conn.roundtrip(call(5, "Queue", "q", "qsize"), 5)
+    assert reply[2][0] == "Busy" and "--max-calls-in-flight" in reply[2][1], reply
+    assert conn.roundtrip(frame([6, "ping"]), 6)[2] == "pong", "requests that cannot wait still run"
+    # So does a withdraw, which makes room for one more call.
+    assert conn.roundtrip(frame([7, "withdraw", 101, "q"]), 7)[2] is True
+    assert conn.roundtrip(call(8, "Queue", "q", "qsize"), 8)[2] == 0
+    conn.sock.sendall(call(9, "Queue", "q", "get"))  # the one more call, parked
+    assert conn.roundtrip(call(10, "Queue", "q", "qsize"), 10)[2][0] == "Busy"
+    # A parked call answered by another client makes room too.
+    other = greeted(server)
+    assert other.roundtrip(call(11, "Queue", "q", "put", "x"), 11)[1] == 0
+    assert conn.roundtrip(b"", 100)[2] == "x"
+    assert conn.roundtrip(call(12, "Queue", "q", "qsize"), 12)[2] == 0
+    other.close()
     conn.close()
 
 

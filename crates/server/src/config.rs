@@ -89,6 +89,10 @@ pub struct Limits {
     /// Bytes of replies one session keeps recorded per shard for retries: past it, the
     /// oldest recorded are forgotten.
     pub reply_log: usize,
+    /// Calls of one connection waiting for their reply (parked on an object, running in a
+    /// host or a function, waiting for the log): past it, its new calls are refused with
+    /// `Busy`, so a client cannot park a waiter per 40 bytes it sends.
+    pub calls_in_flight: usize,
     /// Bytes the objects may hold (keys and values, approximately) past which calls that
     /// may grow one are refused with `OutOfMemory` (Redis's `maxmemory` without eviction);
     /// 0: no limit.
@@ -107,6 +111,7 @@ impl Default for Limits {
             output_soft: 16 << 20,
             output_hard: 256 << 20,
             reply_log: spindle_core::partition::DEFAULT_REPLY_LOG_BYTES,
+            calls_in_flight: 1 << 16,
             max_memory: 0,
         }
     }

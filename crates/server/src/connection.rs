@@ -462,7 +462,13 @@ impl Connection {
 
     /// Whether a request of this connection still waits for its reply.
     fn in_flight(&self) -> bool {
-        self.asked > self.answered + self.outbox.delivered()
+        self.calls_in_flight() > 0
+    }
+
+    /// Requests of this connection (the one being handled included) that still wait for
+    /// their reply.
+    fn calls_in_flight(&self) -> u64 {
+        self.asked.saturating_sub(self.answered + self.outbox.delivered())
     }
 
     /// Tell the client why (`kind`, `message`), in a frame of id 0, and end with `end`.
@@ -543,6 +549,18 @@ impl Connection {
         if self.client.is_none() && !introduces {
             let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
+        }
+        let may_wait = matches!(
+            request,
+            Request::Call { .. } | Request::Create { .. } | Request::Delete { .. } | Request::Invoke { .. }
+        );
+        let max = self.shared.config.limits.calls_in_flight;
+        if may_wait && self.calls_in_flight() > max as u64 {
+            let message = format!(
+                "this connection has {max} calls waiting for their reply (--max-calls-in-flight): \
+                 wait for one before making more"
+            );
+            return self.reply(request.id(), Err(Error::new(ErrorKind::Busy, message)));
         }
         if !introduces {
             match self.authorize(&request) {
