@@ -218,29 +218,50 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%peer, "could not set TCP_NODELAY: {e}");
     }
+    // Counted from here, a TLS handshake in progress included: connections that never
+    // finish one would otherwise hold descriptors and handshake state past the limit.
+    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     match &shared.tls {
         None => {
             let (reader, writer) = stream.into_split();
             let writer = Arc::new(writer);
             let outbox = Outbox::new(Some(writer.clone()), shared.config.limits.output_hard);
-            run(shared, reader, outbox, Sink::Socket(writer), peer).await
+            run(shared, reader, outbox, Sink::Socket(writer), peer, open).await
         }
         Some(tls) => {
-            let Some(stream) = crate::tls::accept(&shared, tls, stream, peer).await else {
+            let max = shared.config.limits.max_connections;
+            // No handshake at the limit: a refusal could only be told after one.
+            let stream = match open > max {
+                true => {
+                    let why = format!("the server serves {max} connections at most (--max-connections)");
+                    shared.audit.refused(peer.ip(), &why);
+                    None
+                }
+                false => crate::tls::accept(&shared, tls, stream, peer).await,
+            };
+            let Some(stream) = stream else {
+                shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
                 return;
             };
             let (reader, writer) = tokio::io::split(stream);
             let outbox = Outbox::new(None, shared.config.limits.output_hard);
-            run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer).await
+            run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer, open).await
         }
     }
 }
 
 /// Serve the connection's requests from `reader`; replies leave through `outbox`, to `sink`.
-async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Outbox, sink: Sink, peer: SocketAddr) {
+/// It is the `open`th connection open (counted in `serve`; `finish` counts it out).
+async fn run(
+    shared: Arc<Shared>,
+    mut reader: impl AsyncRead + Unpin,
+    outbox: Outbox,
+    sink: Sink,
+    peer: SocketAddr,
+    open: usize,
+) {
     let outbox = Arc::new(outbox);
     let id = shared.registry.register(outbox.clone());
-    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     debug!(conn = id, %peer, "connection opened");
     let writer_task = tokio::spawn(registry::write_loop(sink, outbox.clone(), id));
 
