@@ -281,6 +281,33 @@ def test_a_connection_parks_a_bounded_number_of_calls(bounded):
     conn.close()
 
 
+def test_sessions_opened_one_after_another_keep_bounded_reply_logs_together(bounded):
+    """Session after session, each filling its reply log and going away (its log kept for
+    --session-ttl): all the logs together stay under --max-reply-logs-total."""
+    server = start(bounded, "--max-reply-log", str(8 * MiB), "--max-reply-logs-total", str(32 * MiB),
+                   "--partitions", "1", "--session-ttl", "600")
+    owner = greeted(server)
+    create(owner, "Dict", "d")
+    owner.roundtrip(call(1, "Dict", "d", "setdefault", "k", b"z" * MiB), 1)
+    idle = rss(server)
+    for _ in range(40):  # 320 MiB recorded, unbounded
+        conn = greeted(server)
+        for seq in range(1, 9):
+            reply = conn.roundtrip(call(seq, "Dict", "d", "setdefault", "k", None, seq=seq), seq)
+            assert reply[1] == 0 and len(reply[2]) == MiB
+        conn.close()
+    held = rss(server) - idle
+    assert held < 32 * MiB + 100 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+    # A session's newest reply is still kept for a retry.
+    last = greeted(server)
+    assert last.roundtrip(call(1, "Dict", "d", "setdefault", "k", None, seq=1), 1)[1] == 0
+    reply = last.roundtrip(call(2, "Dict", "d", "pop", "k", seq=1), 2)
+    assert reply[1] == 0 and len(reply[2]) == MiB
+    assert last.roundtrip(call(3, "Dict", "d", "len"), 3)[2] == 1, "the pop did not run"
+    last.close()
+    owner.close()
+
+
 def test_large_frames_in_progress_share_a_budget_and_a_deadline(bounded):
     """Clients holding large partial frames: past --max-partial-frames the next one is
     refused at once; a frame that does not arrive within --frame-timeout (per MiB) closes
