@@ -534,6 +534,18 @@ def test_max_memory_counts_what_each_object_costs_beyond_its_bytes(bounded):
     conn.close()
 
 
+def test_a_tiny_create_cannot_make_a_huge_array(bounded):
+    """A 40-byte create of an Array of 2^26 float64 took 512 MiB past a --max-memory of 8 MiB
+    (and as much again for each `get`): an Array holds 64 MiB at most, what a frame can set."""
+    server = start(bounded, "--max-memory", str(8 * MiB))
+    conn = greeted(server)
+    reply = conn.roundtrip(frame([2, "create", 0, 0, "Array", "a", [1 << 26], False]), 2)
+    assert reply[1] == 1 and reply[2][0] == "ValueError" and "too big" in reply[2][1], reply
+    assert conn.roundtrip(frame([3, "status"]), 3)[2]["memory_used"] < MiB
+    create(conn, "Array", "small", 1000)
+    conn.close()
+
+
 def test_the_server_stays_within_max_memory_while_a_client_keeps_writing(bounded):
     server = start(bounded, "--max-memory", str(64 * MiB), "--partitions", "2")
     conn = greeted(server)
