@@ -546,6 +546,31 @@ def test_a_tiny_create_cannot_make_a_huge_array(bounded):
     conn.close()
 
 
+def test_the_items_of_parked_puts_count_against_max_memory(bounded):
+    """Puts parked on a full queue hold their items: 200 of 1 MiB held 240 MiB under a
+    --max-memory of 8 MiB, counted as nothing. Counted, later puts are refused, and the
+    items go from the count with the calls (here, with their connection)."""
+    server = start(bounded, "--max-memory", str(8 * MiB))
+    owner = greeted(server)
+    create(owner, "Queue", "q", 1)
+    assert owner.roundtrip(call(3, "Queue", "q", "put", "first"), 3)[1] == 0
+    putter = greeted(server)
+    putter.sock.sendall(b"".join(call(100 + i, "Queue", "q", "put", b"p" * MiB) for i in range(40))
+                        + frame([7, "ping"]))
+    refused = 0
+    while (reply := read_frame(putter.sock))[0] != 7:
+        assert reply[2][0] == "OutOfMemory", reply
+        refused += 1
+    assert refused >= 30, f"{40 - refused} puts parked"
+
+    def used() -> int:
+        return owner.roundtrip(frame([4, "status"]), 4)[2]["memory_used"]
+    assert used() > 8 * MiB
+    putter.close()
+    assert wait_until(lambda: used() < MiB, 10), used()
+    owner.close()
+
+
 def test_the_server_stays_within_max_memory_while_a_client_keeps_writing(bounded):
     server = start(bounded, "--max-memory", str(64 * MiB), "--partitions", "2")
     conn = greeted(server)

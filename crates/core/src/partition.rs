@@ -1521,7 +1521,7 @@ impl Partition {
             let (key, token) = entry.remove();
             self.timer_of.remove(&token);
             self.preserve(&key);
-            let Some(e) = self.objects.get_mut(&key) else {
+            let Some((e, counted, meter)) = self.objects.get_metered(&key) else {
                 continue;
             };
             let persistent = e.persistent;
@@ -1529,6 +1529,8 @@ impl Partition {
                 let before = out.len();
                 let mut ctx = Ctx::new(&caller, token, now, &mut out);
                 obj.expire(token, &mut ctx);
+                // A parked call gone may take what it held (a put's item).
+                meter.resize(counted, memory::object_size(&key, obj.size()));
                 if persistent && out.len() > before {
                     self.log(Record::Expire { key, token }.encode());
                 }
@@ -1549,7 +1551,7 @@ impl Partition {
         // reply must not overtake that answer.
         self.touched_persistent |= self.storage != Storage::None;
         self.preserve(key);
-        let Some(e) = self.objects.get_mut(key) else {
+        let Some((e, counted, meter)) = self.objects.get_metered(key) else {
             return out;
         };
         let persistent = e.persistent;
@@ -1557,6 +1559,7 @@ impl Partition {
             let mut ctx = Ctx::new(&caller, token, now, &mut out);
             ctx.withdrawing = true;
             obj.expire(token, &mut ctx);
+            meter.resize(counted, memory::object_size(key, obj.size()));
         }
         if persistent && !out.is_empty() {
             let key = key.to_string();
@@ -1575,9 +1578,12 @@ impl Partition {
         let caller = system_caller();
         for key in self.conn_keys.remove(&conn).unwrap_or_default() {
             self.preserve(&key);
-            if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
-                let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
-                obj.disconnect(conn, &mut ctx);
+            if let Some((e, counted, meter)) = self.objects.get_metered(&key) {
+                if let Some(obj) = e.body.builtin() {
+                    let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
+                    obj.disconnect(conn, &mut ctx);
+                    meter.resize(counted, memory::object_size(&key, obj.size()));
+                }
             }
         }
         // Calls with an object host still run there: a retry must get their reply.

@@ -131,6 +131,26 @@ mod tests {
     }
 
     #[test]
+    fn the_items_of_parked_puts_count_until_their_calls_go() {
+        let mut h = Harness::new();
+        let memory = Memory::new(0);
+        h.p.set_memory(memory.clone());
+        h.create_ok("Queue", "q", vec![1.into()]);
+        h.ok("Queue", "q", "put", vec![1.into()]);
+        let empty = memory.used();
+        let item = || Value::Binary(vec![0; 1000]);
+        h.park(1, "Queue", "q", "put", vec![item(), true.into(), Value::F64(1.0)]);
+        let withdrawn = h.park(2, "Queue", "q", "put", vec![item()]);
+        h.park(3, "Queue", "q", "put", vec![item()]);
+        assert!(memory.used() > empty + 3000);
+        // A timeout, a withdraw and a disconnect each take their item from the count.
+        h.advance(2.0);
+        h.withdraw(withdrawn, "q");
+        h.disconnect(3);
+        assert_eq!(memory.used(), empty);
+    }
+
+    #[test]
     fn replayed_calls_are_never_refused() {
         let mut live = Partition::new();
         live.enable_storage();
