@@ -41,6 +41,9 @@ pub const DEFAULT_REPLY_LOG_BYTES: usize = 64 << 20;
 /// An object's key and the session it goes with (`None`: named or kept).
 pub type KeyAndOwner = (String, Option<Arc<str>>);
 
+/// Bytes of replies all clients keep together per partition unless told otherwise.
+pub const DEFAULT_REPLY_LOGS_BYTES: usize = 256 << 20;
+
 /// Prefix of the keys of unnamed objects; names given by users never start with it.
 pub const UNNAMED_PREFIX: char = '~';
 
@@ -168,17 +171,7 @@ impl ReplyLog {
             self.forgotten.remove(i); // a replica replaying it records it again
         }
         // Forget first: the rings never grow past their length, nor the log past its bytes.
-        while self.order.len() >= REPLY_LOG_LEN || (self.bytes > max_bytes && !self.order.is_empty()) {
-            let Some(old) = self.order.pop_front() else { break };
-            let at = match self.replies.front() {
-                Some(r) if r.seq == old => Some(0),
-                _ => self.position(old),
-            };
-            if let Some(r) = at.and_then(|i| self.replies.remove(i)) {
-                self.bytes -= reply_size(&r.reply);
-                self.remember_forgotten(old);
-            }
-        }
+        while (self.order.len() >= REPLY_LOG_LEN || self.bytes > max_bytes) && self.forget_oldest() {}
         self.order.push_back(seq);
         let recorded = Recorded { seq, reply, durable };
         if seq > self.highest {
@@ -189,6 +182,22 @@ impl ReplyLog {
             let i = self.replies.partition_point(|r| r.seq < seq);
             self.replies.insert(i, recorded);
         }
+    }
+
+    /// Forget the oldest recorded reply; false if none is left.
+    fn forget_oldest(&mut self) -> bool {
+        let Some(old) = self.order.pop_front() else {
+            return false;
+        };
+        let at = match self.replies.front() {
+            Some(r) if r.seq == old => Some(0),
+            _ => self.position(old),
+        };
+        if let Some(r) = at.and_then(|i| self.replies.remove(i)) {
+            self.bytes -= reply_size(&r.reply);
+            self.remember_forgotten(old);
+        }
+        true
     }
 
     /// Forget the replies below `seq`, and refuse those calls from now on: their client holds
@@ -300,7 +309,9 @@ pub struct Partition {
     /// Parked mutating calls whose eventual reply must be recorded.
     parked_seqs: HashMap<Token, (Arc<str>, u64)>,
     logs: HashMap<Arc<str>, ReplyLog>,
-    /// Bytes of replies a client's log may hold before its new calls are refused.
+    /// The bytes of all the logs together.
+    logs_bytes: usize,
+    /// Bytes of replies a client's log may hold, and all of them together.
     reply_log_limit: ReplyLogLimit,
     /// Keys of connection-tracking objects each connection has used (for disconnect clean-up).
     conn_keys: HashMap<ConnId, HashSet<String>>,
@@ -344,11 +355,17 @@ pub struct Partition {
     capture: Option<snapshot::Capture>,
 }
 
-struct ReplyLogLimit(usize);
+struct ReplyLogLimit {
+    per_client: usize,
+    total: usize,
+}
 
 impl Default for ReplyLogLimit {
     fn default() -> Self {
-        ReplyLogLimit(DEFAULT_REPLY_LOG_BYTES)
+        ReplyLogLimit {
+            per_client: DEFAULT_REPLY_LOG_BYTES,
+            total: DEFAULT_REPLY_LOGS_BYTES,
+        }
     }
 }
 
@@ -379,10 +396,38 @@ impl Partition {
         self.objects.is_empty()
     }
 
-    /// Refuse a client's new calls while its recorded replies here take more than `bytes`
-    /// (it acknowledges none, say): the log of every other client is its own.
-    pub fn set_reply_log_limit(&mut self, bytes: usize) {
-        self.reply_log_limit = ReplyLogLimit(bytes);
+    /// Keep at most `per_client` bytes of a client's recorded replies here (it acknowledges
+    /// none, say), forgetting its oldest; and at most `total` of all clients' together,
+    /// forgetting the oldest of the largest log first, so that clients opening session
+    /// after session, each filling its log, cannot take the server's memory.
+    pub fn set_reply_log_limit(&mut self, per_client: usize, total: usize) {
+        self.reply_log_limit = ReplyLogLimit { per_client, total };
+    }
+
+    /// Record `seq`'s reply in `client`'s log, within the limits (see
+    /// [`set_reply_log_limit`](Self::set_reply_log_limit)).
+    fn record_reply(&mut self, client: &Arc<str>, seq: u64, reply: Reply, durable: bool) {
+        // The client's log is found by reference: its name is cloned only for a new one.
+        let log = match self.logs.get_mut(client) {
+            Some(log) => log,
+            None => self.logs.entry(client.clone()).or_default(),
+        };
+        let before = log.bytes;
+        log.record(seq, reply, durable, self.reply_log_limit.per_client);
+        self.logs_bytes = self.logs_bytes + log.bytes - before;
+        while self.logs_bytes > self.reply_log_limit.total {
+            // The largest by bytes, then by name: the same on every replica.
+            let largest = self
+                .logs
+                .iter_mut()
+                .max_by(|a, b| (a.1.bytes, a.0).cmp(&(b.1.bytes, b.0)));
+            let Some((_, log)) = largest else { break };
+            let before = log.bytes;
+            if !log.forget_oldest() {
+                break;
+            }
+            self.logs_bytes -= before - log.bytes;
+        }
     }
 
     /// Count this partition's objects in `memory` (shared by a server's partitions), and
@@ -658,10 +703,7 @@ impl Partition {
                 }
                 if let Some(client) = client.filter(|_| seq != 0) {
                     let client: Arc<str> = Arc::from(client);
-                    self.logs
-                        .entry(client.clone())
-                        .or_default()
-                        .record(seq, reply, true, self.reply_log_limit.0);
+                    self.record_reply(&client, seq, reply, true);
                     self.logged_clients.insert(client);
                 }
                 self.highest_logged_conn = self.highest_logged_conn.max(token.conn);
@@ -787,7 +829,9 @@ impl Partition {
                 None => self.logs.entry(caller.client.clone()).or_default(),
             };
             // Never the call's own reply: a client acknowledging it is mistaken.
+            let before = log.bytes;
             log.acknowledge(acked.min(seq));
+            self.logs_bytes -= before - log.bytes;
         }
         // Only live calls: a logged one was accepted where it ran, and a replica (whose mark
         // may be higher, from a leader's snapshot) must apply it the same.
@@ -1008,12 +1052,7 @@ impl Partition {
         out: &mut Vec<Delivery>,
     ) {
         if record && seq != 0 {
-            // The client's log is found by reference: its name is cloned only for a new one.
-            let log = match self.logs.get_mut(&caller.client) {
-                Some(log) => log,
-                None => self.logs.entry(caller.client.clone()).or_default(),
-            };
-            log.record(seq, reply.clone(), logged, self.reply_log_limit.0);
+            self.record_reply(&caller.client, seq, reply.clone(), logged);
         }
         out.push(Delivery { token, reply });
     }
@@ -1037,10 +1076,7 @@ impl Partition {
             self.hosted.remove(&d.token);
             let logged = self.parked_records.remove(&d.token).is_some() | self.logged_hosted.remove(&d.token);
             if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
-                self.logs
-                    .entry(client)
-                    .or_default()
-                    .record(seq, d.reply.clone(), logged, self.reply_log_limit.0);
+                self.record_reply(&client, seq, d.reply.clone(), logged);
             }
         }
     }
@@ -1189,7 +1225,7 @@ impl Partition {
         let mut ctx = Ctx::new(caller, token, now, out);
         let step = obj.apply(method, &args, &mut ctx);
         if record {
-            meter.resize(counted, key.len() + obj.size());
+            meter.resize(counted, memory::object_size(key, obj.size()));
         }
         if obj.tracks_connections() {
             self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
@@ -1546,7 +1582,7 @@ impl Partition {
             let (key, token) = entry.remove();
             self.timer_of.remove(&token);
             self.preserve(&key);
-            let Some(e) = self.objects.get_mut(&key) else {
+            let Some((e, counted, meter)) = self.objects.get_metered(&key) else {
                 continue;
             };
             let persistent = e.persistent;
@@ -1554,6 +1590,8 @@ impl Partition {
                 let before = out.len();
                 let mut ctx = Ctx::new(&caller, token, now, &mut out);
                 obj.expire(token, &mut ctx);
+                // A parked call gone may take what it held (a put's item).
+                meter.resize(counted, memory::object_size(&key, obj.size()));
                 if persistent && out.len() > before {
                     self.log(Record::Expire { key, token }.encode());
                 }
@@ -1574,7 +1612,7 @@ impl Partition {
         // reply must not overtake that answer.
         self.touched_persistent |= self.storage != Storage::None;
         self.preserve(key);
-        let Some(e) = self.objects.get_mut(key) else {
+        let Some((e, counted, meter)) = self.objects.get_metered(key) else {
             return out;
         };
         let persistent = e.persistent;
@@ -1582,6 +1620,7 @@ impl Partition {
             let mut ctx = Ctx::new(&caller, token, now, &mut out);
             ctx.withdrawing = true;
             obj.expire(token, &mut ctx);
+            meter.resize(counted, memory::object_size(key, obj.size()));
         }
         if persistent && !out.is_empty() {
             let key = key.to_string();
@@ -1600,9 +1639,12 @@ impl Partition {
         let caller = system_caller();
         for key in self.conn_keys.remove(&conn).unwrap_or_default() {
             self.preserve(&key);
-            if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
-                let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
-                obj.disconnect(conn, &mut ctx);
+            if let Some((e, counted, meter)) = self.objects.get_metered(&key) {
+                if let Some(obj) = e.body.builtin() {
+                    let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
+                    obj.disconnect(conn, &mut ctx);
+                    meter.resize(counted, memory::object_size(&key, obj.size()));
+                }
             }
         }
         // Calls with an object host still run there: a retry must get their reply.
@@ -1641,7 +1683,9 @@ impl Partition {
         self.moved.retain(|_, (_, owner)| owner.as_deref() != Some(client));
         // Parked calls of other sessions answered NotFound keep exactly-once.
         self.settle(&out);
-        self.logs.remove(client);
+        if let Some(log) = self.logs.remove(client) {
+            self.logs_bytes -= log.bytes;
+        }
         // Its calls still running in object hosts are answered to closed connections; with
         // the session gone nobody can retry them, so their replies are not recorded.
         self.parked_seqs.retain(|_, (c, _)| **c != *client);
@@ -1933,7 +1977,7 @@ mod tests {
     #[test]
     fn a_retry_of_a_call_whose_reply_was_forgotten_for_room_is_refused_not_run_again() {
         let mut p = Harness::new();
-        p.p.set_reply_log_limit(1 << 10);
+        p.p.set_reply_log_limit(1 << 10, usize::MAX);
         p.create_ok("Dict", "d", vec![]);
         let setdefault = |value: Value| Op::Call {
             type_name: "Dict".into(),
@@ -2057,6 +2101,30 @@ mod tests {
         log.record(200, Ok(Value::Binary(vec![0; 9 << 20])), false, 8 << 20);
         log.record(201, Ok(Value::Nil), false, 8 << 20);
         assert!(log.get(200).is_none() && log.get(201).is_some());
+    }
+
+    #[test]
+    fn all_clients_logs_together_stay_under_their_total_the_largest_forgetting_first() {
+        let mut p = Partition::new();
+        p.set_reply_log_limit(8 << 20, 20 << 20);
+        let big = || Ok(Value::Binary(vec![7; 1 << 20]));
+        let small: Arc<str> = Arc::from("small");
+        p.record_reply(&small, 1, Ok(Value::from(1)), false);
+        // Session after session, each filling its own log.
+        for n in 0..10 {
+            let client: Arc<str> = Arc::from(format!("c{n}"));
+            for seq in 1..=8 {
+                p.record_reply(&client, seq, big(), false);
+            }
+            let total: usize = p.logs.values().map(|log| log.bytes).sum();
+            assert_eq!(total, p.logs_bytes);
+            assert!(total <= 20 << 20, "{total} bytes after {n}");
+        }
+        assert!(p.logs["small"].get(1).is_some(), "a small log is left alone");
+        assert!(p.logs["c9"].get(8).is_some(), "the newest reply is kept");
+        // An ended session gives its bytes back.
+        p.end_session("c9", Instant::now());
+        assert_eq!(p.logs_bytes, p.logs.values().map(|log| log.bytes).sum::<usize>());
     }
 
     #[test]

@@ -226,29 +226,50 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%peer, "could not set TCP_NODELAY: {e}");
     }
+    // Counted from here, a TLS handshake in progress included: connections that never
+    // finish one would otherwise hold descriptors and handshake state past the limit.
+    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     match &shared.tls {
         None => {
             let (reader, writer) = stream.into_split();
             let writer = Arc::new(writer);
             let outbox = Outbox::new(Some(writer.clone()), shared.config.limits.output_hard);
-            run(shared, reader, outbox, Sink::Socket(writer), peer).await
+            run(shared, reader, outbox, Sink::Socket(writer), peer, open).await
         }
         Some(tls) => {
-            let Some(stream) = crate::tls::accept(&shared, tls, stream, peer).await else {
+            let max = shared.config.limits.max_connections;
+            // No handshake at the limit: a refusal could only be told after one.
+            let stream = match open > max {
+                true => {
+                    let why = format!("the server serves {max} connections at most (--max-connections)");
+                    shared.audit.refused(peer.ip(), &why);
+                    None
+                }
+                false => crate::tls::accept(&shared, tls, stream, peer).await,
+            };
+            let Some(stream) = stream else {
+                shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
                 return;
             };
             let (reader, writer) = tokio::io::split(stream);
             let outbox = Outbox::new(None, shared.config.limits.output_hard);
-            run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer).await
+            run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer, open).await
         }
     }
 }
 
 /// Serve the connection's requests from `reader`; replies leave through `outbox`, to `sink`.
-async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Outbox, sink: Sink, peer: SocketAddr) {
+/// It is the `open`th connection open (counted in `serve`; `finish` counts it out).
+async fn run(
+    shared: Arc<Shared>,
+    mut reader: impl AsyncRead + Unpin,
+    outbox: Outbox,
+    sink: Sink,
+    peer: SocketAddr,
+    open: usize,
+) {
     let outbox = Arc::new(outbox);
     let id = shared.registry.register(outbox.clone());
-    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     debug!(conn = id, %peer, "connection opened");
     let writer_task = tokio::spawn(registry::write_loop(sink, outbox.clone(), id));
 
@@ -493,7 +514,13 @@ impl Connection {
 
     /// Whether a request of this connection still waits for its reply.
     fn in_flight(&self) -> bool {
-        self.asked > self.answered + self.outbox.delivered()
+        self.calls_in_flight() > 0
+    }
+
+    /// Requests of this connection (the one being handled included) that still wait for
+    /// their reply.
+    fn calls_in_flight(&self) -> u64 {
+        self.asked.saturating_sub(self.answered + self.outbox.delivered())
     }
 
     /// Tell the client why (`kind`, `message`), in a frame of id 0, and end with `end`.
@@ -574,6 +601,18 @@ impl Connection {
         if self.client.is_none() && !introduces {
             let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
+        }
+        let may_wait = matches!(
+            request,
+            Request::Call { .. } | Request::Create { .. } | Request::Delete { .. } | Request::Invoke { .. }
+        );
+        let max = self.shared.config.limits.calls_in_flight;
+        if may_wait && self.calls_in_flight() > max as u64 {
+            let message = format!(
+                "this connection has {max} calls waiting for their reply (--max-calls-in-flight): \
+                 wait for one before making more"
+            );
+            return self.reply(request.id(), Err(Error::new(ErrorKind::Busy, message)));
         }
         if !introduces {
             match self.authorize(&request) {
@@ -1185,7 +1224,14 @@ impl Connection {
                 );
                 self.shared.audit.fault(self.peer.ip(), &line)
             }
-            Err(e) => log_error_reply(self.id, id, e),
+            Err(e) if registry::is_control_flow(e.kind) => log_error_reply(self.id, id, e, 0),
+            // Bad calls, and calls refused at a limit (`--max-memory`): as many as a client
+            // likes to make, so summarized too.
+            Err(e) => {
+                if let Some(suppressed) = self.shared.audit.failed(self.peer.ip(), e.kind) {
+                    log_error_reply(self.id, id, e, suppressed)
+                }
+            }
             Ok(_) => {}
         }
         self.answered += 1;

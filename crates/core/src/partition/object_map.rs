@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::memory::Memory;
+use super::memory::{object_size, Memory};
 use super::Entry;
 
 #[derive(Default)]
@@ -91,7 +91,7 @@ impl ObjectMap {
 
     /// Put `entry` at `key`, returning the entry it replaces.
     pub(super) fn insert(&mut self, key: String, entry: Entry) -> Option<Entry> {
-        let size = key.len() + entry.size();
+        let size = object_size(&key, entry.size());
         self.meter.add(size);
         if let Some(&slot) = self.index.get(key.as_str()) {
             let (_, e, counted) = self.slots[slot].as_mut()?;
