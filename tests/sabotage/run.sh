@@ -62,7 +62,6 @@ scratch() {
   git -C "$repo" worktree add --quiet --detach "$tree" HEAD || exit 2
   ln -s "$repo/.venv-pypy" "$tree/.venv-pypy"
   mkdir -p "$tree/target" && ln -s "$repo/target/linearizability" "$tree/target/linearizability"
-  ln -s "$repo/target/previous-release" "$tree/target/previous-release"
   mkdir -p "$repo/target/previous-release" && ln -s "$repo/target/previous-release" "$tree/target/previous-release"
 }
 
