@@ -78,6 +78,11 @@ impl Entry {
             Body::User(_) => 0,
         }
     }
+
+    /// Whether the object is a cache, which may evict (see [`Partition::make_room`]).
+    fn is_cache(&self) -> bool {
+        matches!(&self.body, Body::Builtin(obj) if obj.is_cache())
+    }
 }
 
 impl Body {
@@ -589,6 +594,9 @@ impl Partition {
             Record::Disconnect { conn } => {
                 self.disconnect(conn, now);
             }
+            Record::Evict { key, bytes } => {
+                self.evict(&key, usize::try_from(bytes).unwrap_or(usize::MAX));
+            }
             Record::EndSession { client } => {
                 self.end_session(&client, now);
             }
@@ -783,11 +791,15 @@ impl Partition {
             }
         }
         // A live call that may grow an object waits for room (a replayed one was accepted
-        // where it ran). Refused before anything is logged or recorded: a retry may pass.
+        // where it ran), which caches give first. Refused before anything is logged or
+        // recorded: a retry may pass.
         if replayed.is_none() && self.objects.memory().limit() > 0 && self.may_grow(&op) {
             if let Err(e) = self.objects.memory().check() {
-                out.push(Delivery { token, reply: Err(e) });
-                return out;
+                self.make_room();
+                if self.objects.memory().check().is_err() {
+                    out.push(Delivery { token, reply: Err(e) });
+                    return out;
+                }
             }
         }
         if let Op::Create {
@@ -894,6 +906,55 @@ impl Partition {
         }
         self.settle(&out);
         out
+    }
+
+    /// Over `--max-memory`: the caches here let their least recently used entries go, each
+    /// its share of the excess (in proportion to its size), until the objects fit the limit
+    /// or the caches are empty. Ordinary objects never lose data. Logged for a persistent
+    /// cache, as the bytes to free (a replay or a follower, whose total differs, frees the
+    /// same entries: the cache's order is part of its state).
+    fn make_room(&mut self) {
+        let memory = self.objects.memory();
+        let excess = memory.used().saturating_sub(memory.limit());
+        let caches: Vec<(Arc<str>, usize)> = self
+            .objects
+            .caches()
+            .filter_map(|key| Some((key.clone(), self.objects.get(key)?.size())))
+            .collect();
+        let total: usize = caches.iter().map(|(_, size)| size).sum();
+        if excess == 0 || total == 0 {
+            return;
+        }
+        for (key, size) in caches {
+            let share = (excess as u128 * size as u128).div_ceil(total as u128);
+            let share = usize::try_from(share).unwrap_or(usize::MAX).min(size);
+            if share == 0 {
+                continue;
+            }
+            let freed = self.evict(&key, share);
+            if freed > 0 && self.is_persistent(&key) {
+                let bytes = share as u64;
+                self.log(
+                    Record::Evict {
+                        key: key.to_string(),
+                        bytes,
+                    }
+                    .encode(),
+                );
+            }
+        }
+    }
+
+    /// Let the cache at `key` free `bytes` (see [`Object::evict`]); returns what it freed.
+    fn evict(&mut self, key: &str, bytes: usize) -> usize {
+        self.preserve(key);
+        let Some((entry, counted, meter)) = self.objects.get_metered(key) else {
+            return 0;
+        };
+        let Some(obj) = entry.body.builtin() else { return 0 };
+        let freed = obj.evict(bytes);
+        meter.resize(counted, key.len() + obj.size());
+        freed
     }
 
     /// Whether `op` may make the objects hold more: a create of a new key, or a call of a

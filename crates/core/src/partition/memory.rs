@@ -1,5 +1,6 @@
 //! `--max-memory`: the bytes all partitions' objects hold, against the limit (Redis's
-//! `maxmemory` without eviction: over it, calls that may grow an object are refused).
+//! `maxmemory`: over it, caches evict their least recently used entries, then calls that may
+//! grow an object are refused; see `Partition::make_room`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -152,5 +153,67 @@ mod tests {
         }
         assert_eq!(recovered.memory().used(), live.memory().used());
         assert!(recovered.memory().used() > 5000);
+    }
+
+    #[test]
+    fn over_the_limit_caches_evict_before_anything_is_refused() {
+        let mut h = Harness::new();
+        let memory = Memory::new(30_000);
+        h.p.set_memory(memory.clone());
+        let options = Value::Map(vec![("max_memory".into(), (1 << 20).into())]);
+        h.create_ok("Dict", "cache", vec![Value::Nil, options]);
+        h.create_ok("Dict", "plain", vec![]);
+        for i in 0..20 {
+            h.ok("Dict", "cache", "setitem", vec![i.into(), text(1000)]);
+        }
+        h.ok("Dict", "cache", "getitem", vec![0.into()]);
+        let mut written = 0;
+        let refused = loop {
+            match h.reply("Dict", "plain", "setitem", vec![written.into(), text(1000)]) {
+                Ok(_) => written += 1,
+                Err(e) => break e,
+            }
+            assert!(written < 100, "never refused");
+        };
+        assert_eq!(refused.kind, ErrorKind::OutOfMemory);
+        // The cache gave everything before the plain dict was refused; it lost nothing.
+        assert_eq!(h.ok("Dict", "cache", "len", vec![]), Value::from(0));
+        assert_eq!(h.ok("Dict", "plain", "len", vec![]), Value::from(written));
+        assert!(written > 20, "{written}");
+    }
+
+    #[test]
+    fn caches_evict_their_least_recently_used_entries_in_proportion_to_their_size() {
+        let mut h = Harness::new();
+        let memory = Memory::new(40_000);
+        h.p.set_memory(memory.clone());
+        let options = || Value::Map(vec![("max_memory".into(), (1 << 20).into())]);
+        h.create_ok("Dict", "big", vec![Value::Nil, options()]);
+        h.create_ok("Dict", "small", vec![Value::Nil, options()]);
+        for i in 0..20 {
+            h.ok("Dict", "big", "setitem", vec![i.into(), text(1000)]);
+        }
+        for i in 0..10 {
+            h.ok("Dict", "small", "setitem", vec![i.into(), text(1000)]);
+        }
+        h.ok("Dict", "big", "get", vec![0.into()]);
+        h.create_ok("Blob", "b", vec![Value::Binary(vec![0; 15_000])]);
+        // Over by some 7 KB: the big cache frees about twice what the small one does.
+        h.create_ok("Counter", "n", vec![]);
+        assert!(memory.used() <= 40_000);
+        let keys = |h: &mut Harness, k: &str| match h.ok("Dict", k, "keys", vec![]) {
+            Value::Array(keys) => keys,
+            other => panic!("{other}"),
+        };
+        let (big, small) = (keys(&mut h, "big"), keys(&mut h, "small"));
+        let (big_lost, small_lost) = (20 - big.len(), 10 - small.len());
+        assert!(
+            small_lost > 0 && big_lost >= 2 * small_lost - 1,
+            "{big_lost} {small_lost}"
+        );
+        // The least recently used went: of the big one 1, 2... (0 was read), of the small 0, 1...
+        assert_eq!(big[0], Value::from(big_lost as u64 + 1));
+        assert_eq!(*big.last().unwrap(), Value::from(0));
+        assert_eq!(small[0], Value::from(small_lost as u64));
     }
 }

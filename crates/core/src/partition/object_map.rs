@@ -2,9 +2,10 @@
 //! can walk the slots a chunk at a time while objects come and go (see [`super::snapshot`]).
 //!
 //! It also keeps the server's memory account ([`Memory`]): every object enters and leaves
-//! through here, with the size it had when last measured.
+//! through here, with the size it had when last measured; and which objects are caches, the
+//! ones that may evict when the server is over it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::memory::Memory;
@@ -18,6 +19,8 @@ pub(super) struct ObjectMap {
     /// Empty slots, reused before the slots grow.
     free: Vec<usize>,
     meter: Meter,
+    /// The keys of the caches, in a fixed order (evictions must be the same everywhere).
+    caches: BTreeSet<Arc<str>>,
 }
 
 /// The bytes this map's objects are counted for, and the shared account they are counted in.
@@ -93,13 +96,21 @@ impl ObjectMap {
     pub(super) fn insert(&mut self, key: String, entry: Entry) -> Option<Entry> {
         let size = key.len() + entry.size();
         self.meter.add(size);
+        let cache = entry.is_cache();
         if let Some(&slot) = self.index.get(key.as_str()) {
-            let (_, e, counted) = self.slots[slot].as_mut()?;
+            let (key, e, counted) = self.slots[slot].as_mut()?;
             let old = std::mem::replace(counted, size);
             self.meter.sub(old);
+            match cache {
+                true => self.caches.insert(key.clone()),
+                false => self.caches.remove(&**key),
+            };
             return Some(std::mem::replace(e, entry));
         }
         let key: Arc<str> = Arc::from(key);
+        if cache {
+            self.caches.insert(key.clone());
+        }
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -117,7 +128,15 @@ impl ObjectMap {
         self.free.push(slot);
         let (_, e, size) = self.slots[slot].take()?;
         self.meter.sub(size);
+        if !self.caches.is_empty() {
+            self.caches.remove(key);
+        }
         Some(e)
+    }
+
+    /// The caches' keys, in a fixed order.
+    pub(super) fn caches(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.caches.iter()
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
