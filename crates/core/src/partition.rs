@@ -793,13 +793,11 @@ impl Partition {
         // A live call that may grow an object waits for room (a replayed one was accepted
         // where it ran), which caches give first. Refused before anything is logged or
         // recorded: a retry may pass.
-        if replayed.is_none() && self.objects.memory().limit() > 0 && self.may_grow(&op) {
+        if replayed.is_none() && self.objects.memory().is_over() && self.may_grow(&op) {
+            self.make_room();
             if let Err(e) = self.objects.memory().check() {
-                self.make_room();
-                if self.objects.memory().check().is_err() {
-                    out.push(Delivery { token, reply: Err(e) });
-                    return out;
-                }
+                out.push(Delivery { token, reply: Err(e) });
+                return out;
             }
         }
         if let Op::Create {
@@ -913,7 +911,7 @@ impl Partition {
     /// or the caches are empty. Ordinary objects never lose data. Logged for a persistent
     /// cache, as the bytes to free (a replay or a follower, whose total differs, frees the
     /// same entries: the cache's order is part of its state).
-    fn make_room(&mut self) {
+    pub fn make_room(&mut self) {
         let memory = self.objects.memory();
         let excess = memory.used().saturating_sub(memory.limit());
         let caches: Vec<(Arc<str>, usize)> = self

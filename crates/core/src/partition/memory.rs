@@ -10,23 +10,35 @@ use crate::{Error, ErrorKind};
 /// One account shared by the partitions of a server (clones share it), with its limit.
 #[derive(Clone, Debug, Default)]
 pub struct Memory {
-    used: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
     /// 0: no limit.
     limit: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    used: AtomicUsize,
+    /// The part of `used` in caches, which may evict.
+    cached: AtomicUsize,
 }
 
 impl Memory {
     /// An empty account; `limit` 0 means none.
     pub fn new(limit: usize) -> Self {
         Memory {
-            used: Arc::default(),
+            counts: Arc::default(),
             limit,
         }
     }
 
     /// Approximately how many bytes the objects counted here hold (their keys and values).
     pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
+        self.counts.used.load(Ordering::Relaxed)
+    }
+
+    /// How many of those bytes caches hold (they give them back when over the limit).
+    pub fn cached(&self) -> usize {
+        self.counts.cached.load(Ordering::Relaxed)
     }
 
     /// The limit, 0 for none.
@@ -34,25 +46,37 @@ impl Memory {
         self.limit
     }
 
-    pub(super) fn add(&self, n: usize) {
-        self.used.fetch_add(n, Ordering::Relaxed);
+    /// Whether the objects hold more than the limit: cheap enough for every call to ask
+    /// (one relaxed load of a count written only when an object's size changes).
+    pub fn is_over(&self) -> bool {
+        self.limit != 0 && self.used() > self.limit
     }
 
-    pub(super) fn sub(&self, n: usize) {
-        self.used.fetch_sub(n, Ordering::Relaxed);
+    pub(super) fn add(&self, n: usize, cache: bool) {
+        self.counts.used.fetch_add(n, Ordering::Relaxed);
+        if cache {
+            self.counts.cached.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn sub(&self, n: usize, cache: bool) {
+        self.counts.used.fetch_sub(n, Ordering::Relaxed);
+        if cache {
+            self.counts.cached.fetch_sub(n, Ordering::Relaxed);
+        }
     }
 
     /// `OutOfMemory` while the objects hold more than the limit. A call checked here may
     /// still pass the limit by its own growth (at most one frame).
     pub(super) fn check(&self) -> Result<(), Error> {
-        let used = self.used();
-        if self.limit == 0 || used <= self.limit {
+        if !self.is_over() {
             return Ok(());
         }
         Err(Error::new(
             ErrorKind::OutOfMemory,
             format!(
-                "objects hold {used} bytes, over --max-memory {}: delete objects or raise the limit",
+                "objects hold {} bytes, over --max-memory {}: delete objects or raise the limit",
+                self.used(),
                 self.limit
             ),
         ))

@@ -14,8 +14,8 @@ use super::Entry;
 #[derive(Default)]
 pub(super) struct ObjectMap {
     index: HashMap<Arc<str>, usize>,
-    /// Each object with its key and the bytes it is counted for in `meter`.
-    slots: Vec<Option<(Arc<str>, Entry, usize)>>,
+    /// Each object with its key and what it is counted for in `meter`.
+    slots: Vec<Option<(Arc<str>, Entry, Counted)>>,
     /// Empty slots, reused before the slots grow.
     free: Vec<usize>,
     meter: Meter,
@@ -23,39 +23,56 @@ pub(super) struct ObjectMap {
     caches: BTreeSet<Arc<str>>,
 }
 
+/// What an object is counted for: its bytes, and whether they are a cache's.
+pub(super) struct Counted {
+    bytes: usize,
+    cache: bool,
+}
+
 /// The bytes this map's objects are counted for, and the shared account they are counted in.
 #[derive(Default)]
 pub(super) struct Meter {
     memory: Memory,
     held: usize,
+    /// The part of `held` in caches.
+    cached: usize,
 }
 
 impl Meter {
-    fn add(&mut self, n: usize) {
+    fn add(&mut self, n: usize, cache: bool) {
         self.held += n;
-        self.memory.add(n);
+        self.cached += if cache { n } else { 0 };
+        self.memory.add(n, cache);
     }
 
-    fn sub(&mut self, n: usize) {
+    fn sub(&mut self, n: usize, cache: bool) {
         self.held -= n;
-        self.memory.sub(n);
+        self.cached -= if cache { n } else { 0 };
+        self.memory.sub(n, cache);
     }
 
-    /// An object counted for `*counted` bytes now holds `now`.
-    pub(super) fn resize(&mut self, counted: &mut usize, now: usize) {
+    /// An object counted for `counted` now holds `now` bytes.
+    pub(super) fn resize(&mut self, counted: &mut Counted, now: usize) {
         // Most calls leave the size as it was: no write to the account the partitions share.
-        if *counted != now {
-            self.sub(*counted);
-            self.add(now);
-            *counted = now;
+        if counted.bytes != now {
+            self.sub(counted.bytes, counted.cache);
+            self.add(now, counted.cache);
+            counted.bytes = now;
         }
+    }
+
+    /// Give back everything counted here.
+    fn clear(&mut self) {
+        let (held, cached) = (self.held, self.cached);
+        self.sub(cached, true);
+        self.sub(held - cached, false);
     }
 }
 
 impl Drop for ObjectMap {
     /// A partition replaced (failover, restore) gives its objects' bytes back.
     fn drop(&mut self) {
-        self.memory().sub(self.meter.held);
+        self.meter.clear();
     }
 }
 
@@ -86,7 +103,7 @@ impl ObjectMap {
 
     /// The entry at `key`, with the bytes it is counted for and the meter to call
     /// [`Meter::resize`] on after a change that may resize it.
-    pub(super) fn get_metered(&mut self, key: &str) -> Option<(&mut Entry, &mut usize, &mut Meter)> {
+    pub(super) fn get_metered(&mut self, key: &str) -> Option<(&mut Entry, &mut Counted, &mut Meter)> {
         let slot = *self.index.get(key)?;
         let (_, e, size) = self.slots[slot].as_mut()?;
         Some((e, size, &mut self.meter))
@@ -94,13 +111,16 @@ impl ObjectMap {
 
     /// Put `entry` at `key`, returning the entry it replaces.
     pub(super) fn insert(&mut self, key: String, entry: Entry) -> Option<Entry> {
-        let size = key.len() + entry.size();
-        self.meter.add(size);
         let cache = entry.is_cache();
+        let size = Counted {
+            bytes: key.len() + entry.size(),
+            cache,
+        };
+        self.meter.add(size.bytes, cache);
         if let Some(&slot) = self.index.get(key.as_str()) {
             let (key, e, counted) = self.slots[slot].as_mut()?;
             let old = std::mem::replace(counted, size);
-            self.meter.sub(old);
+            self.meter.sub(old.bytes, old.cache);
             match cache {
                 true => self.caches.insert(key.clone()),
                 false => self.caches.remove(&**key),
@@ -126,8 +146,8 @@ impl ObjectMap {
     pub(super) fn remove(&mut self, key: &str) -> Option<Entry> {
         let slot = self.index.remove(key)?;
         self.free.push(slot);
-        let (_, e, size) = self.slots[slot].take()?;
-        self.meter.sub(size);
+        let (_, e, counted) = self.slots[slot].take()?;
+        self.meter.sub(counted.bytes, counted.cache);
         if !self.caches.is_empty() {
             self.caches.remove(key);
         }
@@ -153,9 +173,11 @@ impl ObjectMap {
 
     /// Count this map's objects in `memory` from now on, instead of the account they were in.
     pub(super) fn set_memory(&mut self, memory: Memory) {
-        self.meter.memory.sub(self.meter.held);
-        memory.add(self.meter.held);
+        let (held, cached) = (self.meter.held, self.meter.cached);
+        self.meter.clear();
         self.meter.memory = memory;
+        self.meter.add(cached, true);
+        self.meter.add(held - cached, false);
     }
 
     /// Slots in use or free: every object is in a slot below this, and keeps its slot for
