@@ -240,4 +240,30 @@ mod tests {
         assert_eq!(*big.last().unwrap(), Value::from(0));
         assert_eq!(small[0], Value::from(small_lost as u64));
     }
+
+    #[test]
+    fn the_bytes_caches_hold_are_counted_apart() {
+        let mut h = Harness::new();
+        let memory = Memory::new(0);
+        h.p.set_memory(memory.clone());
+        let options = Value::Map(vec![("max_memory".into(), 1000.into())]);
+        h.create_ok("Dict", "c", vec![Value::Nil, options]);
+        h.create_ok("Dict", "plain", vec![]);
+        h.ok("Dict", "plain", "setitem", vec![1.into(), text(500)]);
+        assert_eq!(memory.cached(), 0, "an empty cache has nothing to give");
+        h.ok("Dict", "c", "setitem", vec![1.into(), text(500)]);
+        let cached = memory.cached();
+        assert!(cached > 500 && cached < memory.used() - 500, "{cached}");
+        h.ok("Dict", "c", "setitem", vec![2.into(), text(800)]);
+        assert!(memory.cached() <= 1000 && memory.cached() > 800);
+        // Moved to another account, and given back when dropped, caches' part too.
+        let other = Memory::new(0);
+        h.p.set_memory(other.clone());
+        assert_eq!((memory.used(), memory.cached()), (0, 0));
+        assert!(other.cached() > 800);
+        h.delete("c");
+        assert_eq!(other.cached(), 0);
+        drop(h);
+        assert_eq!(other.used(), 0);
+    }
 }

@@ -23,7 +23,8 @@ pub(super) struct ObjectMap {
     caches: BTreeSet<Arc<str>>,
 }
 
-/// What an object is counted for: its bytes, and whether they are a cache's.
+/// What an object is counted for: its bytes (its key's among them), and whether they are a
+/// cache's (its entries then count as cached: what eviction can free).
 pub(super) struct Counted {
     bytes: usize,
     cache: bool,
@@ -116,11 +117,13 @@ impl ObjectMap {
             bytes: key.len() + entry.size(),
             cache,
         };
-        self.meter.add(size.bytes, cache);
+        self.meter.add(key.len(), false);
+        self.meter.add(size.bytes - key.len(), cache);
         if let Some(&slot) = self.index.get(key.as_str()) {
             let (key, e, counted) = self.slots[slot].as_mut()?;
             let old = std::mem::replace(counted, size);
-            self.meter.sub(old.bytes, old.cache);
+            self.meter.sub(key.len(), false);
+            self.meter.sub(old.bytes - key.len(), old.cache);
             match cache {
                 true => self.caches.insert(key.clone()),
                 false => self.caches.remove(&**key),
@@ -147,7 +150,8 @@ impl ObjectMap {
         let slot = self.index.remove(key)?;
         self.free.push(slot);
         let (_, e, counted) = self.slots[slot].take()?;
-        self.meter.sub(counted.bytes, counted.cache);
+        self.meter.sub(key.len(), false);
+        self.meter.sub(counted.bytes - key.len(), counted.cache);
         if !self.caches.is_empty() {
             self.caches.remove(key);
         }
