@@ -3,7 +3,10 @@
 * warm invocation round trip of an empty function, p50 and p99 (one call at a time);
 * empty-function throughput (all calls submitted at once);
 * cold: the platform's start-up, then its first call with no warm worker yet;
-  peers: Ray tasks (`ray.init(num_cpus=2)`, local) and Lithops' localhost backend.
+  peers: Ray tasks (`ray.init(num_cpus=2)`, local) and Lithops' localhost backend;
+* a map of many tiny tasks without a chunk size (`spindle.Executor().map`, which batches
+  them) beside the standard library's `ThreadPoolExecutor.map` and Ray's
+  `ray.util.multiprocessing.Pool.map`.
 
 Monte Carlo pi's scaling with the number of workers is in bench/scaling.py.
 
@@ -37,6 +40,62 @@ def empty() -> None:
 
 def empty_of(_: object) -> None:  # Lithops passes each call one argument
     return None
+
+
+def tiny(x: int) -> int:
+    return x * x
+
+
+MAP_ROUNDS = 3
+
+
+def timed_map(map_fn, n: int) -> float:
+    """Median seconds of ``list(map_fn(tiny, range(n)))`` over MAP_ROUNDS, after a warm-up."""
+    expected = [tiny(i) for i in range(n)]
+    assert list(map_fn(tiny, range(n))) == expected
+    times = []
+    for _ in range(MAP_ROUNDS):
+        t = time.perf_counter()
+        result = list(map_fn(tiny, range(n)))
+        times.append(time.perf_counter() - t)
+        assert result == expected
+    return statistics.median(times)
+
+
+def map_spindle(n: int) -> float:
+    import spindle
+
+    server, address = start_server()
+    try:
+        spindle.connect(address)
+        with spindle.Executor(echo=False) as ex:
+            return timed_map(ex.map, n)
+    finally:
+        spindle.disconnect()
+        server.stdin.close()
+        server.wait(10)
+
+
+def map_stdlib(n: int) -> float:
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor() as ex:
+        return timed_map(ex.map, n)
+
+
+def map_ray(n: int) -> float:
+    import ray
+    from ray.util.multiprocessing import Pool
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        pool = Pool(processes=2)
+        try:
+            return timed_map(pool.map, n)
+        finally:
+            pool.terminate()
+    finally:
+        ray.shutdown()
 
 
 def start_server(*args: str) -> tuple[subprocess.Popen, str]:
@@ -185,10 +244,10 @@ def bench(name: str, calls: int, burst: int, colds: int) -> dict:
     return {"lat": lat, "tput": tput, "startup": startup, "first": first}
 
 
-def _run_child(name: str, calls: int, burst: int, colds: int, out) -> None:
+def _run_child(fn, args: tuple, out) -> None:
     os.setsid()  # its own process group: the peer's processes can be killed with it
     try:
-        out.put(("ok", bench(name, calls, burst, colds)))
+        out.put(("ok", fn(*args)))
     except Exception as e:  # reported by the parent
         out.put(("error", f"{type(e).__name__}: {e}"))
 
@@ -201,12 +260,13 @@ def kill_group(pid: int) -> None:
         pass
 
 
-def run_isolated(name: str, calls: int, burst: int, colds: int, limit_s: float) -> dict:
-    """Run a peer's benchmark in a child process, so a peer that hangs (seen with Lithops'
-    localhost backend) is stopped after `limit_s` and reported instead of stalling the run."""
+def run_isolated(fn, args: tuple, limit_s: float):
+    """``fn(*args)`` (a peer's benchmark) in a child process, so a peer that hangs (seen with
+    Lithops' localhost backend) is stopped after `limit_s` and reported instead of stalling
+    the run."""
     ctx = mp.get_context("fork")  # the child keeps __main__, where the functions live
     out = ctx.Queue()
-    child = ctx.Process(target=_run_child, args=(name, calls, burst, colds, out))
+    child = ctx.Process(target=_run_child, args=(fn, args, out))
     child.start()
     try:
         status, value = out.get(timeout=limit_s)
@@ -230,18 +290,22 @@ def main() -> None:
     ap.add_argument("--colds", type=int, default=1 if QUICK else 3, help="fresh starts for the cold figures")
     ap.add_argument("--lithops-calls", type=int, default=5 if QUICK else 10)
     ap.add_argument("--lithops-burst", type=int, default=20 if QUICK else 50)
+    ap.add_argument("--map-tasks", type=int, default=2000 if QUICK else 10_000,
+                    help="tiny tasks for the map without a chunk size")
+    ap.add_argument("--no-peers", action="store_true", help="Spindle and the standard library only")
     ap.add_argument("--no-docs", action="store_true")
     args = ap.parse_args()
 
     results, missing = {}, {}
-    for name, calls, burst in [("spindle", args.calls, args.burst), ("ray", args.calls, args.burst),
-                               ("lithops", args.lithops_calls, args.lithops_burst)]:
+    peers = [] if args.no_peers else [("ray", args.calls, args.burst),
+                                      ("lithops", args.lithops_calls, args.lithops_burst)]
+    for name, calls, burst in [("spindle", args.calls, args.burst), *peers]:
         log(f"{name}: {args.colds} cold start(s) and first calls, {calls} sequential calls, then {burst} at once")
         if name == "spindle":  # Spindle's own failure fails the benchmark
             results[name] = bench(name, calls, burst, args.colds)
             continue
         try:
-            results[name] = run_isolated(name, calls, burst, args.colds, 120)
+            results[name] = run_isolated(bench, (name, calls, burst, args.colds), 120)
         except Exception as e:  # a peer that cannot run here is reported, never faked
             missing[name] = f"{type(e).__name__}: {e}"
             log(f"  {name} could not run: {missing[name]}")
@@ -283,6 +347,31 @@ def main() -> None:
         ][:3 if goal else 1]  # Lithops: the round trip is enough for the summary
     headers = ["measure", "spindle", "peer", "speed-up (peer/spindle time)"]
     print_table(headers, rows)
+
+    log(f"map of {args.map_tasks:,} tiny tasks without a chunk size: spindle, the standard library"
+        + ("" if args.no_peers else ", ray"))
+    maps = {"spindle.Executor().map": map_spindle(args.map_tasks),
+            "concurrent.futures.ThreadPoolExecutor().map": map_stdlib(args.map_tasks)}
+    if not args.no_peers:
+        try:
+            maps["ray.util.multiprocessing.Pool().map"] = run_isolated(map_ray, (args.map_tasks,), 300)
+        except Exception as e:
+            missing["ray Pool.map"] = f"{type(e).__name__}: {e}"
+            log(f"  ray Pool.map could not run: {missing['ray Pool.map']}")
+    mine = maps["spindle.Executor().map"]
+    map_headers = [f"map of {args.map_tasks:,} tiny tasks (median of {MAP_ROUNDS})", "seconds",
+                   "vs spindle (its time / spindle's)"]
+    map_rows = [[name, t, t / mine] for name, t in maps.items()]
+    print_table(map_headers, map_rows)
+    stdlib = maps["concurrent.futures.ThreadPoolExecutor().map"]
+    claims.append(Claim(f"map of {args.map_tasks:,} tiny tasks, vs the standard library's thread pool",
+                        f"{mine:.2f} s", f"ThreadPoolExecutor {stdlib:.2f} s", stdlib / mine,
+                        "within 3x", mine <= 3 * stdlib))
+    ray_map = maps.get("ray.util.multiprocessing.Pool().map")
+    if ray_map is not None:
+        claims.append(Claim(f"map of {args.map_tasks:,} tiny tasks, vs Ray's multiprocessing Pool",
+                            f"{mine:.2f} s", f"ray Pool {ray_map:.2f} s", ray_map / mine, "≥ 5.0",
+                            ray_map >= 5 * mine))
     if args.no_docs:
         return
 
@@ -301,6 +390,13 @@ def main() -> None:
         "at least 3,000 calls/s and at least 2x Ray.",
         "",
         *table(headers, rows),
+        "",
+        f"A map of {args.map_tasks:,} tiny tasks (`x * x`) without a chunk size, from a warm pool "
+        "(median of 3 after a warm-up): Spindle sends them in batches by itself. Goals: within "
+        "3x of the standard library's thread pool, at least 5x faster than Ray's "
+        "`ray.util.multiprocessing.Pool`.",
+        "",
+        *table(map_headers, map_rows),
         "",
         *[f"Goal missed: {c.experiment}: {c.spindle} against {c.peer} (goal {c.goal}). Spindle's "
           f"calls and the peer's share the machine's {os.cpu_count()} cores with the client submitting them, so "

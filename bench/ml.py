@@ -39,12 +39,17 @@ from spindle.embedded import find_binary
 
 
 GOAL_EFFICIENCY = 0.75  # k-means with 2 threads against one NumPy process
+LOST_UPDATE_GOAL = 1.05  # the lost-update check's cost: at most 5%
 
 
-def example(name: str, *args: str, local: bool = False, workers: int | None = None) -> dict:
+def example(name: str, *args: str, local: bool = False, workers: int | None = None,
+            lost_updates: bool = True) -> dict:
     """Run examples/NAME.py with `spindle run` (a pool of `workers` when given), or locally
-    with --local; its JSON result. One BLAS thread per process: one core per cloud thread."""
+    with --local; its JSON result. One BLAS thread per process: one core per cloud thread.
+    ``lost_updates=False``: the workers skip the lost-update check (to measure its cost)."""
     env = {k: v for k, v in os.environ.items() if k != "SPINDLE_ADDRESS"}
+    if not lost_updates:
+        env["SPINDLE_LOST_UPDATES"] = "0"
     env["PYTHONPATH"] = str(ROOT / "python")
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = "1"
@@ -195,6 +200,8 @@ def main() -> None:
         km_runs["local"].append(per_iteration(example("kmeans", *km_args, local=True)))
     log("logistic regression: spindle")
     lr_spindle = example("logistic_regression", *lr_args, "--epochs", str(args.epochs))
+    lu_headers, lu_rows, lu_worst = lost_update_cost(args, km_args, lr_args, km_runs["shared"],
+                                                     lr_spindle)
     log("logistic regression: one NumPy process")
     lr_numpy = example("logistic_regression", *lr_args, "--epochs", str(args.epochs), local=True)
 
@@ -240,6 +247,7 @@ def main() -> None:
                         target, lr_mllib["seconds"], mine if mine else "not reached",
                         lr_mllib["seconds"] / mine if mine else "-"])
     print_table(lr_headers, lr_rows)
+    print_table(lu_headers, lu_rows)
     if args.no_docs:
         return
 
@@ -269,6 +277,13 @@ def main() -> None:
         "",
         *table(lr_headers, lr_rows),
         "",
+        "The lost-update check (`spindle.LostUpdateWarning`: each function call compares, in its "
+        "worker, the state it could change without sharing it before and after the call) costs "
+        f"at most {LOST_UPDATE_GOAL - 1:.0%}: the same runs with the workers' check off "
+        "(`SPINDLE_LOST_UPDATES=0`), taking turns with the runs above.",
+        "",
+        *table(lu_headers, lu_rows),
+        "",
         *[f"![{Path(i).stem}]({i})" for i in images],
     ]
     update_section("ml", "\n".join(lines))
@@ -284,7 +299,35 @@ def main() -> None:
         claims.append(Claim(f"logistic regression to {label}'s loss {target:.3f}",
                             f"{mine:.2f} s" if reached else "not reached", f"{label} {peer:.2f} s",
                             speedup if reached else 0.0, "≥ 2.0", reached and speedup >= 2.0))
+    claims.append(Claim("lost-update check, k-means and logistic regression", f"x{lu_worst:.3f} at worst",
+                        "the check off", lu_worst, f"≤ {LOST_UPDATE_GOAL}", lu_worst <= LOST_UPDATE_GOAL))
     summarize("ml", claims)
+
+
+def lost_update_cost(args, km_args, lr_args, km_with: list[float], lr_with: dict):
+    """The lost-update check's cost: k-means (per iteration) and logistic regression (whole
+    run) with the workers' check on (the runs above, then as many more) and off, taking turns;
+    the table and the worst ratio on/off."""
+    km_without: list[float] = []
+    lr_on, lr_off = [lr_with["times"][-1]], []
+    km_with = list(km_with)
+    for r in range(args.rounds):
+        log(f"lost-update check off, round {r + 1}/{args.rounds}: k-means, logistic regression")
+        km_without.append(per_iteration(example("kmeans", *km_args, "--objects", "shared",
+                                                 lost_updates=False)))
+        lr_off.append(example("logistic_regression", *lr_args, "--epochs", str(args.epochs),
+                              lost_updates=False)["times"][-1])
+        if r:  # the first round's "on" runs are the ones above
+            km_with.append(per_iteration(example("kmeans", *km_args, "--objects", "shared")))
+            lr_on.append(example("logistic_regression", *lr_args, "--epochs",
+                                 str(args.epochs))["times"][-1])
+    rows = []
+    for label, on, off in (("k-means, s per iteration", statistics.median(km_with), statistics.median(km_without)),
+                           (f"logistic regression, s for {args.epochs} epochs", statistics.median(lr_on),
+                            statistics.median(lr_off))):
+        rows.append([label, off, on, on / off])
+    headers = ["lost-update check", "check off", "check on", "on / off"]
+    return headers, rows, max(r[3] for r in rows)
 
 
 def plot(km_rows, lr_spindle, lr_numpy, lr_gd, lr_mllib) -> list[str]:

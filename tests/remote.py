@@ -245,3 +245,14 @@ class Holder:
 
     def take(self, value: Any) -> str:
         return type(value).__name__
+
+
+def shout(i: int) -> int:
+    print(f"shout {i}")
+    return i
+
+
+def fail_at(i: int, bad: int) -> int:
+    if i == bad:
+        raise ValueError(f"task {i} failed")
+    return i

@@ -569,7 +569,7 @@ def test_the_embedded_server_runs_functions_of_the_main_script(child_env, tmp_pa
             """
         )
     )
-    env = {**child_env, "SPINDLE_ADDRESS": "127.0.0.1:0"}
+    env = {k: v for k, v in child_env.items() if k != "SPINDLE_ADDRESS"}  # a private server
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "[0, 1, 8, 27, 64, 125]" in out.stdout

@@ -165,6 +165,7 @@ def test_a_connection_that_never_says_hello_is_closed_and_one_that_did_stays():
 def test_bad_limits_are_refused_at_start():
     for args in (["--hello-timeout", "0"], ["--hello-timeout=-1"], ["--max-connections", "0"],
                  ["--frame-timeout", "0"], ["--client-timeout=-1"], ["--max-frame-values", "0"],
+                 ["--max-calls-in-flight", "0"],
                  ["--output-hard-limit", "10", "--output-limit", "20"]):
         out = subprocess.run([server_binary(), "server", "--port", "0", *args], capture_output=True, text=True,
                              timeout=30, stdin=subprocess.DEVNULL)
@@ -238,7 +239,8 @@ def test_a_client_whose_unread_replies_pass_the_hard_limit_is_closed(bounded):
 
 def test_a_session_that_never_acknowledges_keeps_a_bounded_reply_log(bounded):
     """Small calls returning 1 MiB each, from a session that sends no `acked`: the replies
-    recorded for its retries stay under --max-reply-log (the oldest are forgotten)."""
+    recorded for its retries stay under --max-reply-log (the oldest are forgotten, and a
+    retry of one is refused)."""
     server = start(bounded, "--max-reply-log", str(16 * MiB), "--partitions", "1")
     conn = greeted(server)
     create(conn, "Dict", "d")
@@ -253,7 +255,62 @@ def test_a_session_that_never_acknowledges_keeps_a_bounded_reply_log(bounded):
     reply = conn.roundtrip(call(9, "Dict", "d", "pop", "k", seq=600), 9)
     assert reply[1] == 0 and len(reply[2]) == MiB
     assert conn.roundtrip(call(10, "Dict", "d", "len"), 10)[2] == 1, "the pop did not run"
+    # An old one was forgotten: its retry is refused, never run a second time.
+    reply = conn.roundtrip(call(11, "Dict", "d", "pop", "k", seq=1), 11)
+    assert reply[1] == 1 and reply[2][0] == "ProtocolError" and "reply was forgotten" in reply[2][1], reply
+    assert conn.roundtrip(call(12, "Dict", "d", "len"), 12)[2] == 1, "the pop did not run"
     conn.close()
+
+
+def test_a_connection_parks_a_bounded_number_of_calls(bounded):
+    """A get parked on an empty queue costs the server about 100 bytes and its client 40:
+    past --max-calls-in-flight a connection's new calls are refused until one is answered."""
+    server = start(bounded, "--max-calls-in-flight", "1000")
+    conn = greeted(server)
+    create(conn, "Queue", "q")
+    conn.sock.sendall(b"".join(call(100 + i, "Queue", "q", "get") for i in range(1000)))
+    reply = conn.roundtrip(call(5, "Queue", "q", "qsize"), 5)
+    assert reply[2][0] == "Busy" and "--max-calls-in-flight" in reply[2][1], reply
+    assert conn.roundtrip(frame([6, "ping"]), 6)[2] == "pong", "requests that cannot wait still run"
+    # So does a withdraw, which makes room for one more call.
+    assert conn.roundtrip(frame([7, "withdraw", 101, "q"]), 7)[2] is True
+    assert conn.roundtrip(call(8, "Queue", "q", "qsize"), 8)[2] == 0
+    conn.sock.sendall(call(9, "Queue", "q", "get"))  # the one more call, parked
+    assert conn.roundtrip(call(10, "Queue", "q", "qsize"), 10)[2][0] == "Busy"
+    # A parked call answered by another client makes room too.
+    other = greeted(server)
+    assert other.roundtrip(call(11, "Queue", "q", "put", "x"), 11)[1] == 0
+    assert conn.roundtrip(b"", 100)[2] == "x"
+    assert conn.roundtrip(call(12, "Queue", "q", "qsize"), 12)[2] == 0
+    other.close()
+    conn.close()
+
+
+def test_sessions_opened_one_after_another_keep_bounded_reply_logs_together(bounded):
+    """Session after session, each filling its reply log and going away (its log kept for
+    --session-ttl): all the logs together stay under --max-reply-logs-total."""
+    server = start(bounded, "--max-reply-log", str(8 * MiB), "--max-reply-logs-total", str(32 * MiB),
+                   "--partitions", "1", "--session-ttl", "600")
+    owner = greeted(server)
+    create(owner, "Dict", "d")
+    owner.roundtrip(call(1, "Dict", "d", "setdefault", "k", b"z" * MiB), 1)
+    idle = rss(server)
+    for _ in range(40):  # 320 MiB recorded, unbounded
+        conn = greeted(server)
+        for seq in range(1, 9):
+            reply = conn.roundtrip(call(seq, "Dict", "d", "setdefault", "k", None, seq=seq), seq)
+            assert reply[1] == 0 and len(reply[2]) == MiB
+        conn.close()
+    held = rss(server) - idle
+    assert held < 32 * MiB + 100 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+    # A session's newest reply is still kept for a retry.
+    last = greeted(server)
+    assert last.roundtrip(call(1, "Dict", "d", "setdefault", "k", None, seq=1), 1)[1] == 0
+    reply = last.roundtrip(call(2, "Dict", "d", "pop", "k", seq=1), 2)
+    assert reply[1] == 0 and len(reply[2]) == MiB
+    assert last.roundtrip(call(3, "Dict", "d", "len"), 3)[2] == 1, "the pop did not run"
+    last.close()
+    owner.close()
 
 
 def test_large_frames_in_progress_share_a_budget_and_a_deadline(bounded):
@@ -303,6 +360,23 @@ def test_a_frame_of_tiny_values_is_refused_before_it_is_decoded(bounded):
     held = rss(server) - idle
     assert held < 48 * MiB + 150 * MiB, f"the server grew by {held / MiB:.0f} MiB"
     assert conn.roundtrip(frame([13, "ping"]), 13)[2] == "pong"
+    conn.close()
+
+
+def test_a_tuple_of_tiny_values_is_counted_too(bounded):
+    """A tuple (ext type 3) is decoded by the server (its pickles stamped, its items hashed as
+    a key): its items count against --max-frame-values like an array's."""
+    server = start(bounded, "--max-frame-values", str(MiB))
+    conn = greeted(server)
+    count = 4 * MiB
+    nils = b"\xdd" + count.to_bytes(4, "big") + b"\xc0" * count
+    tuple_of_nils = b"\xc9" + len(nils).to_bytes(4, "big") + b"\x03" + nils
+    # [14, "call", 0, 0, "List", "l", "append", [tuple_of_nils]]
+    head = b"".join(msgpack.packb(item) for item in [14, "call", 0, 0, "List", "l", "append"])
+    body = b"\x98" + head + b"\x91" + tuple_of_nils
+    reply = conn.roundtrip(len(body).to_bytes(4, "big") + body, 14)
+    assert reply[2][0] == "ProtocolError" and "--max-frame-values" in reply[2][1], reply
+    assert conn.roundtrip(frame([15, "ping"]), 15)[2] == "pong"
     conn.close()
 
 
@@ -375,6 +449,27 @@ def test_a_flood_of_bad_frames_is_logged_in_a_few_lines(bounded):
     conn.close()
 
 
+def test_a_flood_of_bad_calls_and_of_calls_over_max_memory_is_logged_in_a_few_lines(bounded):
+    """Each error is a line in the log (tests/test_server_log.py), but a client making bad
+    calls, or writes refused past --max-memory, as fast as it can is summarized."""
+    server = start(bounded, "--max-memory", "1000")
+    conn = greeted(server)
+
+    def flood(request: bytes, kind: str) -> None:
+        conn.sock.sendall(request * 20000)
+        for _ in range(20000):
+            assert conn.roundtrip(b"", 5)[2][0] == kind
+
+    create(conn, "Counter", "n")
+    flood(call(5, "Counter", "n", "add", "five"), "BadArguments")
+    create(conn, "Blob", "b", b"x" * 2000)  # over the limit from now on
+    flood(call(5, "Blob", "b", "append", b"y"), "OutOfMemory")
+    assert conn.roundtrip(frame([6, "ping"]), 6)[2] == "pong"
+    bad, refused = logged(server, "must be an integer"), logged(server, "over --max-memory")
+    assert 1 <= bad <= 2 and 1 <= refused <= 2, f"{bad} and {refused} lines logged"
+    conn.close()
+
+
 def test_past_max_memory_writes_are_refused_and_reads_and_deletes_still_run(bounded):
     server = start(bounded, "--max-memory", str(4 * MiB))
     with connected_to(server):
@@ -421,6 +516,64 @@ def test_max_memory_holds_across_partitions(bounded):
             except spindle.OutOfMemory:
                 refused += 1
         assert refused >= len(blobs) - written
+
+
+def test_max_memory_counts_what_each_object_costs_beyond_its_bytes(bounded):
+    """A million tiny objects take about 160 MB, though their keys and values hold 8: under a
+    --max-memory of 8 MiB the creates are refused long before."""
+    server = start(bounded, "--max-memory", str(8 * MiB))
+    conn = greeted(server)
+    idle = rss(server)
+    made = 0
+    for batch in range(100):
+        conn.sock.sendall(b"".join(frame([20, "create", 0, 0, "Counter", f"c{batch}.{i}", [], False])
+                                   for i in range(10000)))
+        replies = [conn.roundtrip(b"", 20) for _ in range(10000)]
+        made += sum(reply[1] == 0 for reply in replies)
+        if made < len(replies) * (batch + 1):
+            assert all(reply[1] == 0 or reply[2][0] == "OutOfMemory" for reply in replies)
+            break
+    assert made < 100_000, f"{made} objects made"
+    held = rss(server) - idle
+    assert held < 8 * MiB + 50 * MiB, f"the server grew by {held / MiB:.0f} MiB"
+    conn.close()
+
+
+def test_a_tiny_create_cannot_make_a_huge_array(bounded):
+    """A 40-byte create of an Array of 2^26 float64 took 512 MiB past a --max-memory of 8 MiB
+    (and as much again for each `get`): an Array holds 64 MiB at most, what a frame can set."""
+    server = start(bounded, "--max-memory", str(8 * MiB))
+    conn = greeted(server)
+    reply = conn.roundtrip(frame([2, "create", 0, 0, "Array", "a", [1 << 26], False]), 2)
+    assert reply[1] == 1 and reply[2][0] == "ValueError" and "too big" in reply[2][1], reply
+    assert conn.roundtrip(frame([3, "status"]), 3)[2]["memory_used"] < MiB
+    create(conn, "Array", "small", 1000)
+    conn.close()
+
+
+def test_the_items_of_parked_puts_count_against_max_memory(bounded):
+    """Puts parked on a full queue hold their items: 200 of 1 MiB held 240 MiB under a
+    --max-memory of 8 MiB, counted as nothing. Counted, later puts are refused, and the
+    items go from the count with the calls (here, with their connection)."""
+    server = start(bounded, "--max-memory", str(8 * MiB))
+    owner = greeted(server)
+    create(owner, "Queue", "q", 1)
+    assert owner.roundtrip(call(3, "Queue", "q", "put", "first"), 3)[1] == 0
+    putter = greeted(server)
+    putter.sock.sendall(b"".join(call(100 + i, "Queue", "q", "put", b"p" * MiB) for i in range(40))
+                        + frame([7, "ping"]))
+    refused = 0
+    while (reply := read_frame(putter.sock))[0] != 7:
+        assert reply[2][0] == "OutOfMemory", reply
+        refused += 1
+    assert refused >= 30, f"{40 - refused} puts parked"
+
+    def used() -> int:
+        return owner.roundtrip(frame([4, "status"]), 4)[2]["memory_used"]
+    assert used() > 8 * MiB
+    putter.close()
+    assert wait_until(lambda: used() < MiB, 10), used()
+    owner.close()
 
 
 def test_the_server_stays_within_max_memory_while_a_client_keeps_writing(bounded):

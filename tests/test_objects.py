@@ -230,7 +230,13 @@ def test_data_reprs_show_the_contents_like_the_builtins(uniq):
 
 
 def test_sync_object_reprs_stay_short(uniq):
-    assert repr(spindle.Lock(name=f"{uniq}.lock")) == f"<spindle.Lock '{uniq}.lock'>"
+    lock = spindle.Lock(name=f"{uniq}.lock")
+    assert repr(lock) == f"<spindle.Lock object '{uniq}.lock' [unlocked]>"
+    with lock:  # the state, as threading's locks show it
+        assert repr(lock) == f"<spindle.Lock object '{uniq}.lock' [locked]>"
+    rlock = spindle.RLock()
+    rlock.acquire()
+    assert repr(rlock) == f"<spindle.RLock object '{rlock.key}' [locked]>"
     event = spindle.Event()
     assert repr(event) == f"<spindle.Event '{event.key}'>"
     assert repr(spindle.Queue(name=f"{uniq}.q")) == f"<spindle.Queue '{uniq}.q'>"

@@ -667,6 +667,54 @@ def test_two_versions_of_a_class_cannot_live_under_one_type(uniq):
     spindle.delete(second)
 
 
+EDITED_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import spindle
+
+    @spindle.shared
+    class Tally:
+        def which(self):
+            return VERSION
+
+    if __name__ == "__main__":
+        try:
+            t = Tally(name=sys.argv[1]) if len(sys.argv) > 1 else Tally()
+            print(t.which())
+        except spindle.TypeMismatch as exc:
+            print("refused:", exc)
+    """
+)
+
+
+def test_an_edited_script_runs_again_once_only_named_objects_are_gone(child_env, tmp_path, uniq):
+    # A shared server that keeps an ended program's session for 10 minutes: its unnamed
+    # objects must still count as gone at once.
+    private = ServerProcess("--session-ttl", "600", *gateway_args(2))
+    try:
+        script = tmp_path / "prog.py"
+
+        def run(version: int, *args: str) -> str:
+            script.write_text(EDITED_SCRIPT.replace("VERSION", str(version)))
+            env = {**child_env, "SPINDLE_ADDRESS": private.address}
+            out = subprocess.run([sys.executable, str(script), *args], env=env,
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            return out.stdout.strip()
+
+        assert run(1) == "1"
+        assert run(2) == "2"  # the first run's unnamed object is gone with its program
+        assert run(2, f"{uniq}.kept") == "2"
+        refused = run(3)
+        assert refused.startswith("refused:"), refused
+        assert f"'{uniq}.kept'" in refused and "spindle.delete" in refused
+        with connected_to(private):
+            spindle.delete(spindle.attach("py:__main__.Tally", f"{uniq}.kept"))
+        assert run(3) == "3"
+    finally:
+        private.stop()
+
+
 def test_delete_drops_the_object(uniq):
     box = Box(1, name=f"{uniq}.box")
     assert spindle.delete(box) is True

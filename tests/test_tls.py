@@ -137,6 +137,38 @@ def test_a_stalled_handshake_does_not_hold_up_other_clients(tls_server: ServerPr
         assert Client(tls_server.address, tls=str(certs / "ca.pem")).ping() == "pong"
 
 
+def test_stalled_handshakes_count_against_max_connections(certs: Path) -> None:
+    """Connections that never finish their handshake hold descriptors and handshake state:
+    they count against --max-connections, and past it a new connection is closed at once."""
+    server = ServerProcess(*tls_args(certs), "--max-connections", "3", env=no_tls_env())
+    host, port = server.address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+
+    def handshake() -> None:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            context.wrap_socket(sock, server_hostname=host).close()
+
+    stalled = [socket.create_connection((host, int(port)), timeout=30) for _ in range(3)]
+    try:
+        for sock in stalled:
+            sock.sendall(b"\x16\x03\x01")  # the start of a handshake record, and no more
+        with pytest.raises(OSError):  # an SSLError, or the connection reset
+            handshake()
+        stalled.pop().close()
+
+        def served() -> bool:
+            try:
+                handshake()
+                return True
+            except OSError:
+                return False
+        assert wait_until(served, 10)
+    finally:
+        for sock in stalled:
+            sock.close()
+        server.stop()
+
+
 def test_the_cli_connects_with_tls_ca(tls_server: ServerProcess, certs: Path) -> None:
     status = subprocess.run(
         [server_binary(), "status", "--address", tls_server.address, "--tls-ca", str(certs / "ca.pem")],

@@ -3,7 +3,7 @@
 
 ```python
 import spindle
-spindle.connect()                 # $SPINDLE_ADDRESS, 127.0.0.1:7070, or an embedded server
+spindle.connect()                 # $SPINDLE_ADDRESS, else a private embedded server
 hits = spindle.Counter()          # unnamed: lives as long as this program's session
 words = spindle.Dict(name="words")  # named: found by name from any program
 ```
@@ -12,7 +12,9 @@ A server that speaks TLS is reached with its CA: ``$SPINDLE_TLS_CA`` (and
 ``$SPINDLE_TLS_CERT``/``$SPINDLE_TLS_KEY`` for a client certificate), or
 ``spindle.connect(address, tls="ca.pem")`` (or ``tls=spindle.tls_context(...)``).
 
-Porting a threaded program is a change of imports: every constructor takes the positional
+Porting a threaded program is a change of imports: ``from spindle import threading, queue,
+multiprocessing`` and ``from spindle.concurrent import futures`` are mirror modules with every
+public name of their standard-library twins; every constructor takes the positional
 arguments of its standard-library twin, ``name=`` is keyword-only, and errors are the
 exceptions the program already catches (``queue.Empty``, ``threading.BrokenBarrierError``,
 ``KeyError``...). Using any object connects implicitly.
@@ -25,7 +27,8 @@ Functions run on the server's worker pool: ``spindle.Thread`` (like ``threading.
 
 ``Lock.acquire`` and ``RLock.acquire`` return True and warn :class:`AbandonedLockWarning`
 when the previous holder died while holding the lock (a dead holder's ``Semaphore`` permits
-are given back silently).
+are given back silently). A cloud function that changes state it cannot share (a global, a
+closure's variable, its plain ``self``) warns :class:`LostUpdateWarning` at the caller.
 """
 
 from .client import Client, connect, disconnect, tls_context
@@ -36,6 +39,7 @@ from .errors import (
     AbandonedLockWarning,
     BlockingCallError,
     FunctionTimeout,
+    LostUpdateWarning,
     ObjectLost,
     ObjectNotFound,
     OutOfMemory,
@@ -49,6 +53,7 @@ from .errors import (
     TypeMismatch,
     Unauthorized,
     UnknownMethod,
+    UndecodableValue,
     UnknownType,
     UntrustedValue,
     WorkerCrashed,
@@ -90,6 +95,7 @@ __all__ = [
     "LifoQueue",
     "List",
     "Lock",
+    "LostUpdateWarning",
     "ObjectLost",
     "ObjectNotFound",
     "OutOfMemory",
@@ -110,6 +116,7 @@ __all__ = [
     "TypeMismatch",
     "Unauthorized",
     "UnknownMethod",
+    "UndecodableValue",
     "UnknownType",
     "UntrustedValue",
     "Value",

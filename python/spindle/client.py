@@ -41,7 +41,6 @@ FAILOVER_TIMEOUT = 30.0
 LEADER_CHECK = 2.0
 # In a cluster, how often (s) the presence thread checks its connection to every node.
 PRESENCE_INTERVAL = 1.0
-_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
 
 _get_ident = threading.get_ident
 
@@ -179,7 +178,9 @@ class Connection:
                 self.sock.settimeout(None)
 
     def _read(self) -> List[Any]:
-        return unpackb(self.read_body())
+        # Strict: a value that does not decode here is an error for the call that read it,
+        # never a placeholder handed to the program (the frame is read whole either way).
+        return unpackb(self.read_body(), strict=True)
 
     def read_body(self) -> bytes:
         """The body of the next frame from the server."""
@@ -833,12 +834,17 @@ def _listening(host: str, port: int) -> bool:
 def connect(address: Optional[str] = None, *, embedded: bool = True, tls: TLSOption = None) -> Client:
     """Connect this process to a Spindle server and return the client.
 
-    The address is ``address``, else ``$SPINDLE_ADDRESS``, else ``127.0.0.1:7070``. If nothing
-    listens there (and it is a local address), an embedded server is started on it for the
-    life of this program (port 0 picks a free port), and ``$SPINDLE_ADDRESS`` is set so that
-    child processes find it; with ``embedded=False`` that is a :class:`ServerUnavailable`
-    instead (the server's own workers and hosts must never start a server of their own).
-    Calling it again returns the same client.
+    The server is ``address``, else ``$SPINDLE_ADDRESS``; with neither, a private embedded
+    server is started on a free loopback port for the life of this program (as ``spindle
+    run`` does), and ``$SPINDLE_ADDRESS`` is set so that the program's child processes and
+    cloud functions find it. No other program finds that server by accident, and its exit
+    takes down no other program's objects. Programs share a server explicitly: ``spindle
+    server`` (port 7070 by default) and ``connect("auto")``, which takes ``$SPINDLE_ADDRESS``
+    or else the server on 127.0.0.1:7070. An address where nothing listens is a
+    :class:`ServerUnavailable` naming it (never a server started there). With
+    ``embedded=False`` no server is ever started: no address means "auto" (the server's own
+    workers and hosts must never start a server of their own). Calling it again returns the
+    same client.
 
     ``tls`` reaches a server that speaks TLS: the path of the CA file that signed its
     certificate, ``True`` for the system's CAs, or an ``ssl.SSLContext`` (see
@@ -853,28 +859,48 @@ def connect(address: Optional[str] = None, *, embedded: bool = True, tls: TLSOpt
             return _client
         if _client is not None:
             disconnect()
-        address = address or os.environ.get("SPINDLE_ADDRESS") or DEFAULT_ADDRESS
-        nodes = [a.strip() for a in address.split(",") if a.strip()]
-        host, port = parse_address(nodes[0])
+        named = address or os.environ.get("SPINDLE_ADDRESS") or ("auto" if not embedded else None)
         server = None
-        if len(nodes) > 1:  # a cluster: no embedded server, any listed node will do
-            if not any(_listening(*parse_address(n)) for n in nodes):
-                raise ServerUnavailable(f"no node of the spindle cluster at {address} is available")
-        elif not _listening(host, port):
-            if host not in _LOCAL_HOSTS or not embedded or resolve_tls(tls) is not None:
-                raise ServerUnavailable(f"spindle server at {address} is unavailable")
-            try:
-                server = EmbeddedServer(host, port)
-                _servers.append(server)
-                address = server.address
-            except ServerUnavailable:
-                if not _listening(host, port):  # lost a race with another starter?
-                    raise
+        if named is None:
+            if resolve_tls(tls) is not None:
+                raise ServerUnavailable(
+                    "no spindle server address for a TLS connection: set SPINDLE_ADDRESS or "
+                    "pass one to connect() (an embedded server is plaintext)"
+                )
+            server = EmbeddedServer("127.0.0.1", 0)
+            _servers.append(server)
+            address = server.address
+        else:
+            address = _listening_server(named)
         client = Client(address, server, tls)
         client.ping()
         os.environ["SPINDLE_ADDRESS"] = address
         _client = client
         return client
+
+
+def _listening_server(address: str) -> str:
+    """``address`` (or what ``"auto"`` finds) if a server listens there, else a
+    :class:`ServerUnavailable` naming it."""
+    if address == "auto":
+        found = os.environ.get("SPINDLE_ADDRESS") or DEFAULT_ADDRESS
+        if found != "auto" and _listening(*parse_address(found.split(",")[0].strip())):
+            return found
+        raise ServerUnavailable(
+            f"no running spindle server found for connect(\"auto\") at {found}: "
+            "start one with `spindle server`, or set SPINDLE_ADDRESS"
+        )
+    nodes = [a.strip() for a in address.split(",") if a.strip()]
+    if len(nodes) > 1:  # a cluster: any listed node will do
+        if not any(_listening(*parse_address(n)) for n in nodes):
+            raise ServerUnavailable(f"no node of the spindle cluster at {address} is available")
+    elif not nodes or not _listening(*parse_address(nodes[0])):
+        raise ServerUnavailable(
+            f"spindle server at {address} is unavailable: nothing listens there "
+            "(start it with `spindle server`, or leave SPINDLE_ADDRESS unset and call "
+            "connect() for a private embedded server)"
+        )
+    return address
 
 
 def disconnect() -> None:

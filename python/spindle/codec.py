@@ -53,9 +53,10 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
+import cloudpickle
 import msgpack
 
-from .errors import UntrustedValue
+from .errors import UndecodableValue, UntrustedValue
 
 EXT_PICKLE = 1
 EXT_REF = 2
@@ -211,7 +212,22 @@ def _default(obj: Any, ship: bool = False, plain: bool = False) -> Any:
             return ext
     if plain:
         raise _NotPlain
-    return msgpack.ExtType(EXT_PICKLE, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    return msgpack.ExtType(EXT_PICKLE, _pickle_value(obj))
+
+
+def _pickle_value(obj: Any) -> bytes:
+    """A value's pickle: by reference (plain pickle) where its classes can be imported by
+    name elsewhere; by value (cloudpickle) when one of them is of ``__main__`` (another
+    process's ``__main__`` is another program, or Spindle's worker) or of no importable place
+    (defined in a function), so that such values read anywhere as they do as arguments."""
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    # A class of __main__ pickles as the name "__main__" (a false match only costs speed).
+    if b"__main__" in data:
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return data
 
 
 def _default_plain(obj: Any) -> Any:
@@ -326,6 +342,8 @@ def _is_plain_dataclass(cls: Any) -> bool:
     if not isinstance(module, str) or not isinstance(qualname, str):
         return False
     if not all(p.isidentifier() for p in qualname.split(".")):  # "<locals>"
+        return False
+    if module == "__main__":  # no other process has this class under that name: by value
         return False
     if _lookup(module, qualname, False) is not cls:  # does not pickle by reference
         return False
@@ -551,8 +569,39 @@ def _decode_ndarray_ext(body: bytes) -> Any:
     return arr
 
 
+class _NotDecoded(Exception):
+    """Internal: a value that does not decode here, met by ``unpackb(strict=True)``."""
+
+    def __init__(self, placeholder: Unpicklable) -> None:
+        super().__init__()
+        self.placeholder = placeholder
+        error = placeholder.error
+        if isinstance(placeholder, UnknownDataclass):
+            self.why = f"dataclass {placeholder.module}.{placeholder.qualname}: {error}"
+        elif isinstance(error, (AttributeError, ImportError)) and "__main__" in str(error):
+            self.why = (f"{error} (a class of another program's __main__, written before "
+                        "values of such classes traveled by value)")
+        else:
+            self.why = f"{type(error).__name__}: {error}"
+
+
+def _strict(code: int, data: bytes) -> Any:
+    value = _ext_hook(code, data)
+    if isinstance(value, Unpicklable):
+        raise _NotDecoded(value)
+    return value
+
+
+def _strict_ext(code: int, data: bytes) -> Any:
+    # A tuple's or dataclass's items decode strictly too.
+    if code == EXT_TUPLE:
+        return tuple(_unpack(data, _strict_hook))
+    return _strict(code, data)
+
+
 _ext_hook = ext_hook()
 _lenient_hook = ext_hook(lenient=True)
+_strict_hook = _strict_ext
 _PASSTHROUGH = (Undecodable, UnknownDataclass)
 
 
@@ -577,17 +626,26 @@ def packb(value: Any, ship: bool = False) -> bytes:
                          strict_types=True)
 
 
-def unpackb(body: bytes, lenient: bool = False) -> Any:
+def unpackb(body: bytes, lenient: bool = False, strict: bool = False) -> Any:
     """Decode one MessagePack value.
 
     Raises :class:`spindle.UntrustedValue` for a pickle whose writer this process does not
     trust, after decoding all of ``body`` (so a reader stays in step): the exception's
     ``value`` is the whole value with :class:`Untrusted` placeholders for such pickles, which
-    ``lenient=True`` returns instead of raising.
+    ``lenient=True`` returns instead of raising. ``strict``: a value that does not decode
+    here raises :class:`spindle.UndecodableValue` instead of coming back as a placeholder
+    (what the client does with every reply: user code never gets a placeholder).
     """
     if lenient:
         return _unpack(body, _lenient_hook)
     try:
+        if strict:
+            try:
+                return _unpack(body, _strict_hook)
+            except _NotDecoded as exc:
+                raise UndecodableValue(
+                    f"a value read from the server does not decode here: {exc.why}"
+                ) from exc.placeholder.error
         return _unpack(body, _ext_hook)
     except UntrustedValue as exc:
         try:

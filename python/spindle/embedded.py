@@ -1,8 +1,10 @@
 """An embedded Spindle server: a child process that lives as long as this program.
 
-``spindle.connect()`` starts one when nothing listens at the address it wants. The server
-runs with ``--embedded``, so it exits by itself when its stdin pipe closes — at our exit, or
-if this process dies without cleaning up.
+``spindle.connect()`` starts one, on a free loopback port, when no server is named
+(``address``, ``$SPINDLE_ADDRESS``): the program's own, found by its children and cloud
+functions through ``$SPINDLE_ADDRESS`` and by no other program. The server runs with
+``--embedded``, so it exits by itself when its stdin pipe closes — at our exit, or if this
+process dies without cleaning up.
 """
 
 from __future__ import annotations

@@ -50,6 +50,14 @@ class AbandonedLockWarning(RuntimeWarning):
     """
 
 
+class LostUpdateWarning(RuntimeWarning):
+    """A cloud function changed state that stays in its worker: the attributes of the plain
+    object whose method it is, a module global, or a variable it closes over. The caller's
+    copy never sees the change (a silent wrong answer with ``threading``'s code). Warned at
+    the caller once per function and name; the message says the fix (``@spindle.shared``,
+    a ``spindle.Dict``...)."""
+
+
 if concurrent.futures.TimeoutError is TimeoutError:  # Python >= 3.11
     SpindleTimeout: type = TimeoutError
 else:  # pragma: no cover - Python 3.9 / 3.10
@@ -136,6 +144,13 @@ class UntrustedValue(SpindleError, PermissionError):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.writer, self.args[0] if self.args else None))
+
+
+class UndecodableValue(SpindleError, TypeError):
+    """A value read from the server does not decode in this process: its class is not here
+    (a class of another program's ``__main__``, a module this process lacks), or the value
+    is malformed. Raised where the value is read, instead of handing the program a
+    placeholder; the message says why."""
 
 
 class TLSError(SpindleError, ConnectionError):

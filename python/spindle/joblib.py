@@ -9,6 +9,9 @@ with joblib.parallel_backend("spindle"):
     RandomForestClassifier(n_jobs=-1).fit(X, y)   # unchanged scikit-learn code
 ```
 
+``from spindle.joblib import parallel_config`` in place of joblib's makes Spindle the backend
+of every ``with parallel_config(...)`` block (a change of imports).
+
 Each batch of joblib calls travels with cloudpickle to a worker of the server's pool and its
 results come back to joblib. ``n_jobs=-1`` means one function per core of this machine.
 Backend options (``joblib.parallel_backend("spindle", retries=2, echo=False, timeout=60)``)
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
+import joblib as _joblib
 from joblib import register_parallel_backend
 from joblib._parallel_backends import AutoBatchingMixin, ParallelBackendBase
 
@@ -102,4 +106,12 @@ class SpindleBackend(AutoBatchingMixin, ParallelBackendBase):
 
 register_parallel_backend(NAME, SpindleBackend)
 
-__all__ = ["NAME", "SpindleBackend"]
+
+def parallel_config(backend: Any = NAME, **options: Any) -> Any:
+    """``joblib.parallel_config`` whose backend is Spindle's unless told otherwise, so that
+    ``from joblib import parallel_config`` becomes ``from spindle.joblib import
+    parallel_config`` and the code under it runs its batches as Spindle functions."""
+    return _joblib.parallel_config(backend, **options)
+
+
+__all__ = ["NAME", "SpindleBackend", "parallel_config"]

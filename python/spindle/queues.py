@@ -81,3 +81,11 @@ class LifoQueue(Queue, type_name="LifoQueue"):
 
 class PriorityQueue(Queue, type_name="PriorityQueue"):
     """A queue that returns the lowest item first (equal items in FIFO order)."""
+
+
+class SimpleQueue(Queue):
+    """An unbounded FIFO queue with ``queue.SimpleQueue``'s methods (``put``, ``get``,
+    ``put_nowait``, ``get_nowait``, ``empty``, ``qsize``); it is a ``Queue`` in the server."""
+
+    def __init__(self, *, name: Optional[str] = None, persistent: bool = False) -> None:
+        super().__init__(0, name=name, persistent=persistent)

@@ -121,6 +121,15 @@ class Lock(Proxy, type_name="Lock"):
     def __exit__(self, *exc: Any) -> None:
         self._call("release", [])
 
+    def __repr__(self) -> str:
+        """``<spindle.Lock object 'key' [locked]>``: the state, as ``threading``'s locks show
+        it (without it when the server cannot be reached, so that ``repr`` never raises)."""
+        try:
+            state = "locked" if self.locked() else "unlocked"
+        except Exception:
+            return Proxy.__repr__(self)
+        return f"<spindle.{type(self).__name__} object {self._key!r} [{state}]>"
+
 
 class RLock(Lock, type_name="RLock"):
     """A reentrant lock owned by (this process's session, the calling thread)."""

@@ -34,6 +34,7 @@ import msgpack
 
 import spindle
 from spindle import client as _client_mod
+from spindle import lost_updates
 from spindle.client import Connection, parse_address
 from spindle.compute.invoker import Scoped
 
@@ -44,6 +45,10 @@ MAX_FRAME = int(os.environ.get("SPINDLE_MAX_FRAME", 64 << 20))
 REPORT_OVERHEAD = 4 << 10
 # An error's message and traceback are cut to this when a report would not fit otherwise.
 ERROR_TEXT_LIMIT = 8 << 10
+
+# Whether to look for lost updates (spindle/lost_updates.py): on unless the server's
+# environment says SPINDLE_LOST_UPDATES=0 (bench/ml.py measures the check's cost that way).
+CHECK_LOST_UPDATES = os.environ.get("SPINDLE_LOST_UPDATES", "1").strip() != "0"
 
 # Values pickled with the C pickler directly (cloudpickle is slower and not needed).
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -178,13 +183,17 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
     start = _perf()
     ok = True
     error = None
+    watched = None
     try:
         fn, args, kwargs = pickle.loads(payload)
+        if CHECK_LOST_UPDATES:
+            watched = lost_updates.watch(fn.fn if type(fn) is Scoped else fn, args)
         value = _call(fn, args, kwargs or {})
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker stays
         ok = False
         value = exc
     duration = _perf() - start
+    lost = lost_updates.changed(watched) if watched is not None else None
     if ok:
         try:
             result = _pickle_result(value)
@@ -211,7 +220,7 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
                      else v) for k, v in error.items()}
         if _error_size(result, error) > room:  # even that does not fit: drop the output
             stdout, stderr = b"", b""
-    return {
+    report = {
         "ok": ok,
         "result": result,
         "error": error,
@@ -221,6 +230,9 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
         "duration": duration,
         "peak_rss": _getrusage(_RUSAGE_SELF).ru_maxrss * 1024,
     }
+    if lost:
+        report["lost_updates"] = lost
+    return report
 
 
 def run_other(runtime: str, payload: bytes, options: Dict[str, Any], capture: Capture) -> Dict[str, Any]:

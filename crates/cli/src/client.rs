@@ -48,14 +48,26 @@ impl std::fmt::Display for Failure {
 #[derive(clap::Args, Clone, Default)]
 pub(crate) struct TlsArgs {
     /// Connect with TLS, trusting the CA certificates in FILE [default: $SPINDLE_TLS_CA].
-    #[arg(long, env = "SPINDLE_TLS_CA", value_name = "FILE")]
+    #[arg(long, env = "SPINDLE_TLS_CA", value_name = "FILE", hide_env = true)]
     pub(crate) tls_ca: Option<PathBuf>,
     /// Present this client certificate, for servers with --tls-client-ca [default:
     /// $SPINDLE_TLS_CERT].
-    #[arg(long, env = "SPINDLE_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    #[arg(
+        long,
+        env = "SPINDLE_TLS_CERT",
+        value_name = "FILE",
+        hide_env = true,
+        requires = "tls_key"
+    )]
     pub(crate) tls_cert: Option<PathBuf>,
     /// The client certificate's private key [default: $SPINDLE_TLS_KEY].
-    #[arg(long, env = "SPINDLE_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    #[arg(
+        long,
+        env = "SPINDLE_TLS_KEY",
+        value_name = "FILE",
+        hide_env = true,
+        requires = "tls_cert"
+    )]
     pub(crate) tls_key: Option<PathBuf>,
 }
 
@@ -716,6 +728,21 @@ pub fn objects(address: &str, prefix: &str, persistent: bool) -> Result<(), Stri
     let rows = Client::connect(address)?
         .objects(prefix, persistent)
         .map_err(|e| e.to_string())?;
+    if rows.is_empty() {
+        // On stderr: a listing piped elsewhere stays empty.
+        let which = if persistent {
+            "persistent objects"
+        } else {
+            "named objects"
+        };
+        let prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!(" starting with {prefix:?}")
+        };
+        eprintln!("no {which}{prefix} on {address}");
+        return Ok(());
+    }
     let width = rows.iter().map(|(name, _)| name.chars().count()).max().unwrap_or(0);
     for (name, type_name) in rows {
         println!("{name:<width$}  {type_name}");

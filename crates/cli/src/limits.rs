@@ -39,6 +39,14 @@ pub(crate) struct LimitArgs {
     /// them; past it, its oldest recorded are forgotten (as past 4096 replies).
     #[arg(long, default_value_t = Limits::default().reply_log, value_name = "BYTES")]
     max_reply_log: usize,
+    /// Bytes of replies all sessions keep together for their retries (shared evenly by the
+    /// shards); past it, the oldest of the largest logs are forgotten.
+    #[arg(long, default_value_t = Limits::default().reply_logs, value_name = "BYTES")]
+    max_reply_logs_total: usize,
+    /// Calls of one connection waiting for their reply (parked on a lock or a queue, say)
+    /// past which its new calls are refused (Busy).
+    #[arg(long, default_value_t = Limits::default().calls_in_flight, value_name = "N")]
+    max_calls_in_flight: usize,
     /// Bytes the objects may hold (keys and values, approximately): past it, caches (Dicts
     /// made with max_memory) evict their least recently used keys, then calls that may grow
     /// an object are refused with OutOfMemory (reads, deletes and shrinking calls still run).
@@ -67,6 +75,9 @@ impl LimitArgs {
         if self.max_frame_values == 0 {
             return Err("--max-frame-values must be positive".into());
         }
+        if self.max_calls_in_flight == 0 {
+            return Err("--max-calls-in-flight must be positive".into());
+        }
         Ok(Limits {
             max_connections: self
                 .max_connections
@@ -79,6 +90,8 @@ impl LimitArgs {
             output_soft: self.output_limit,
             output_hard: self.output_hard_limit,
             reply_log: self.max_reply_log,
+            reply_logs: self.max_reply_logs_total,
+            calls_in_flight: self.max_calls_in_flight,
             max_memory: self.max_memory.unwrap_or_else(default_max_memory),
         })
     }

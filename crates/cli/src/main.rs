@@ -21,7 +21,7 @@ use spindle_server::config::{
     default_max_workers, default_object_hosts, default_partitions, default_python, Fsync, FunctionsConfig, HostsConfig,
 };
 use spindle_server::{ClusterConfig, Config, RecoveryError, Server};
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 const DEFAULT_ADDRESS: &str = "127.0.0.1:7070";
 
@@ -39,7 +39,8 @@ struct Cli {
 enum Command {
     /// Run a state server (objects and functions) in the foreground.
     Server(Box<ServerArgs>),
-    /// Look at a cluster (`status`) or take a node out of it (`remove`).
+    /// Run a development cluster on this machine (`local`), look at a cluster (`status`), add
+    /// a node to it (`add`) or take one out (`remove`).
     Cluster(cluster::ClusterArgs),
     /// Run a Python program against $SPINDLE_ADDRESS, or else against a server started
     /// for it (and stopped after); exits with the program's exit code.
@@ -290,7 +291,9 @@ impl FunctionArgs {
 #[derive(Args)]
 pub(crate) struct AddressArg {
     /// Server address [default: $SPINDLE_ADDRESS or 127.0.0.1:7070].
-    #[arg(long, env = "SPINDLE_ADDRESS", default_value = DEFAULT_ADDRESS)]
+    // The help's first line says the default and the variable: clap's would repeat them.
+    #[arg(long, env = "SPINDLE_ADDRESS", default_value = DEFAULT_ADDRESS, hide_env = true,
+          hide_default_value = true)]
     pub(crate) address: String,
     #[command(flatten)]
     pub(crate) tls: client::TlsArgs,
@@ -401,6 +404,16 @@ const USAGE: u8 = 2;
 
 fn run_server(args: ServerArgs) -> ExitCode {
     init_logging("info");
+    // mimalloc asks for transparent huge pages on its arenas: each first touch then zeroes
+    // 2 MiB at once, stalling other clients' calls for milliseconds while one client's
+    // replies grow, and a few live bytes pin 2 MiB (Redis turns THP off for itself too).
+    // SAFETY: prctl(2) with PR_SET_THP_DISABLE only sets a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
+        debug!(
+            "could not turn transparent huge pages off: {}",
+            std::io::Error::last_os_error()
+        );
+    }
     let limits = match args.limits.config() {
         Ok(limits) => limits,
         Err(message) => {

@@ -182,6 +182,44 @@ fn objects_command_lists_named_objects() {
 }
 
 #[test]
+fn objects_command_says_when_there_are_none() {
+    let server = Server::start(&[]);
+    let said = |args: &[&str]| {
+        let output = spindle(args);
+        assert!(output.status.success(), "{args:?}");
+        assert!(output.stdout.is_empty(), "a listing piped elsewhere stays empty");
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let address = server.address.as_str();
+    assert!(said(&["objects", "--address", address]).contains("no named objects on "));
+    assert!(said(&["objects", "jobs/", "--address", address]).contains("no named objects starting with \"jobs/\""));
+    assert!(said(&["objects", "--persistent", "--address", address]).contains("no persistent objects"));
+}
+
+#[test]
+fn cluster_help_names_every_subcommand() {
+    let top = String::from_utf8(spindle(&["--help"]).stdout).unwrap();
+    let summary = top.lines().find(|l| l.trim_start().starts_with("cluster ")).unwrap();
+    let cluster = String::from_utf8(spindle(&["cluster", "--help"]).stdout).unwrap();
+    let first_line = cluster.lines().next().unwrap();
+    for subcommand in ["local", "status", "add", "remove"] {
+        assert!(summary.contains(&format!("`{subcommand}`")), "{summary}");
+        assert!(first_line.contains(&format!("`{subcommand}`")), "{first_line}");
+    }
+}
+
+#[test]
+fn status_help_gives_each_default_once() {
+    let help = String::from_utf8(spindle(&["status", "--help"]).stdout).unwrap();
+    let address = help.lines().find(|l| l.contains("--address")).unwrap();
+    assert_eq!(address.matches("default").count(), 1, "{address}");
+    assert_eq!(address.matches("SPINDLE_ADDRESS").count(), 1, "{address}");
+    for variable in ["SPINDLE_TLS_CA", "SPINDLE_TLS_CERT", "SPINDLE_TLS_KEY"] {
+        assert_eq!(help.matches(variable).count(), 1, "{help}");
+    }
+}
+
+#[test]
 fn help_is_available_everywhere() {
     for args in [
         vec!["--help"],

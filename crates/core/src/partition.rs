@@ -38,6 +38,12 @@ const REPLY_LOG_LEN: usize = 4096;
 /// ([`Partition::set_reply_log_limit`]).
 pub const DEFAULT_REPLY_LOG_BYTES: usize = 64 << 20;
 
+/// An object's key and the session it goes with (`None`: named or kept).
+pub type KeyAndOwner = (String, Option<Arc<str>>);
+
+/// Bytes of replies all clients keep together per partition unless told otherwise.
+pub const DEFAULT_REPLY_LOGS_BYTES: usize = 256 << 20;
+
 /// Prefix of the keys of unnamed objects; names given by users never start with it.
 pub const UNNAMED_PREFIX: char = '~';
 
@@ -137,6 +143,9 @@ struct ReplyLog {
     /// copy of one arriving now (delayed in the network, say, on a connection the client
     /// gave up) is refused, not run again.
     acked_below: u64,
+    /// Calls at or above `acked_below` whose replies were forgotten for room (sorted, at
+    /// most [`REPLY_LOG_LEN`]): a retry of one is refused, not run a second time.
+    forgotten: VecDeque<u64>,
     /// About how many bytes the replies take.
     bytes: usize,
 }
@@ -163,17 +172,11 @@ impl ReplyLog {
             (r.reply, r.durable) = (reply, durable);
             return;
         }
-        // Forget first: the rings never grow past their length, nor the log past its bytes.
-        while self.order.len() >= REPLY_LOG_LEN || (self.bytes > max_bytes && !self.order.is_empty()) {
-            let Some(old) = self.order.pop_front() else { break };
-            let at = match self.replies.front() {
-                Some(r) if r.seq == old => Some(0),
-                _ => self.position(old),
-            };
-            if let Some(r) = at.and_then(|i| self.replies.remove(i)) {
-                self.bytes -= reply_size(&r.reply);
-            }
+        if let Ok(i) = self.forgotten.binary_search(&seq) {
+            self.forgotten.remove(i); // a replica replaying it records it again
         }
+        // Forget first: the rings never grow past their length, nor the log past its bytes.
+        while (self.order.len() >= REPLY_LOG_LEN || self.bytes > max_bytes) && self.forget_oldest() {}
         self.order.push_back(seq);
         let recorded = Recorded { seq, reply, durable };
         if seq > self.highest {
@@ -184,6 +187,22 @@ impl ReplyLog {
             let i = self.replies.partition_point(|r| r.seq < seq);
             self.replies.insert(i, recorded);
         }
+    }
+
+    /// Forget the oldest recorded reply; false if none is left.
+    fn forget_oldest(&mut self) -> bool {
+        let Some(old) = self.order.pop_front() else {
+            return false;
+        };
+        let at = match self.replies.front() {
+            Some(r) if r.seq == old => Some(0),
+            _ => self.position(old),
+        };
+        if let Some(r) = at.and_then(|i| self.replies.remove(i)) {
+            self.bytes -= reply_size(&r.reply);
+            self.remember_forgotten(old);
+        }
+        true
     }
 
     /// Forget the replies below `seq`, and refuse those calls from now on: their client holds
@@ -198,6 +217,26 @@ impl ReplyLog {
         self.bytes -= forgotten;
         // Short: only the calls in flight are left.
         self.order.retain(|&s| s >= seq);
+        let gone = self.forgotten.partition_point(|&s| s < seq);
+        self.forgotten.drain(..gone);
+    }
+
+    fn remember_forgotten(&mut self, seq: u64) {
+        if self.forgotten.len() >= REPLY_LOG_LEN {
+            self.forgotten.pop_front();
+        }
+        match self.forgotten.back() {
+            Some(&last) if last > seq => {
+                let i = self.forgotten.partition_point(|&s| s < seq);
+                self.forgotten.insert(i, seq);
+            }
+            _ => self.forgotten.push_back(seq),
+        }
+    }
+
+    /// Whether `seq`'s reply was recorded, then forgotten for room.
+    fn was_forgotten(&self, seq: u64) -> bool {
+        self.forgotten.binary_search(&seq).is_ok()
     }
 
     fn position(&self, seq: u64) -> Option<usize> {
@@ -275,7 +314,9 @@ pub struct Partition {
     /// Parked mutating calls whose eventual reply must be recorded.
     parked_seqs: HashMap<Token, (Arc<str>, u64)>,
     logs: HashMap<Arc<str>, ReplyLog>,
-    /// Bytes of replies a client's log may hold before its new calls are refused.
+    /// The bytes of all the logs together.
+    logs_bytes: usize,
+    /// Bytes of replies a client's log may hold, and all of them together.
     reply_log_limit: ReplyLogLimit,
     /// Keys of connection-tracking objects each connection has used (for disconnect clean-up).
     conn_keys: HashMap<ConnId, HashSet<String>>,
@@ -319,11 +360,17 @@ pub struct Partition {
     capture: Option<snapshot::Capture>,
 }
 
-struct ReplyLogLimit(usize);
+struct ReplyLogLimit {
+    per_client: usize,
+    total: usize,
+}
 
 impl Default for ReplyLogLimit {
     fn default() -> Self {
-        ReplyLogLimit(DEFAULT_REPLY_LOG_BYTES)
+        ReplyLogLimit {
+            per_client: DEFAULT_REPLY_LOG_BYTES,
+            total: DEFAULT_REPLY_LOGS_BYTES,
+        }
     }
 }
 
@@ -354,10 +401,38 @@ impl Partition {
         self.objects.is_empty()
     }
 
-    /// Refuse a client's new calls while its recorded replies here take more than `bytes`
-    /// (it acknowledges none, say): the log of every other client is its own.
-    pub fn set_reply_log_limit(&mut self, bytes: usize) {
-        self.reply_log_limit = ReplyLogLimit(bytes);
+    /// Keep at most `per_client` bytes of a client's recorded replies here (it acknowledges
+    /// none, say), forgetting its oldest; and at most `total` of all clients' together,
+    /// forgetting the oldest of the largest log first, so that clients opening session
+    /// after session, each filling its log, cannot take the server's memory.
+    pub fn set_reply_log_limit(&mut self, per_client: usize, total: usize) {
+        self.reply_log_limit = ReplyLogLimit { per_client, total };
+    }
+
+    /// Record `seq`'s reply in `client`'s log, within the limits (see
+    /// [`set_reply_log_limit`](Self::set_reply_log_limit)).
+    fn record_reply(&mut self, client: &Arc<str>, seq: u64, reply: Reply, durable: bool) {
+        // The client's log is found by reference: its name is cloned only for a new one.
+        let log = match self.logs.get_mut(client) {
+            Some(log) => log,
+            None => self.logs.entry(client.clone()).or_default(),
+        };
+        let before = log.bytes;
+        log.record(seq, reply, durable, self.reply_log_limit.per_client);
+        self.logs_bytes = self.logs_bytes + log.bytes - before;
+        while self.logs_bytes > self.reply_log_limit.total {
+            // The largest by bytes, then by name: the same on every replica.
+            let largest = self
+                .logs
+                .iter_mut()
+                .max_by(|a, b| (a.1.bytes, a.0).cmp(&(b.1.bytes, b.0)));
+            let Some((_, log)) = largest else { break };
+            let before = log.bytes;
+            if !log.forget_oldest() {
+                break;
+            }
+            self.logs_bytes -= before - log.bytes;
+        }
     }
 
     /// Count this partition's objects in `memory` (shared by a server's partitions), and
@@ -387,6 +462,26 @@ impl Partition {
             .get(&(type_name.to_string(), version.to_string()))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The live user-defined objects of `type_name` at `version`, as `(key, owner)`: the
+    /// session an unnamed object goes with, `None` for a named (or kept) one. What stops
+    /// another version from being defined, for the refusal to name.
+    pub fn objects_of_version(&self, type_name: &str, version: &str) -> Vec<KeyAndOwner> {
+        if self.count_version(type_name, version) == 0 {
+            return Vec::new();
+        }
+        self.objects
+            .iter()
+            .filter_map(|(key, e)| match &e.body {
+                Body::User(u)
+                    if u.type_name == type_name && u.version == version && !matches!(u.state, UserState::Lost(_)) =>
+                {
+                    Some((key.to_string(), e.owner.clone()))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// The code of class `type_name` at `version`, if this partition logged it.
@@ -616,10 +711,7 @@ impl Partition {
                 }
                 if let Some(client) = client.filter(|_| seq != 0) {
                     let client: Arc<str> = Arc::from(client);
-                    self.logs
-                        .entry(client.clone())
-                        .or_default()
-                        .record(seq, reply, true, self.reply_log_limit.0);
+                    self.record_reply(&client, seq, reply, true);
                     self.logged_clients.insert(client);
                 }
                 self.highest_logged_conn = self.highest_logged_conn.max(token.conn);
@@ -745,7 +837,9 @@ impl Partition {
                 None => self.logs.entry(caller.client.clone()).or_default(),
             };
             // Never the call's own reply: a client acknowledging it is mistaken.
+            let before = log.bytes;
             log.acknowledge(acked.min(seq));
+            self.logs_bytes -= before - log.bytes;
         }
         // Only live calls: a logged one was accepted where it ran, and a replica (whose mark
         // may be higher, from a leader's snapshot) must apply it the same.
@@ -757,6 +851,17 @@ impl Partition {
                         "call {seq} of this session is not run again: its session acknowledged the replies of \
                          its calls below {}, so this is a stale copy",
                         log.acked_below
+                    ),
+                );
+                out.push(Delivery { token, reply: Err(e) });
+                return out;
+            }
+            if log.was_forgotten(seq) {
+                let e = Error::new(
+                    ErrorKind::ProtocolError,
+                    format!(
+                        "call {seq} of this session ran, but its reply was forgotten: the session's unacknowledged \
+                         replies passed --max-reply-log, so it is not run again"
                     ),
                 );
                 out.push(Delivery { token, reply: Err(e) });
@@ -951,7 +1056,7 @@ impl Partition {
         };
         let Some(obj) = entry.body.builtin() else { return 0 };
         let freed = obj.evict(bytes);
-        meter.resize(counted, key.len() + obj.size());
+        meter.resize(counted, memory::object_size(key, obj.size()));
         freed
     }
 
@@ -1006,12 +1111,7 @@ impl Partition {
         out: &mut Vec<Delivery>,
     ) {
         if record && seq != 0 {
-            // The client's log is found by reference: its name is cloned only for a new one.
-            let log = match self.logs.get_mut(&caller.client) {
-                Some(log) => log,
-                None => self.logs.entry(caller.client.clone()).or_default(),
-            };
-            log.record(seq, reply.clone(), logged, self.reply_log_limit.0);
+            self.record_reply(&caller.client, seq, reply.clone(), logged);
         }
         out.push(Delivery { token, reply });
     }
@@ -1035,10 +1135,7 @@ impl Partition {
             self.hosted.remove(&d.token);
             let logged = self.parked_records.remove(&d.token).is_some() | self.logged_hosted.remove(&d.token);
             if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
-                self.logs
-                    .entry(client)
-                    .or_default()
-                    .record(seq, d.reply.clone(), logged, self.reply_log_limit.0);
+                self.record_reply(&client, seq, d.reply.clone(), logged);
             }
         }
     }
@@ -1187,7 +1284,7 @@ impl Partition {
         let mut ctx = Ctx::new(caller, token, now, out);
         let step = obj.apply(method, &args, &mut ctx);
         if record {
-            meter.resize(counted, key.len() + obj.size());
+            meter.resize(counted, memory::object_size(key, obj.size()));
         }
         if obj.tracks_connections() {
             self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
@@ -1544,7 +1641,7 @@ impl Partition {
             let (key, token) = entry.remove();
             self.timer_of.remove(&token);
             self.preserve(&key);
-            let Some(e) = self.objects.get_mut(&key) else {
+            let Some((e, counted, meter)) = self.objects.get_metered(&key) else {
                 continue;
             };
             let persistent = e.persistent;
@@ -1552,6 +1649,8 @@ impl Partition {
                 let before = out.len();
                 let mut ctx = Ctx::new(&caller, token, now, &mut out);
                 obj.expire(token, &mut ctx);
+                // A parked call gone may take what it held (a put's item).
+                meter.resize(counted, memory::object_size(&key, obj.size()));
                 if persistent && out.len() > before {
                     self.log(Record::Expire { key, token }.encode());
                 }
@@ -1572,7 +1671,7 @@ impl Partition {
         // reply must not overtake that answer.
         self.touched_persistent |= self.storage != Storage::None;
         self.preserve(key);
-        let Some(e) = self.objects.get_mut(key) else {
+        let Some((e, counted, meter)) = self.objects.get_metered(key) else {
             return out;
         };
         let persistent = e.persistent;
@@ -1580,6 +1679,7 @@ impl Partition {
             let mut ctx = Ctx::new(&caller, token, now, &mut out);
             ctx.withdrawing = true;
             obj.expire(token, &mut ctx);
+            meter.resize(counted, memory::object_size(key, obj.size()));
         }
         if persistent && !out.is_empty() {
             let key = key.to_string();
@@ -1598,9 +1698,12 @@ impl Partition {
         let caller = system_caller();
         for key in self.conn_keys.remove(&conn).unwrap_or_default() {
             self.preserve(&key);
-            if let Some(obj) = self.objects.get_mut(&key).and_then(|e| e.body.builtin()) {
-                let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
-                obj.disconnect(conn, &mut ctx);
+            if let Some((e, counted, meter)) = self.objects.get_metered(&key) {
+                if let Some(obj) = e.body.builtin() {
+                    let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
+                    obj.disconnect(conn, &mut ctx);
+                    meter.resize(counted, memory::object_size(&key, obj.size()));
+                }
             }
         }
         // Calls with an object host still run there: a retry must get their reply.
@@ -1639,7 +1742,9 @@ impl Partition {
         self.moved.retain(|_, (_, owner)| owner.as_deref() != Some(client));
         // Parked calls of other sessions answered NotFound keep exactly-once.
         self.settle(&out);
-        self.logs.remove(client);
+        if let Some(log) = self.logs.remove(client) {
+            self.logs_bytes -= log.bytes;
+        }
         // Its calls still running in object hosts are answered to closed connections; with
         // the session gone nobody can retry them, so their replies are not recorded.
         self.parked_seqs.retain(|_, (c, _)| **c != *client);
@@ -1929,6 +2034,53 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_of_a_call_whose_reply_was_forgotten_for_room_is_refused_not_run_again() {
+        let mut p = Harness::new();
+        p.p.set_reply_log_limit(1 << 10, usize::MAX);
+        p.create_ok("Dict", "d", vec![]);
+        let setdefault = |value: Value| Op::Call {
+            type_name: "Dict".into(),
+            key: "d".into(),
+            method: "setdefault".into(),
+            args: vec!["k".into(), value],
+        };
+        let big = Value::Binary(vec![1; 600]);
+        // A session that never acknowledges: each 600-byte reply pushes the previous out.
+        for seq in 1..=3 {
+            let t = p.token(1);
+            let out = p.p.apply(&who(1), t, seq, 0, setdefault(big.clone()), p.now);
+            assert_eq!(value_of(&out, t), big);
+        }
+        assert!(p.p.logs["c1"].get(1).is_none(), "forgotten for room");
+        let t = p.token(1);
+        let out = p.p.apply(&who(1), t, 1, 0, setdefault(Value::Nil), p.now);
+        let e = error_of(&out, t);
+        assert_eq!(e.kind, ErrorKind::ProtocolError);
+        assert!(
+            e.message.contains("reply was forgotten") && e.message.contains("--max-reply-log"),
+            "{e}"
+        );
+        // Still recorded: answered from the log. New calls run.
+        let t = p.token(1);
+        assert_eq!(
+            value_of(&p.p.apply(&who(1), t, 3, 0, setdefault(Value::Nil), p.now), t),
+            big
+        );
+        let t = p.token(1);
+        assert_eq!(
+            value_of(&p.p.apply(&who(1), t, 4, 0, setdefault(Value::Nil), p.now), t),
+            big
+        );
+        // Acknowledged, the forgotten call is a stale copy, as any acknowledged one.
+        let t = p.token(1);
+        p.p.apply(&who(1), t, 5, 5, setdefault(Value::Nil), p.now);
+        let t = p.token(1);
+        let out = p.p.apply(&who(1), t, 1, 0, setdefault(Value::Nil), p.now);
+        assert!(error_of(&out, t).message.contains("stale copy"));
+        assert!(p.p.logs["c1"].forgotten.is_empty());
+    }
+
+    #[test]
     fn a_replica_replaying_the_log_forgets_the_same_replies() {
         let (mut live, now) = (Partition::new(), Instant::now());
         live.enable_storage();
@@ -2011,26 +2163,57 @@ mod tests {
     }
 
     #[test]
+    fn all_clients_logs_together_stay_under_their_total_the_largest_forgetting_first() {
+        let mut p = Partition::new();
+        p.set_reply_log_limit(8 << 20, 20 << 20);
+        let big = || Ok(Value::Binary(vec![7; 1 << 20]));
+        let small: Arc<str> = Arc::from("small");
+        p.record_reply(&small, 1, Ok(Value::from(1)), false);
+        // Session after session, each filling its own log.
+        for n in 0..10 {
+            let client: Arc<str> = Arc::from(format!("c{n}"));
+            for seq in 1..=8 {
+                p.record_reply(&client, seq, big(), false);
+            }
+            let total: usize = p.logs.values().map(|log| log.bytes).sum();
+            assert_eq!(total, p.logs_bytes);
+            assert!(total <= 20 << 20, "{total} bytes after {n}");
+        }
+        assert!(p.logs["small"].get(1).is_some(), "a small log is left alone");
+        assert!(p.logs["c9"].get(8).is_some(), "the newest reply is kept");
+        // An ended session gives its bytes back.
+        p.end_session("c9", Instant::now());
+        assert_eq!(p.logs_bytes, p.logs.values().map(|log| log.bytes).sum::<usize>());
+    }
+
+    #[test]
     fn a_reply_log_answers_as_a_map_that_forgets_the_oldest_recorded_first() {
         // The model: what the log must answer, however its calls arrive.
         #[derive(Default)]
         struct Model {
             replies: BTreeMap<u64, (Reply, bool)>,
             order: VecDeque<u64>,
+            forgotten: BTreeSet<u64>,
         }
         impl Model {
             fn record(&mut self, seq: u64, reply: Reply, durable: bool) {
+                self.forgotten.remove(&seq);
                 if self.replies.insert(seq, (reply, durable)).is_none() {
                     self.order.push_back(seq);
                     if self.order.len() > REPLY_LOG_LEN {
                         let old = self.order.pop_front().unwrap();
                         self.replies.remove(&old);
+                        if self.forgotten.len() >= REPLY_LOG_LEN {
+                            self.forgotten.pop_first();
+                        }
+                        self.forgotten.insert(old);
                     }
                 }
             }
             fn acknowledge(&mut self, seq: u64) {
                 self.replies.retain(|&s, _| s >= seq);
                 self.order.retain(|&s| s >= seq);
+                self.forgotten.retain(|&s| s >= seq);
             }
         }
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
@@ -2077,6 +2260,11 @@ mod tests {
                     log.get(seq),
                     model.replies.get(&seq).cloned(),
                     "get({seq}), step {step}"
+                );
+                assert_eq!(
+                    log.was_forgotten(seq),
+                    model.forgotten.contains(&seq),
+                    "was_forgotten({seq}), step {step}"
                 );
             }
         }
@@ -2302,6 +2490,25 @@ mod tests {
             let (t, out) = create(&mut h, &who(1), 1, "c", ctor("v1", vec![]), false);
             assert_eq!(value_of(&out, t), Value::Boolean(true));
             assert!(h.p.take_forwards().is_empty());
+        }
+
+        #[test]
+        fn objects_of_a_version_name_their_owners() {
+            let mut h = Harness::new();
+            constructed(&mut h, "named");
+            create(&mut h, &who(1), 2, "~c1.1", ctor("v1", vec![]), true);
+            let mut found = h.p.objects_of_version(T, "v1");
+            found.sort();
+            assert_eq!(
+                found,
+                vec![
+                    ("named".to_string(), None),
+                    ("~c1.1".to_string(), Some(Arc::from("c1")))
+                ]
+            );
+            assert!(h.p.objects_of_version(T, "v2").is_empty());
+            h.p.end_session("c1", h.now);
+            assert_eq!(h.p.objects_of_version(T, "v1"), vec![("named".to_string(), None)]);
         }
 
         #[test]

@@ -28,13 +28,22 @@ pub fn type_of(v: &Value) -> &'static str {
 /// About how many bytes `v` takes in memory: its nodes and the bytes they own. Walks the
 /// value (without recursion: a value may nest deep).
 pub fn approx_size(v: &Value) -> usize {
+    let own = |v: &Value| {
+        std::mem::size_of::<Value>()
+            + match v {
+                Value::String(s) => s.as_bytes().len(),
+                Value::Binary(b) | Value::Ext(_, b) => b.len(),
+                _ => 0,
+            }
+    };
+    if !matches!(v, Value::Array(_) | Value::Map(_)) {
+        return own(v); // most values measured (a call's reply) are scalars: no stack
+    }
     let mut size = 0;
     let mut stack = vec![v];
     while let Some(v) = stack.pop() {
-        size += std::mem::size_of::<Value>();
+        size += own(v);
         match v {
-            Value::String(s) => size += s.as_bytes().len(),
-            Value::Binary(b) | Value::Ext(_, b) => size += b.len(),
             Value::Array(items) => stack.extend(items),
             Value::Map(pairs) => stack.extend(pairs.iter().flat_map(|(k, v)| [k, v])),
             _ => {}

@@ -61,11 +61,16 @@ pub fn count_values(body: &[u8], max: usize) -> Result<usize, usize> {
             Marker::U16 | Marker::I16 => 2,
             Marker::U32 | Marker::I32 | Marker::F32 => 4,
             Marker::U64 | Marker::I64 | Marker::F64 => 8,
-            Marker::FixExt1 => 2,
-            Marker::FixExt2 => 3,
-            Marker::FixExt4 => 5,
-            Marker::FixExt8 => 9,
-            Marker::FixExt16 => 17,
+            Marker::FixExt1 | Marker::FixExt2 | Marker::FixExt4 | Marker::FixExt8 | Marker::FixExt16 => {
+                let len = match marker {
+                    Marker::FixExt1 => 1,
+                    Marker::FixExt2 => 2,
+                    Marker::FixExt4 => 4,
+                    Marker::FixExt8 => 8,
+                    _ => 16,
+                };
+                ext_body(&mut rest, len, &mut pending)
+            }
             Marker::Ext8 | Marker::Ext16 | Marker::Ext32 => {
                 let len = match marker {
                     Marker::Ext8 => rest.split_first().map(|(&n, tail)| {
@@ -76,7 +81,7 @@ pub fn count_values(body: &[u8], max: usize) -> Result<usize, usize> {
                     _ => read_len(&mut rest, false),
                 };
                 match len {
-                    Some(n) => n.saturating_add(1), // and the type byte
+                    Some(n) => ext_body(&mut rest, n, &mut pending),
                     None => break,
                 }
             }
@@ -88,6 +93,24 @@ pub fn count_values(body: &[u8], max: usize) -> Result<usize, usize> {
         rest = &rest[skip..];
     }
     Ok(count)
+}
+
+/// The ext type of a tuple, whose body is one MessagePack value (an array) that the server
+/// decodes (to stamp the pickles in it, to hash it as a key).
+const EXT_TUPLE: u8 = 3;
+
+/// After an ext value's header, at its type byte: the bytes to skip. A tuple's body is
+/// counted as the value it holds, read next (inline: tuples nest without recursion here);
+/// any other ext's body is opaque.
+fn ext_body(rest: &mut &[u8], len: usize, pending: &mut usize) -> usize {
+    match rest.split_first() {
+        Some((&EXT_TUPLE, tail)) => {
+            *rest = tail;
+            *pending = pending.saturating_add(1);
+            0
+        }
+        _ => len.saturating_add(1), // and the type byte
+    }
 }
 
 /// A big-endian length of 2 (`short`) or 4 bytes.
@@ -125,6 +148,26 @@ mod tests {
         ]);
         // the outer array, its 7 items, the map's key and value, and the value's 70,000 nils
         assert_eq!(count_values(&encode(&value), usize::MAX), Ok(1 + 7 + 2 + 70_000));
+    }
+
+    #[test]
+    fn a_tuples_items_are_counted_however_deep_it_nests() {
+        let tuple = |items: Vec<Value>| Value::Ext(EXT_TUPLE as i8, encode(&Value::Array(items)));
+        // The tuple, its array and 70,000 nils (its body is decoded by the server).
+        let flat = tuple(vec![Value::Nil; 70_000]);
+        assert_eq!(count_values(&encode(&flat), usize::MAX), Ok(1 + 1 + 70_000));
+        // A tuple in a tuple ... 10,000 deep: counted without recursion.
+        let mut deep = tuple(vec![]);
+        for _ in 0..10_000 {
+            deep = tuple(vec![deep]);
+        }
+        assert_eq!(count_values(&encode(&deep), usize::MAX), Ok(2 * 10_001));
+        // Small tuples count too; other ext types stay opaque.
+        let small = Value::Array(vec![
+            tuple(vec![Value::Nil]),
+            Value::Ext(4, encode(&Value::Array(vec![Value::Nil; 9]))),
+        ]);
+        assert_eq!(count_values(&encode(&small), usize::MAX), Ok(1 + 3 + 1));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The log of what clients do wrong: refusals (the audit trail) and protocol faults. A client
-//! is logged once a minute at most for each, with how many lines the quiet spell held back,
+//! The log of what clients do wrong: refusals (the audit trail), protocol faults and failed
+//! calls. A client is logged once a minute at most for each (each kind of error of a failed
+//! call its own, so the first of each is seen), with how many lines the quiet spell held back,
 //! so that a client hammering the server with bad credentials or bad frames cannot flood its
 //! log (nor grow this table without bound).
 
@@ -8,6 +9,7 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use spindle_core::ErrorKind;
 use tracing::warn;
 
 /// At most one line per client in this long.
@@ -26,6 +28,7 @@ pub(crate) struct Audit {
 enum Kind {
     Refusal,
     Fault,
+    Failed(ErrorKind),
 }
 
 impl Audit {
@@ -47,6 +50,12 @@ impl Audit {
                 n => warn!(%peer, "{what} (suppressed {n} similar in the last minute)"),
             }
         }
+    }
+
+    /// A call of the client at `peer` failed with an error of `kind`: whether to log it,
+    /// `Some(lines of that kind held back since the last one)`.
+    pub(crate) fn failed(&self, peer: IpAddr, kind: ErrorKind) -> Option<u64> {
+        self.admit((peer, Kind::Failed(kind)), Instant::now())
     }
 
     /// Whether to log a line at `now`: `Some(lines held back since the last one)`.

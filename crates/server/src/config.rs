@@ -89,10 +89,24 @@ pub struct Limits {
     /// Bytes of replies one session keeps recorded per shard for retries: past it, the
     /// oldest recorded are forgotten.
     pub reply_log: usize,
+    /// Bytes of replies all sessions keep recorded together, shared evenly by the shards:
+    /// past it, the oldest of the largest logs are forgotten.
+    pub reply_logs: usize,
+    /// Calls of one connection waiting for their reply (parked on an object, running in a
+    /// host or a function, waiting for the log): past it, its new calls are refused with
+    /// `Busy`, so a client cannot park a waiter per 40 bytes it sends.
+    pub calls_in_flight: usize,
     /// Bytes the objects may hold (keys and values, approximately) past which caches evict
     /// and then calls that may grow an object are refused with `OutOfMemory` (Redis's
     /// `maxmemory`); 0: no limit.
     pub max_memory: usize,
+}
+
+impl Limits {
+    /// What each of `shards` shards keeps of a session's replies, and of all sessions'.
+    pub fn reply_log_limits(&self, shards: usize) -> (usize, usize) {
+        (self.reply_log, self.reply_logs / shards.max(1))
+    }
 }
 
 impl Default for Limits {
@@ -107,6 +121,8 @@ impl Default for Limits {
             output_soft: 16 << 20,
             output_hard: 256 << 20,
             reply_log: spindle_core::partition::DEFAULT_REPLY_LOG_BYTES,
+            reply_logs: 1 << 30,
+            calls_in_flight: 1 << 16,
             max_memory: default_max_memory(),
         }
     }

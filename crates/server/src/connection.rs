@@ -62,6 +62,14 @@ enum Deadline {
     Idle,
 }
 
+/// What ended a wait for the client's bytes.
+enum Input {
+    Read(std::io::Result<usize>),
+    /// A deadline or the outbox's death that does not end the connection: look anew.
+    Again,
+    End(End),
+}
+
 /// Sleep until `at`; forever without one.
 async fn sleep_until(at: Option<Instant>) {
     match at {
@@ -218,29 +226,50 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%peer, "could not set TCP_NODELAY: {e}");
     }
+    // Counted from here, a TLS handshake in progress included: connections that never
+    // finish one would otherwise hold descriptors and handshake state past the limit.
+    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     match &shared.tls {
         None => {
             let (reader, writer) = stream.into_split();
             let writer = Arc::new(writer);
             let outbox = Outbox::new(Some(writer.clone()), shared.config.limits.output_hard);
-            run(shared, reader, outbox, Sink::Socket(writer), peer).await
+            run(shared, reader, outbox, Sink::Socket(writer), peer, open).await
         }
         Some(tls) => {
-            let Some(stream) = crate::tls::accept(&shared, tls, stream, peer).await else {
+            let max = shared.config.limits.max_connections;
+            // No handshake at the limit: a refusal could only be told after one.
+            let stream = match open > max {
+                true => {
+                    let why = format!("the server serves {max} connections at most (--max-connections)");
+                    shared.audit.refused(peer.ip(), &why);
+                    None
+                }
+                false => crate::tls::accept(&shared, tls, stream, peer).await,
+            };
+            let Some(stream) = stream else {
+                shared.stats.connections.fetch_sub(1, Ordering::Relaxed);
                 return;
             };
             let (reader, writer) = tokio::io::split(stream);
             let outbox = Outbox::new(None, shared.config.limits.output_hard);
-            run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer).await
+            run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer, open).await
         }
     }
 }
 
 /// Serve the connection's requests from `reader`; replies leave through `outbox`, to `sink`.
-async fn run(shared: Arc<Shared>, mut reader: impl AsyncRead + Unpin, outbox: Outbox, sink: Sink, peer: SocketAddr) {
+/// It is the `open`th connection open (counted in `serve`; `finish` counts it out).
+async fn run(
+    shared: Arc<Shared>,
+    mut reader: impl AsyncRead + Unpin,
+    outbox: Outbox,
+    sink: Sink,
+    peer: SocketAddr,
+    open: usize,
+) {
     let outbox = Arc::new(outbox);
     let id = shared.registry.register(outbox.clone());
-    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     debug!(conn = id, %peer, "connection opened");
     let writer_task = tokio::spawn(registry::write_loop(sink, outbox.clone(), id));
 
@@ -319,6 +348,7 @@ impl Connection {
         let mut receiving: Option<Instant> = None;
         let mut held = Held::new(&self.shared);
         let mut last_request = opened;
+        let idle_timeout = self.shared.config.limits.idle_timeout.is_some();
         loop {
             // Run every whole frame already buffered, then send their replies at once; a
             // client whose replies pile up unread is not served more until it reads.
@@ -351,7 +381,7 @@ impl Connection {
                     }
                 }
             };
-            if start > 0 {
+            if start > 0 && idle_timeout {
                 last_request = Instant::now();
             }
             if self.flush() > soft_limit {
@@ -384,42 +414,64 @@ impl Connection {
             buf.reserve(wanted - buf.len());
 
             let deadline = self.deadline(opened, last_request, receiving.map(|at| (at, frame_size)));
-            let outbox = self.outbox.clone();
-            let read = tokio::select! {
-                read = reader.read_buf(&mut buf) => read,
-                // The writer closed the connection (its client fell too far behind).
-                _ = outbox.died() => continue,
-                () = sleep_until(deadline.as_ref().map(|(at, _)| *at)) => {
-                    let Some((_, why)) = deadline else { continue };
-                    let message = match why {
-                        Deadline::Hello => {
-                            let timeout = self.shared.config.limits.hello_timeout;
-                            format!("no hello within {timeout:?}: closing the connection")
-                        }
-                        Deadline::Frame => format!(
-                            "a frame of {} bytes took too long to arrive ({} came; --frame-timeout): closing the connection",
-                            frame_size.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
-                            buf.len(),
-                        ),
-                        // Still waiting for a reply: not idle (look again later).
-                        Deadline::Idle if self.in_flight() => continue,
-                        Deadline::Idle => {
-                            let timeout = self.shared.config.limits.idle_timeout.unwrap_or_default();
-                            format!("idle for {timeout:?}: closing the connection (--client-timeout)")
-                        }
-                    };
-                    let kind = match why {
-                        Deadline::Idle => ErrorKind::Timeout,
-                        _ => ErrorKind::ProtocolError,
-                    };
-                    return self.close_with(kind, message, End::Refused);
-                }
+            let read = match self.wait_for_input(reader, &mut buf, deadline, frame_size).await {
+                Input::Read(read) => read,
+                Input::Again => continue,
+                Input::End(end) => return end,
             };
             match read {
                 Ok(0) if buf.is_empty() => return End::Closed,
                 Ok(0) => return End::Truncated { buffered: buf.len() },
                 Ok(_) => {}
                 Err(e) => return End::Failed(e),
+            }
+        }
+    }
+
+    /// Read more of the client's bytes into `buf`, unless a deadline passes first or the
+    /// outbox dies (`Again`: look at the connection anew).
+    async fn wait_for_input(
+        &mut self,
+        reader: &mut (impl AsyncRead + Unpin),
+        buf: &mut Vec<u8>,
+        deadline: Option<(Instant, Deadline)>,
+        frame_size: Option<usize>,
+    ) -> Input {
+        // With no deadline and no call of its own parked (whose wake-up could overflow its
+        // outbox), only the client ends the wait: a plain read, the common case.
+        if deadline.is_none() && !self.in_flight() {
+            return Input::Read(reader.read_buf(buf).await);
+        }
+        let outbox = self.outbox.clone();
+        tokio::select! {
+            biased;
+            read = reader.read_buf(buf) => Input::Read(read),
+            // The writer closed the connection (its client fell too far behind).
+            _ = outbox.died() => Input::Again,
+            () = sleep_until(deadline.as_ref().map(|(at, _)| *at)) => {
+                let Some((_, why)) = deadline else { return Input::Again };
+                let message = match why {
+                    Deadline::Hello => {
+                        let timeout = self.shared.config.limits.hello_timeout;
+                        format!("no hello within {timeout:?}: closing the connection")
+                    }
+                    Deadline::Frame => format!(
+                        "a frame of {} bytes took too long to arrive ({} came; --frame-timeout): closing the connection",
+                        frame_size.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                        buf.len(),
+                    ),
+                    // Still waiting for a reply: not idle (look again later).
+                    Deadline::Idle if self.in_flight() => return Input::Again,
+                    Deadline::Idle => {
+                        let timeout = self.shared.config.limits.idle_timeout.unwrap_or_default();
+                        format!("idle for {timeout:?}: closing the connection (--client-timeout)")
+                    }
+                };
+                let kind = match why {
+                    Deadline::Idle => ErrorKind::Timeout,
+                    _ => ErrorKind::ProtocolError,
+                };
+                Input::End(self.close_with(kind, message, End::Refused))
             }
         }
     }
@@ -462,7 +514,13 @@ impl Connection {
 
     /// Whether a request of this connection still waits for its reply.
     fn in_flight(&self) -> bool {
-        self.asked > self.answered + self.outbox.delivered()
+        self.calls_in_flight() > 0
+    }
+
+    /// Requests of this connection (the one being handled included) that still wait for
+    /// their reply.
+    fn calls_in_flight(&self) -> u64 {
+        self.asked.saturating_sub(self.answered + self.outbox.delivered())
     }
 
     /// Tell the client why (`kind`, `message`), in a frame of id 0, and end with `end`.
@@ -543,6 +601,18 @@ impl Connection {
         if self.client.is_none() && !introduces {
             let message = format!("'{}' before 'hello': a connection must start with hello", request.op());
             return self.reply(request.id(), Err(Error::new(ErrorKind::NoSession, message)));
+        }
+        let may_wait = matches!(
+            request,
+            Request::Call { .. } | Request::Create { .. } | Request::Delete { .. } | Request::Invoke { .. }
+        );
+        let max = self.shared.config.limits.calls_in_flight;
+        if may_wait && self.calls_in_flight() > max as u64 {
+            let message = format!(
+                "this connection has {max} calls waiting for their reply (--max-calls-in-flight): \
+                 wait for one before making more"
+            );
+            return self.reply(request.id(), Err(Error::new(ErrorKind::Busy, message)));
         }
         if !introduces {
             match self.authorize(&request) {
@@ -666,7 +736,7 @@ impl Connection {
                 code,
             } => {
                 let unless_defined = self.unless_exists.take();
-                let reply = hosts::define(&self.shared, &type_name, &version, code, unless_defined);
+                let reply = sessions::define(&self.shared, &type_name, &version, code, unless_defined);
                 self.reply(id, reply)
             }
             Request::Host { id, host, .. } => self.host_hello(id, &host),
@@ -1160,7 +1230,14 @@ impl Connection {
                 );
                 self.shared.audit.fault(self.peer.ip(), &line)
             }
-            Err(e) => log_error_reply(self.id, id, e),
+            Err(e) if registry::is_control_flow(e.kind) => log_error_reply(self.id, id, e, 0),
+            // Bad calls, and calls refused at a limit (`--max-memory`): as many as a client
+            // likes to make, so summarized too.
+            Err(e) => {
+                if let Some(suppressed) = self.shared.audit.failed(self.peer.ip(), e.kind) {
+                    log_error_reply(self.id, id, e, suppressed)
+                }
+            }
             Ok(_) => {}
         }
         self.answered += 1;

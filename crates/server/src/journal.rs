@@ -323,7 +323,7 @@ fn recover_and_start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_af
     let started = Instant::now();
     let count = shared.shards.count();
     storage::remove_stale_temp_files(dir)?;
-    crate::upgrade::upgrade(dir, count, shared.config.limits.reply_log)?;
+    crate::upgrade::upgrade(dir, count, shared.config.limits.reply_log_limits(count))?;
     let wal_dir = storage::wal::wal_dir(dir);
     if !wal_dir.is_dir() {
         fs::create_dir(&wal_dir)

@@ -149,7 +149,7 @@ impl Server {
             tls,
             shards: shards::Shards::new(
                 config.partitions,
-                config.limits.reply_log,
+                config.limits.reply_log_limits(config.partitions),
                 spindle_core::partition::Memory::new(config.limits.max_memory),
             ),
             registry: registry::Registry::new(),

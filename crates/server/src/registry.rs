@@ -447,7 +447,7 @@ impl Registry {
         let mut to: Option<(ConnId, &Arc<Outbox>)> = None;
         for d in deliveries {
             if let Err(e) = &d.reply {
-                log_error_reply(d.token.conn, d.token.req, e);
+                log_error_reply(d.token.conn, d.token.req, e, 0);
             }
             if to.is_none_or(|(conn, _)| conn != d.token.conn) {
                 if let Some((_, outbox)) = to.take() {
@@ -476,28 +476,42 @@ impl Registry {
     }
 }
 
+/// Outcomes that are ordinary control flow (an empty queue, a timed-out wait, a missing key,
+/// an exception a user-defined method raised), logged at debug, so a busy server's log is
+/// not flooded by `get_nowait`.
+pub(crate) fn is_control_flow(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Empty
+            | ErrorKind::Full
+            | ErrorKind::Timeout
+            | ErrorKind::KeyError
+            | ErrorKind::IndexError
+            | ErrorKind::BrokenBarrier
+            | ErrorKind::Cancelled
+            | ErrorKind::FutureException
+            | ErrorKind::Raised
+            | ErrorKind::Moved
+            | ErrorKind::NotLeader
+    )
+}
+
 /// One log line per error reply: client faults at warn, failures a caller should look into
-/// at info, and outcomes that are ordinary control flow (an empty queue, a timed-out wait,
-/// a missing key, an exception a user-defined method raised) at debug, so a busy server's log is not flooded by `get_nowait`.
-pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error) {
+/// at info, control flow at debug; `suppressed`: similar lines held back before this one
+/// (see `Audit::failed`).
+pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error, suppressed: u64) {
     let kind = e.kind.as_str();
+    let message = match suppressed {
+        0 => e.message.clone(),
+        n => format!("{} (suppressed {n} similar in the last minute)", e.message),
+    };
     match e.kind {
         ErrorKind::ProtocolError | ErrorKind::FrameTooLarge | ErrorKind::NoSession | ErrorKind::Unauthorized => {
-            tracing::warn!(conn, id, kind, "{}", e.message)
+            tracing::warn!(conn, id, kind, "{message}")
         }
-        ErrorKind::Internal => tracing::error!(conn, id, kind, "{}", e.message),
-        ErrorKind::Empty
-        | ErrorKind::Full
-        | ErrorKind::Timeout
-        | ErrorKind::KeyError
-        | ErrorKind::IndexError
-        | ErrorKind::BrokenBarrier
-        | ErrorKind::Cancelled
-        | ErrorKind::FutureException
-        | ErrorKind::Raised
-        | ErrorKind::Moved
-        | ErrorKind::NotLeader => tracing::debug!(conn, id, kind, "{}", e.message),
-        _ => tracing::info!(conn, id, kind, "{}", e.message),
+        ErrorKind::Internal => tracing::error!(conn, id, kind, "{message}"),
+        kind if is_control_flow(kind) => tracing::debug!(conn, id, kind = kind.as_str(), "{message}"),
+        _ => tracing::info!(conn, id, kind, "{message}"),
     }
 }
 

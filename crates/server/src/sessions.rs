@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use spindle_core::{Error, ErrorKind};
+use spindle_core::{Error, ErrorKind, Value};
 use spindle_proto::{session_id, MIN_SECRET_LEN, SECRET_SESSION_PREFIX};
 
 use crate::{hosts, Shared};
@@ -112,6 +112,35 @@ pub(crate) fn connection_closed(shared: &Arc<Shared>, client: Arc<str>) {
     end_after_ttl(shared, client, epoch);
 }
 
+/// `define` of a class (`hosts::define`), for a caller allowed to define (`unless_defined`
+/// is None). The unnamed objects of sessions with no connection left (a program that ended,
+/// whose session waits out its TTL) count as gone at once: those sessions end now if their
+/// objects are what holds the registered version, so an edited script run again can define
+/// its new version right away.
+pub(crate) fn define(
+    shared: &Arc<Shared>,
+    type_name: &str,
+    version: &str,
+    code: Vec<u8>,
+    unless_defined: Option<Error>,
+) -> Result<Value, Error> {
+    let registered = shared.hosts.classes().get(type_name).map(|c| c.version.clone());
+    if let (Some(old), None) = (registered, &unless_defined) {
+        if old != version {
+            let mut owners: Vec<Arc<str>> = hosts::objects_of_version(shared, type_name, &old)?
+                .into_iter()
+                .filter_map(|(_, owner)| owner)
+                .collect();
+            owners.sort_unstable();
+            owners.dedup();
+            for owner in owners {
+                end_if_idle(shared, &owner, None);
+            }
+        }
+    }
+    hosts::define(shared, type_name, version, code, unless_defined)
+}
+
 /// Sessions named in the op log of a recovered server, or of a shard this node just took
 /// the leadership of, that this node does not know: their clients may come back to retry
 /// their calls (and get the recorded replies), or never. Like sessions whose last connection
@@ -139,11 +168,13 @@ fn end_after_ttl(shared: &Arc<Shared>, client: Arc<str>, epoch: u64) {
     let shared = shared.clone();
     tokio::spawn(async move {
         tokio::time::sleep(shared.config.session_ttl).await;
-        end_if_idle(&shared, &client, epoch);
+        end_if_idle(&shared, &client, Some(epoch));
     });
 }
 
-fn end_if_idle(shared: &Arc<Shared>, client: &Arc<str>, epoch: u64) {
+/// End session `client` if it has no connection (and, given `epoch`, none came and went
+/// since its end was scheduled).
+fn end_if_idle(shared: &Arc<Shared>, client: &Arc<str>, epoch: Option<u64>) {
     // The sessions lock is held while the shards drop the session, so a `hello` arriving
     // now waits and then starts a fresh session instead of resuming a half-ended one.
     // Lock order is always sessions, then one shard at a time.
@@ -152,7 +183,7 @@ fn end_if_idle(shared: &Arc<Shared>, client: &Arc<str>, epoch: u64) {
     {
         let mut sessions = shared.sessions.lock();
         match sessions.get(client) {
-            Some(s) if s.connections == 0 && s.epoch == epoch => {}
+            Some(s) if s.connections == 0 && epoch.is_none_or(|e| s.epoch == e) => {}
             _ => return,
         }
         sessions.remove(client);

@@ -57,15 +57,15 @@ pub(crate) struct Shards {
 }
 
 impl Shards {
-    /// `count` shards, each keeping up to `reply_log` bytes of replies per client, their
-    /// objects counted together in `memory`.
-    pub(crate) fn new(count: usize, reply_log: usize, memory: Memory) -> Self {
+    /// `count` shards, each keeping up to `reply_log` bytes of replies per client and in
+    /// all (see `Limits::reply_log_limits`), their objects counted together in `memory`.
+    pub(crate) fn new(count: usize, reply_log: (usize, usize), memory: Memory) -> Self {
         let shards = (0..count.max(1))
             .map(|_| Shard {
                 state: Mutex::new(ShardState {
                     partition: {
                         let mut partition = Partition::new();
-                        partition.set_reply_log_limit(reply_log);
+                        partition.set_reply_log_limit(reply_log.0, reply_log.1);
                         partition.set_memory(memory.clone());
                         partition
                     },
@@ -359,7 +359,7 @@ mod tests {
 
     #[test]
     fn keys_spread_over_shards() {
-        let shards = Shards::new(4, usize::MAX, Memory::default());
+        let shards = Shards::new(4, (usize::MAX, usize::MAX), Memory::default());
         let used: std::collections::HashSet<usize> = (0..64).map(|i| shards.index_of(&format!("k{i}"))).collect();
         assert_eq!(used.len(), 4);
         assert_eq!(shards.index_of("same"), shards.index_of("same"));
@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn keep_moves_across_shards_and_retries_are_idempotent() {
-        let shards = Shards::new(8, usize::MAX, Memory::default());
+        let shards = Shards::new(8, (usize::MAX, usize::MAX), Memory::default());
         let key = "~c.1";
         let name = (0..)
             .map(|i| format!("kept{i}"))
@@ -384,7 +384,7 @@ mod tests {
 
     #[test]
     fn keep_onto_a_taken_name_restores_the_object() {
-        let shards = Shards::new(3, usize::MAX, Memory::default());
+        let shards = Shards::new(3, (usize::MAX, usize::MAX), Memory::default());
         create(&shards, "~c.1", true);
         create(&shards, "taken", false);
         let e = shards.keep("Counter", "~c.1", Some("taken")).unwrap_err();
@@ -395,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_panic_takes_only_its_shard_out_of_service() {
-        let shards = Shards::new(2, usize::MAX, Memory::default());
+        let shards = Shards::new(2, (usize::MAX, usize::MAX), Memory::default());
         let result = shards.with(0, |_| -> () { panic!("object bug") });
         assert_eq!(result.unwrap_err().kind, ErrorKind::Internal);
         assert_eq!(

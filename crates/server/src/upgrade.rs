@@ -25,7 +25,7 @@ fn upgrade_error(message: String) -> io::Error {
 const STAGING_DIR: &str = "wal.upgrade";
 
 /// Move `dir` from per-partition logs to the write-ahead log, if it holds the old layout.
-pub(crate) fn upgrade(dir: &Path, partitions: usize, reply_log: usize) -> io::Result<()> {
+pub(crate) fn upgrade(dir: &Path, partitions: usize, reply_log: (usize, usize)) -> io::Result<()> {
     let old = old_files(dir)?;
     let wal = storage::wal::wal_dir(dir);
     if wal.is_dir() {
@@ -45,7 +45,7 @@ pub(crate) fn upgrade(dir: &Path, partitions: usize, reply_log: usize) -> io::Re
     let mut objects = 0;
     for index in 0..partitions {
         let mut partition = Partition::new();
-        partition.set_reply_log_limit(reply_log);
+        partition.set_reply_log_limit(reply_log.0, reply_log.1);
         partition.enable_storage();
         recover(&mut partition, dir, index as u32)?;
         objects += partition.persistent_len();

@@ -54,7 +54,7 @@
 //!   with [`truncate_torn_tail`].
 //! * **one found at `Y`**: intact data follows damaged data, so acknowledged records may
 //!   be lost. The scan fails with a [`Corruption`] error naming the file, `X` and `Y`.
-//!   Nothing is skipped silently; [`crate::repair()`] is the explicit way to go on.
+//!   Nothing is skipped silently; `repair()` is the explicit way to go on.
 //!
 //! The resync scan reads the rest of the file into memory; it runs only on this rare
 //! path, and costs one checksum per byte offset at most (runs of zeros are cheaper).
@@ -297,7 +297,7 @@ pub fn list_segments(dir: &Path, partition: u32) -> io::Result<Vec<SegmentInfo>>
 /// the directory. Returns the deleted paths.
 ///
 /// Pass the position of the *oldest snapshot kept* (see
-/// [`crate::snapshot::prune_snapshots`]), not the newest, so that falling back to the
+/// `prune_snapshots`), not the newest, so that falling back to the
 /// older snapshot still finds its log.
 pub fn delete_segments_before(dir: &Path, partition: u32, seq: u64) -> io::Result<Vec<PathBuf>> {
     let mut deleted = Vec::new();
@@ -508,7 +508,7 @@ impl<F: LogFile> LogWriter<F> {
     }
 
     /// Like [`LogWriter::append_batch`], every record's payload starting with `prefix`
-    /// (a write-ahead log's partition tag, see [`crate::wal`]).
+    /// (a write-ahead log's partition tag, see the `wal` module).
     pub fn append_prefixed<I>(&mut self, prefix: &[u8], records: I) -> io::Result<LogPosition>
     where
         I: IntoIterator,

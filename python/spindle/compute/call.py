@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
+from .. import lost_updates
 from ..errors import FunctionTimeout, WorkerCrashed
 from ..proxy import refuse_waiting
 from ..sessions import new_secret
@@ -151,11 +152,14 @@ class Call:
         retryable = False
         if reply[1] == 0:
             report = reply[2]
-            future.report = {k: v for k, v in report.items() if k not in ("result", "stdout", "stderr")}
+            future.report = {k: v for k, v in report.items()
+                             if k not in ("result", "stdout", "stderr", "lost_updates")}
             future.stdout = report.get("stdout") or b""
             future.stderr = report.get("stderr") or b""
             if self.echo:
                 echo_output(future.label, future.stdout, future.stderr, report.get("truncated") or 0)
+            if "lost_updates" in report:
+                lost_updates.warn(report["lost_updates"])
             if report.get("ok"):
                 try:
                     value = result_of(report)

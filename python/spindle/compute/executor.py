@@ -23,24 +23,28 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import itertools
+import math
+import os
 import threading
+import time
 from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Set
 
+from . import batch, progress
 from .call import Backoff, Call, call_options, keep_alive
 from .invoker import MAX_ARGUMENT, Invocation
 
+# Batches per worker that ``map`` aims at (as ``multiprocessing.Pool``'s chunk size): enough
+# that a slow batch does not leave the other workers idle at the end.
+BATCHES_PER_WORKER = 4
 
-def _run_batch(fn: Callable[..., Any], chunk: List[tuple]) -> List[Any]:
-    return [fn(*args) for args in chunk]
+
+def default_workers() -> int:
+    """The gateway's default pool size: 8 workers per core."""
+    return 8 * (os.cpu_count() or 1)
 
 
-def _chunks(chunksize: int, *iterables: Iterable[Any]) -> Iterator[List[tuple]]:
-    it = zip(*iterables)
-    while True:
-        chunk = list(itertools.islice(it, chunksize))
-        if not chunk:
-            return
-        yield chunk
+def _chunks(items: List[tuple], size: int) -> List[List[tuple]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 class Executor(concurrent.futures.Executor):
@@ -55,7 +59,9 @@ class Executor(concurrent.futures.Executor):
     - ``echo``: print each function's stdout/stderr here, prefixed with ``[task N]``;
     - ``max_argument``: the largest pickled argument accepted (1 MiB; larger data belongs in
       a ``spindle.Blob``/``spindle.Array`` or a file). None lifts the check (the joblib
-      backend does, since scikit-learn passes its data inline).
+      backend does, since scikit-learn passes its data inline);
+    - ``progress``: a progress bar for a long ``map`` (None: when stderr is a terminal and
+      ``$SPINDLE_PROGRESS`` is not 0; needs tqdm).
 
     Futures are :class:`spindle.Invocation` objects (``stdout``, ``stderr``, ``report``).
     """
@@ -71,6 +77,7 @@ class Executor(concurrent.futures.Executor):
         echo: bool = True,
         label: str = "task",
         max_argument: Optional[int] = MAX_ARGUMENT,
+        progress: Optional[bool] = None,
     ) -> None:
         if max_workers is not None and max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
@@ -84,6 +91,7 @@ class Executor(concurrent.futures.Executor):
         self.echo = echo
         self.label = label
         self.max_argument = max_argument
+        self.progress = progress
         self._numbers = itertools.count()
         self._lock = threading.Lock()
         self._waiting: Deque[Call] = collections.deque()  # beyond max_workers, not yet sent
@@ -145,16 +153,66 @@ class Executor(concurrent.futures.Executor):
         fn: Callable[..., Any],
         *iterables: Iterable[Any],
         timeout: Optional[float] = None,
-        chunksize: int = 1,
+        chunksize: Optional[int] = None,
     ) -> Iterator[Any]:
-        """Like ``concurrent.futures``: results in order; ``chunksize`` items per function."""
-        if chunksize < 1:
+        """Like ``concurrent.futures``: the results in order, a task's exception raised where
+        its result would be; ``chunksize`` tasks per function call.
+
+        Without ``chunksize`` the tasks go in batches, about ``BATCHES_PER_WORKER`` per
+        worker (``max_workers``, else the gateway's default pool), since a call costs far
+        more than a tiny task; but one call per task when the executor has ``retries`` or a
+        per-call ``timeout``, which apply to each task. A batch whose results cannot be
+        pickled, or whose worker crashes, fails each of its tasks.
+        """
+        if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
-        if chunksize == 1:
-            return super().map(fn, *iterables, timeout=timeout)
-        batches = super().map(_run_batch, itertools.repeat(fn), _chunks(chunksize, *iterables),
-                              timeout=timeout)
-        return itertools.chain.from_iterable(batches)
+        items = list(zip(*iterables))
+        if chunksize is None:
+            chunksize = self._batch_size(len(items))
+        end = None if timeout is None else timeout + time.monotonic()
+        bar = progress.bar(len(items), self.label, self.progress)
+        calls: List[Invocation] = []
+        try:
+            for chunk in _chunks(items, chunksize):
+                if chunksize == 1:
+                    call = self.submit(fn, *chunk[0])
+                else:
+                    call = self._submit(batch.run_each, (fn, chunk), {},
+                                        f"{self.label} {next(self._numbers)}")
+                call.add_done_callback(lambda _, n=len(chunk): bar.update(n))
+                calls.append(call)
+        except BaseException:
+            for call in calls:
+                call.cancel()
+            bar.close()
+            raise
+        return self._results(calls, chunksize == 1, end, bar)
+
+    def _batch_size(self, tasks: int) -> int:
+        if self.retries or self.timeout is not None:
+            return 1
+        workers = self.max_workers or default_workers()
+        return max(1, math.ceil(tasks / (workers * BATCHES_PER_WORKER)))
+
+    @staticmethod
+    def _results(calls: List[Invocation], single: bool, end: Optional[float], bar: Any) -> Iterator[Any]:
+        # A generator apart from map(), so that map() submits at once, as the stdlib's does;
+        # closing it early cancels what has not started.
+        try:
+            calls.reverse()
+            while calls:
+                call = calls[-1]
+                value = call.result() if end is None else call.result(end - time.monotonic())
+                calls.pop()
+                if single:
+                    yield value
+                else:
+                    for outcome in value:
+                        yield batch.result(outcome)
+        finally:
+            for call in calls:
+                call.cancel()
+            bar.close()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; with ``cancel_futures``, withdraw the calls that have not started

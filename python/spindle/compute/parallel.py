@@ -8,11 +8,11 @@ and returns every ``fn(i)`` in the order of the input.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Iterable, List, Optional, Sequence
 
+from . import progress as _progress
 from .call import Backoff
-from .executor import Executor
+from .executor import Executor, default_workers
 
 
 def partition(items: Sequence[Any], tasks: int) -> List[Sequence[Any]]:
@@ -37,9 +37,12 @@ def _run_chunk(fn: Callable[[Any], Any], chunk: Iterable[Any]) -> List[Any]:
     return [fn(i) for i in chunk]
 
 
+_run_chunk._spindle_runs_argument = 0  # type: ignore[attr-defined]  # lost_updates watches fn
+
+
 def default_tasks() -> int:
     """8 functions per core (the gateway's default pool size)."""
-    return 8 * (os.cpu_count() or 1)
+    return default_workers()
 
 
 def parallel_for(
@@ -52,11 +55,13 @@ def parallel_for(
     timeout: Optional[float] = None,
     memory_mb: Optional[int] = None,
     echo: bool = True,
+    progress: Optional[bool] = None,
 ) -> List[Any]:
     """Run ``fn(i)`` for every ``i`` with ``tasks`` functions; return the results in order.
 
     ``tasks`` defaults to 8 per core. The first failing chunk's exception is raised (after
-    its retries); the other chunks still run to their end.
+    its retries); the other chunks still run to their end. ``progress``: a progress bar
+    while it runs long (None: when stderr is a terminal; see ``spindle.Executor``).
     """
     items = iterable_or_range if isinstance(iterable_or_range, (range, list, tuple)) else list(
         iterable_or_range
@@ -64,9 +69,16 @@ def parallel_for(
     chunks = partition(items, default_tasks() if tasks is None else tasks)
     with Executor(retries=retries, backoff=backoff, timeout=timeout, memory_mb=memory_mb,
                   echo=echo) as executor:
-        futures = [executor._submit(_run_chunk, (fn, chunk), {}, f"task {i}")
-                   for i, chunk in enumerate(chunks)]
-        results: List[Any] = []
-        for future in futures:
-            results.extend(future.result())
+        bar = _progress.bar(len(items), "parallel_for", progress)
+        try:
+            futures = []
+            for i, chunk in enumerate(chunks):
+                future = executor._submit(_run_chunk, (fn, chunk), {}, f"task {i}")
+                future.add_done_callback(lambda _, n=len(chunk): bar.update(n))
+                futures.append(future)
+            results: List[Any] = []
+            for future in futures:
+                results.extend(future.result())
+        finally:
+            bar.close()
     return results

@@ -16,12 +16,23 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 from .call import Backoff, Call, call_options, keep_alive
 from .invoker import Invocation
 
 _numbers = itertools.count(1)
+
+# The cloud threads this process started that have not ended (spindle.threading.enumerate).
+_alive: Set["Thread"] = set()
+_alive_lock = threading.Lock()
+
+
+def alive_threads() -> List["Thread"]:
+    """The cloud threads started here that are still running, in no particular order."""
+    with _alive_lock:
+        return list(_alive)
+
 
 class Thread:
     """A thread of control that runs as a Spindle function (see the module docstring).
@@ -82,7 +93,14 @@ class Thread:
         self._future = future
         if not self.daemon:
             keep_alive(future)
+        with _alive_lock:
+            _alive.add(self)
+        future.add_done_callback(self._ended)
         call.start()
+
+    def _ended(self, future: Invocation) -> None:
+        with _alive_lock:
+            _alive.discard(self)
 
     def run(self) -> Any:
         """What the function does: call the target (override in a subclass)."""

@@ -11,6 +11,12 @@ use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 /// Refuse arrays above this many elements: a typo in a shape must not eat the server's memory.
 const MAX_ELEMENTS: u64 = 1 << 31;
 
+/// The most bytes an array holds: an op-log record's, and a frame's by default. `set` and
+/// `add` take the whole array in one frame, so a larger one could only ever hold zeros, and
+/// a 40-byte `create` would take gigabytes (16 GiB at `MAX_ELEMENTS`, and as much again for
+/// each `get`), past `--max-memory` by far more than the one frame a call may add.
+const MAX_BYTES: usize = 64 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dtype {
     F64,
@@ -242,6 +248,13 @@ impl Array {
             Value::Nil => Dtype::F64,
             _ => Dtype::parse("Array", a, 1)?,
         };
+        if size.saturating_mul(dtype.item_size()) > MAX_BYTES {
+            return Err(Error::value(format!(
+                "array is too big: shape {} of {} takes over {MAX_BYTES} bytes",
+                show_shape(&shape),
+                dtype.name()
+            )));
+        }
         Ok(Array {
             shape,
             data: Data::zeros(dtype, size),
@@ -436,6 +449,13 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::ValueError);
         let e = p.create_err("Array", "a", vec![arr(vec![u64::MAX.into(), u64::MAX.into()])]);
         assert_eq!(e.kind, ErrorKind::ValueError);
+        // Bytes are bounded too: a tiny create cannot take gigabytes.
+        let e = p.create_err("Array", "a", vec![((MAX_BYTES / 8 + 1) as u64).into()]);
+        assert!(
+            e.kind == ErrorKind::ValueError && e.message.contains("takes over"),
+            "{e}"
+        );
+        p.create_ok("Array", "big", vec![((MAX_BYTES / 4) as u64).into(), "float32".into()]);
         assert_eq!(
             p.create_err("Array", "a", vec![3.into(), "int8".into()]).kind,
             ErrorKind::ValueError

@@ -130,6 +130,8 @@ pub struct Queue {
     unfinished: u64,
     getters: WaitQueue<()>,
     putters: WaitQueue<Value>,
+    /// Bytes of the items parked putters hold: the queue holds them too (`--max-memory`).
+    parked_bytes: usize,
     joiners: WaitQueue<()>,
 }
 
@@ -167,6 +169,7 @@ impl Queue {
             unfinished: 0,
             getters: WaitQueue::default(),
             putters: WaitQueue::default(),
+            parked_bytes: 0,
             joiners: WaitQueue::default(),
         })
     }
@@ -204,6 +207,7 @@ impl Queue {
         let item = self.items.pop(self.order)?;
         if let Some(w) = self.putters.pop() {
             // A parked put completes now: its item counts for task_done/join like any other.
+            self.parked_bytes -= approx_size(&w.data);
             self.unfinished = self.unfinished.saturating_add(1);
             self.items.push(w.data);
             ctx.deliver(w.token, Ok(Value::Nil));
@@ -226,7 +230,7 @@ impl Object for Queue {
     }
 
     fn size(&self) -> usize {
-        self.items.bytes
+        self.items.bytes + self.parked_bytes
     }
 
     fn snapshot(&self) -> Option<Value> {
@@ -249,7 +253,10 @@ impl Object for Queue {
                     Value::Nil
                 } else {
                     match park {
-                        Some(deadline) => return Ok(self.putters.park(ctx, deadline, item)),
+                        Some(deadline) => {
+                            self.parked_bytes += approx_size(&item);
+                            return Ok(self.putters.park(ctx, deadline, item));
+                        }
                         None => return Err(full()),
                     }
                 }
@@ -312,21 +319,29 @@ impl Object for Queue {
 
     fn expire(&mut self, waiter: Token, ctx: &mut Ctx) {
         // A token waits in one of the three queues at most: stop at the one that answers it.
-        let _ = self.getters.expire_with(waiter, ctx, Err(empty()))
-            || self.putters.expire_with(waiter, ctx, Err(full()))
-            || self.joiners.expire_with(waiter, ctx, Ok(Value::Boolean(false)));
+        if self.getters.expire_with(waiter, ctx, Err(empty())) {
+            return;
+        }
+        if let Some(w) = self.putters.take_due(waiter, ctx) {
+            self.parked_bytes -= approx_size(&w.data);
+            return ctx.deliver(w.token, Err(full()));
+        }
+        self.joiners.expire_with(waiter, ctx, Ok(Value::Boolean(false)));
     }
 
     fn disconnect(&mut self, conn: ConnId, _ctx: &mut Ctx) {
         // A withdrawn put never happened: its item is dropped with it.
         self.getters.remove_conn(conn);
-        self.putters.remove_conn(conn);
+        for w in self.putters.remove_conn(conn) {
+            self.parked_bytes -= approx_size(&w.data);
+        }
         self.joiners.remove_conn(conn);
     }
 
     fn drain_waiters(&mut self, ctx: &mut Ctx, reply: &Error) {
         self.getters.fail_all(ctx, reply);
         self.putters.fail_all(ctx, reply);
+        self.parked_bytes = 0;
         self.joiners.fail_all(ctx, reply);
     }
 

@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::memory::Memory;
+use super::memory::{object_size, Memory};
 use super::Entry;
 
 #[derive(Default)]
@@ -113,17 +113,20 @@ impl ObjectMap {
     /// Put `entry` at `key`, returning the entry it replaces.
     pub(super) fn insert(&mut self, key: String, entry: Entry) -> Option<Entry> {
         let cache = entry.is_cache();
+        // Only a cache's entries count as cached (what eviction can free): not its name.
+        let fixed = object_size(&key, 0);
         let size = Counted {
-            bytes: key.len() + entry.size(),
+            bytes: object_size(&key, entry.size()),
             cache,
         };
-        self.meter.add(key.len(), false);
-        self.meter.add(size.bytes - key.len(), cache);
+        self.meter.add(fixed, false);
+        self.meter.add(size.bytes - fixed, cache);
         if let Some(&slot) = self.index.get(key.as_str()) {
             let (key, e, counted) = self.slots[slot].as_mut()?;
             let old = std::mem::replace(counted, size);
-            self.meter.sub(key.len(), false);
-            self.meter.sub(old.bytes - key.len(), old.cache);
+            let fixed = object_size(key, 0);
+            self.meter.sub(fixed, false);
+            self.meter.sub(old.bytes - fixed, old.cache);
             match cache {
                 true => self.caches.insert(key.clone()),
                 false => self.caches.remove(&**key),
@@ -150,8 +153,9 @@ impl ObjectMap {
         let slot = self.index.remove(key)?;
         self.free.push(slot);
         let (_, e, counted) = self.slots[slot].take()?;
-        self.meter.sub(key.len(), false);
-        self.meter.sub(counted.bytes - key.len(), counted.cache);
+        let fixed = object_size(key, 0);
+        self.meter.sub(fixed, false);
+        self.meter.sub(counted.bytes - fixed, counted.cache);
         if !self.caches.is_empty() {
             self.caches.remove(key);
         }

@@ -230,11 +230,14 @@ impl Partition {
                 let seq = r.uint("seq")?;
                 let reply = decode_reply(r.next("reply")?)?;
                 r.end()?;
-                log.record(seq, reply, true, self.reply_log_limit.0);
+                log.record(seq, reply, true, self.reply_log_limit.per_client);
             }
             log.acked_below = items.optional_uint("acked_below")?;
             items.end()?;
-            self.logs.insert(client, log);
+            self.logs_bytes += log.bytes;
+            if let Some(replaced) = self.logs.insert(client, log) {
+                self.logs_bytes -= replaced.bytes;
+            }
         }
         let mut parked = Vec::new();
         for p in array(field("parked")?, "parked")? {

@@ -1063,7 +1063,8 @@ impl Driver {
             let actions = hosts::forward(shared, &mut s.partition, None);
             let replaced = rebuilt.map(|mut partition| {
                 partition.skip_object_ids(s.partition.next_object_id());
-                partition.set_reply_log_limit(shared.config.limits.reply_log);
+                let (per_client, total) = shared.config.limits.reply_log_limits(shared.shards.count());
+                partition.set_reply_log_limit(per_client, total);
                 partition.set_memory(shared.shards.memory().clone());
                 s.partition = partition;
             });

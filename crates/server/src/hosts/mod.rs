@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
 use spindle_core::objects::user::{self, Forward};
+use spindle_core::partition::KeyAndOwner;
 use spindle_core::{ConnId, Error, ErrorKind, Partition, Value};
 use tokio::process::Child;
 use tokio::sync::Notify;
@@ -410,20 +411,12 @@ pub(crate) fn define(
         if class.version == version {
             return Ok(Value::Boolean(true));
         }
-        // Creates hold the read lock across their apply, so this count cannot go stale.
-        let shards = &shared.shards;
-        let mut alive = 0;
-        for index in 0..shards.count() {
-            alive += shards.with(index, |s| s.partition.count_version(type_name, &class.version))?;
-        }
-        if alive > 0 {
+        // Creates hold the read lock across their apply, so this list cannot go stale.
+        let alive = objects_of_version(shared, type_name, &class.version)?;
+        if !alive.is_empty() {
             return Err(Error::new(
                 ErrorKind::TypeMismatch,
-                format!(
-                    "{type_name} is defined at version {} and {alive} object(s) of it exist; \
-                     version {version} can be defined once they are deleted",
-                    class.version
-                ),
+                still_used(type_name, &class.version, version, &alive),
             ));
         }
     }
@@ -436,6 +429,55 @@ pub(crate) fn define(
         },
     );
     Ok(Value::Boolean(true))
+}
+
+/// The live objects of `type_name` at `version` on every shard, as `(key, owning session)`.
+pub(crate) fn objects_of_version(shared: &Shared, type_name: &str, version: &str) -> Result<Vec<KeyAndOwner>, Error> {
+    let shards = &shared.shards;
+    let mut alive = Vec::new();
+    for index in 0..shards.count() {
+        alive.extend(shards.with(index, |s| s.partition.objects_of_version(type_name, version))?);
+    }
+    Ok(alive)
+}
+
+/// Why `version` cannot replace `old` yet: which objects still use it, and what to do.
+fn still_used(type_name: &str, old: &str, version: &str, alive: &[KeyAndOwner]) -> String {
+    const SHOWN: usize = 5;
+    let mut named: Vec<&str> = alive
+        .iter()
+        .filter(|(_, owner)| owner.is_none())
+        .map(|(key, _)| key.as_str())
+        .collect();
+    named.sort_unstable();
+    let unnamed = alive.len() - named.len();
+    let mut parts = Vec::new();
+    if !named.is_empty() {
+        let mut list = named
+            .iter()
+            .take(SHOWN)
+            .map(|k| format!("'{k}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if named.len() > SHOWN {
+            list.push_str(&format!(" and {} more", named.len() - SHOWN));
+        }
+        parts.push(format!(
+            "{} named object(s) ({list}): delete them (spindle.delete(obj) in Python) to define the new version, \
+             or give the edited class another name",
+            named.len()
+        ));
+    }
+    if unnamed > 0 {
+        parts.push(format!(
+            "{unnamed} unnamed object(s) of programs still running: they go when those programs end"
+        ));
+    }
+    format!(
+        "{type_name} is defined at version {old}, which objects still use, so version {version} \
+         cannot be defined yet: {}",
+        parts.join("; ")
+    )
 }
 
 /// After recovery: register the classes the partitions logged, so objects they stored can be
