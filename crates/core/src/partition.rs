@@ -1018,11 +1018,19 @@ impl Partition {
     /// same entries: the cache's order is part of its state).
     pub fn make_room(&mut self) {
         let memory = self.objects.memory();
-        let excess = memory.used().saturating_sub(memory.limit());
+        if !memory.is_over() {
+            return;
+        }
+        let excess = memory.used() - memory.limit();
+        // A persistent cache's evictions must be logged: not while the log is failed.
+        let logless = matches!(self.storage, Storage::Failed(_));
         let caches: Vec<(Arc<str>, usize)> = self
             .objects
             .caches()
-            .filter_map(|key| Some((key.clone(), self.objects.get(key)?.size())))
+            .filter_map(|key| {
+                let entry = self.objects.get(key)?;
+                (!(logless && entry.persistent)).then(|| (key.clone(), entry.size()))
+            })
             .collect();
         let total: usize = caches.iter().map(|(_, size)| size).sum();
         if excess == 0 || total == 0 {
