@@ -152,8 +152,36 @@ class Value(Proxy, type_name="Value"):
         return _contents_repr(self, self.get)
 
 
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def _size(size: Union[int, str]) -> int:
+    """Bytes from an int or a string with a unit, as ``--max-memory`` takes them: ``"64MiB"``."""
+    if isinstance(size, str):
+        text = size.strip()
+        digits = len(text) - len(text.lstrip("0123456789"))
+        unit = _UNITS.get(text[digits:].strip().lower())
+        if digits == 0 or unit is None:
+            raise ValueError(f"max_memory={size!r} is not a size: an int, or a string such as '64MiB' or '1GB'")
+        size = int(text[:digits]) * unit
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(f"max_memory={size!r}: a cache needs a positive number of bytes")
+    return size
+
+
 class Dict(Proxy, MutableMapping, type_name="Dict"):
-    """A dictionary in insertion order, like ``dict``, plus server-side ``merge``."""
+    """A dictionary in insertion order, like ``dict``, plus server-side ``merge``.
+
+    With ``max_memory`` (bytes, or a string such as ``"64MiB"``) it is a cache, as in
+    Redis's ``allkeys-lru``: while its keys and values hold more than that, its least recently
+    used keys go (reads with ``d[k]`` and ``get``, and writes, are uses; it iterates from the
+    least to the most recently used key). The server's caches also give their least recently
+    used keys when the server is over ``--max-memory``, before any call is refused with
+    :class:`spindle.OutOfMemory`. Ordinary dictionaries never lose a key. An entry larger than
+    the whole cache is a ``ValueError``. ``evict="lru"`` is the one policy. The options belong
+    to the object when it is created: a later ``Dict(name=...)`` reaches it as it is.
+    """
 
     def __init__(
         self,
@@ -161,14 +189,16 @@ class Dict(Proxy, MutableMapping, type_name="Dict"):
         *,
         name: Optional[str] = None,
         persistent: bool = False,
+        max_memory: Union[int, str, None] = None,
+        evict: str = "lru",
         **kwargs: Any,
     ) -> None:
         entries = _pairs(initial) if initial is not None else []
         entries += [[k, v] for k, v in kwargs.items()]
-        if entries:
-            self._init([dict((hashable(k), v) for k, v in entries)], name, persistent)
-        else:
-            self._init([], name, persistent)
+        args: _List[Any] = [dict((hashable(k), v) for k, v in entries)] if entries else []
+        if max_memory is not None:
+            args = [args[0] if args else None, {"max_memory": _size(max_memory), "evict": evict}]
+        self._init(args, name, persistent)
 
     def __getitem__(self, key: Any) -> Any:
         return self._call("getitem", [key])

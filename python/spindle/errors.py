@@ -167,9 +167,10 @@ class StorageError(SpindleError, OSError):
 
 
 class OutOfMemory(SpindleError, MemoryError):
-    """The server's objects hold more than its ``--max-memory``: a call that may grow an
-    object (or create one) is refused and changes nothing. Reads, deletes and calls that
-    only shrink objects still run; delete objects (or raise the limit) to write again."""
+    """The server's objects hold more than its ``--max-memory``, and its caches (dicts
+    made with ``max_memory``) have no keys left to evict: a call that may grow an object (or
+    create one) is refused and changes nothing. Reads, deletes and calls that only shrink
+    objects still run; delete objects (or raise the limit) to write again."""
 
 
 class ObjectLost(SpindleError):

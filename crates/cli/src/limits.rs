@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use spindle_server::config::{default_max_connections, Limits};
+use spindle_server::config::{default_max_connections, default_max_memory, Limits};
 
 #[derive(Args, Clone)]
 pub(crate) struct LimitArgs {
@@ -47,11 +47,14 @@ pub(crate) struct LimitArgs {
     /// past which its new calls are refused (Busy).
     #[arg(long, default_value_t = Limits::default().calls_in_flight, value_name = "N")]
     max_calls_in_flight: usize,
-    /// Bytes the objects may hold (keys and values, approximately) past which calls that
-    /// may grow one are refused with OutOfMemory; reads, deletes and shrinking calls still
-    /// run. 0: no limit.
-    #[arg(long, default_value_t = 0, value_name = "BYTES")]
-    max_memory: usize,
+    /// Bytes the objects may hold (keys and values, approximately): past it, caches (Dicts
+    /// made with max_memory) evict their least recently used keys, then calls that may grow
+    /// an object are refused with OutOfMemory (reads, deletes and shrinking calls still run).
+    /// A size with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB: 512MiB), or
+    /// "unlimited" (or 0) [default: half the machine's memory, or of the cgroup's limit when
+    /// lower].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_memory: Option<usize>,
 }
 
 impl LimitArgs {
@@ -89,7 +92,62 @@ impl LimitArgs {
             reply_log: self.max_reply_log,
             reply_logs: self.max_reply_logs_total,
             calls_in_flight: self.max_calls_in_flight,
-            max_memory: self.max_memory,
+            max_memory: self.max_memory.unwrap_or_else(default_max_memory),
         })
+    }
+}
+
+/// A size in bytes: a whole number with an optional unit (binary `KiB`, `MiB`, `GiB`, `TiB`,
+/// decimal `KB`, `MB`, `GB`, `TB`, any case, or `B`), or `unlimited` (0, as is `0`).
+fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("unlimited") {
+        return Ok(0);
+    }
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "'{text}' is not a size: a whole number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, \
+                 TB: 512MiB), or 'unlimited'"
+            ))
+        }
+    };
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size: it must start with a whole number of bytes (512MiB)"))?;
+    number
+        .checked_mul(scale)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("'{text}' is more than this machine can count"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_units_and_unlimited() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4gib"), Ok(4 << 30));
+        assert_eq!(parse_size("2 GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("64KB"), Ok(64_000));
+        assert_eq!(parse_size("10B"), Ok(10));
+        assert_eq!(parse_size("unlimited"), Ok(0));
+        assert_eq!(parse_size("0"), Ok(0));
+        for bad in ["", "MiB", "-5", "1.5GiB", "12XB", "99999999999TiB", "5 MiB extra"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
     }
 }

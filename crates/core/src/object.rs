@@ -78,6 +78,18 @@ pub trait Object: Send {
         0
     }
 
+    /// Whether the object is a cache (a `Dict` created with `max_memory`): the partition
+    /// lets it [`evict`](Object::evict) before refusing calls over `--max-memory`.
+    fn is_cache(&self) -> bool {
+        false
+    }
+
+    /// A cache lets its least recently used entries go until it holds `bytes` less (or
+    /// nothing), and says how many bytes it freed. Other objects never evict: 0.
+    fn evict(&mut self, _bytes: usize) -> usize {
+        0
+    }
+
     /// A parked call is due: its deadline passed, or its caller withdrew it (`ctx.withdrawing`;
     /// test with [`Ctx::is_due`]). If `waiter` is still parked here, answer it (through
     /// `ctx.deliver`) with the method's timeout result; if it was answered already, do nothing.

@@ -10,6 +10,8 @@
 //! [1, "expire", key, conn, req]     a parked call answered with its timeout result
 //!                                   (its deadline passed, or its caller withdrew it)
 //! [1, "disconnect", conn]           a connection ended (its parked calls are dropped)
+//! [1, "evict", key, bytes]          the server, over --max-memory, let the cache at `key`
+//!                                   free `bytes` from its least recently used entries
 //! [1, "end_session", client]        a session ended (its unnamed objects and replies go)
 //! [1, "user_state", key, type, version, owner, conn, req, client, seq, reply, state]
 //!     a persistent user-defined object's constructor or method ran (returned or raised):
@@ -55,6 +57,10 @@ pub enum Record {
     },
     Disconnect {
         conn: ConnId,
+    },
+    Evict {
+        key: String,
+        bytes: u64,
     },
     EndSession {
         client: String,
@@ -241,6 +247,11 @@ impl Record {
                 w.uint(*conn);
                 w.0
             }
+            Record::Evict { key, bytes } => {
+                let mut w = Writer::record("evict", 2, 64);
+                w.str(key).uint(*bytes);
+                w.0
+            }
             Record::EndSession { client } => {
                 let mut w = Writer::record("end_session", 1, 64);
                 w.str(client);
@@ -333,6 +344,10 @@ impl Record {
                 },
             },
             "disconnect" => Record::Disconnect { conn: f.uint("conn")? },
+            "evict" => Record::Evict {
+                key: f.string("key")?,
+                bytes: f.uint("bytes")?,
+            },
             "end_session" => Record::EndSession {
                 client: f.string("client")?,
             },
@@ -566,6 +581,10 @@ mod tests {
             },
             Record::Expire { key: "q".into(), token },
             Record::Disconnect { conn: 3 },
+            Record::Evict {
+                key: "c".into(),
+                bytes: 1 << 40,
+            },
             Record::EndSession { client: "c1".into() },
             Record::UserState {
                 key: "~c1.1".into(),
@@ -612,6 +631,13 @@ mod tests {
             (
                 Record::Disconnect { conn: 70_000 },
                 to_bytes(vec!["disconnect".into(), 70_000.into()]),
+            ),
+            (
+                Record::Evict {
+                    key: "c".into(),
+                    bytes: 300,
+                },
+                to_bytes(vec!["evict".into(), "c".into(), 300.into()]),
             ),
             (
                 Record::EndSession { client: "c".into() },

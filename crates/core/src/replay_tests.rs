@@ -769,3 +769,34 @@ fn an_aborted_capture_yields_nothing_more_to_publish() {
     l.p.abort_snapshot();
     assert!(l.p.snapshot_chunk(usize::MAX).is_none());
 }
+
+#[test]
+fn evictions_over_max_memory_replay_the_same_under_no_limit() {
+    let mut l = Live::new();
+    l.p.set_memory(crate::partition::Memory::new(30_000));
+    let options = Value::Map(vec![("max_memory".into(), 20_000.into())]);
+    l.create(1, "Dict", "cache", vec![Value::Nil, options], true);
+    l.create(1, "Dict", "plain", vec![], true);
+    let mut rng = seeded(28);
+    let text = |n: usize| Value::from("x".repeat(n));
+    for i in 0..200 {
+        // Reads are uses: the replay must know them to evict the same keys.
+        let k = Value::from(rng.int(0, 40));
+        match rng.below(4) {
+            0 => l.call(1, "Dict", "cache", "getitem", vec![k]),
+            1 => l.call(1, "Dict", "cache", "get", vec![k]),
+            2 => l.call(1, "Dict", "cache", "setitem", vec![k, text(rng.below(1500))]),
+            _ => l.call(1, "Dict", "plain", "setitem", vec![i.into(), text(400)]),
+        };
+    }
+    let evicted = l
+        .log
+        .iter()
+        .filter(|r| crate::record::Record::decode(r).is_ok_and(|r| matches!(r, crate::record::Record::Evict { .. })))
+        .count();
+    assert!(evicted > 0, "the server never evicted");
+    // Replayed under no limit (a follower, or a restart with another limit), the same.
+    let replayed = l.replayed();
+    assert_eq!(replayed.persistent_snapshots(), l.p.persistent_snapshots());
+    assert_eq!(replayed.memory().used(), l.p.memory().used());
+}

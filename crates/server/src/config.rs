@@ -96,9 +96,9 @@ pub struct Limits {
     /// host or a function, waiting for the log): past it, its new calls are refused with
     /// `Busy`, so a client cannot park a waiter per 40 bytes it sends.
     pub calls_in_flight: usize,
-    /// Bytes the objects may hold (keys and values, approximately) past which calls that
-    /// may grow one are refused with `OutOfMemory` (Redis's `maxmemory` without eviction);
-    /// 0: no limit.
+    /// Bytes the objects may hold (keys and values, approximately) past which caches evict
+    /// and then calls that may grow an object are refused with `OutOfMemory` (Redis's
+    /// `maxmemory`); 0: no limit.
     pub max_memory: usize,
 }
 
@@ -123,7 +123,7 @@ impl Default for Limits {
             reply_log: spindle_core::partition::DEFAULT_REPLY_LOG_BYTES,
             reply_logs: 1 << 30,
             calls_in_flight: 1 << 16,
-            max_memory: 0,
+            max_memory: default_max_memory(),
         }
     }
 }
@@ -350,6 +350,49 @@ pub fn default_max_connections() -> usize {
     files.saturating_sub(64).clamp(16, 10_000)
 }
 
+/// Half the memory this process may use: the machine's, or its cgroup's when lower. The
+/// objects' count is an estimate below what the allocator takes, and the server needs room
+/// besides its objects (connections, reply logs, snapshots being written).
+pub fn default_max_memory() -> usize {
+    // SAFETY: sysconf only reads system settings.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let machine = usize::try_from(pages)
+        .unwrap_or(0)
+        .saturating_mul(usize::try_from(page).unwrap_or(0));
+    let usable = cgroup_memory_limits().into_iter().fold(machine, usize::min);
+    // No word from the system at all: 1 GiB rather than no limit.
+    match usable {
+        0 => 1 << 30,
+        n => n / 2,
+    }
+}
+
+/// The memory limits of this process's cgroup (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`), at its own path and at the root a container shows it as.
+fn cgroup_memory_limits() -> Vec<usize> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut files = vec![
+        "/sys/fs/cgroup/memory.max".to_string(),
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes".to_string(),
+    ];
+    for line in own.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next(), fields.next(), fields.next().unwrap_or(""));
+        match controllers {
+            Some("") => files.push(format!("/sys/fs/cgroup{path}/memory.max")),
+            Some(c) if c.split(',').any(|c| c == "memory") => {
+                files.push(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"))
+            }
+            _ => {}
+        }
+    }
+    // "max" (no limit) does not parse: skipped.
+    files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<usize>().ok())
+        .collect()
+}
+
 /// One shard per core: enough to keep every worker busy without contention.
 pub fn default_partitions() -> usize {
     cores()
@@ -400,6 +443,17 @@ pub fn default_python() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_max_memory_is_half_of_what_the_process_may_use() {
+        // SAFETY: sysconf only reads system settings.
+        let machine = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) * libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let default = default_max_memory();
+        assert!(default > 0 && default <= machine / 2, "{default} of {machine}");
+        for limit in cgroup_memory_limits() {
+            assert!(default <= limit / 2, "{default}, cgroup {limit}");
+        }
+    }
 
     #[test]
     fn loopback_hosts() {

@@ -1119,6 +1119,12 @@ impl Connection {
         };
         let token = Token { conn: self.id, req: id };
         let shared = &self.shared;
+        // Over --max-memory, caches give room before anything is refused (as Redis evicts
+        // before each command); under it, this is one load of a shared count.
+        let memory = shared.shards.memory();
+        if memory.is_over() && memory.cached() > 0 {
+            shared.shards.make_room();
+        }
         let applied = shared.shards.with(index, |s| {
             if !s.serving() {
                 return Err(redirect(shared, index));

@@ -86,6 +86,26 @@ impl Shards {
         &self.memory
     }
 
+    /// Over `--max-memory`, before a call runs: the caches of every shard served here evict
+    /// their least recently used entries (one shard locked at a time, in order) until the
+    /// objects fit or no cache holds anything. A call's own shard alone could not make room
+    /// with the caches of the others (see `Partition::make_room`).
+    pub(crate) fn make_room(&self) {
+        for index in 0..self.shards.len() {
+            if !self.memory.is_over() || self.memory.cached() == 0 {
+                return;
+            }
+            // A poisoned shard has nothing to give.
+            let _ = self.with(index, |s| {
+                if s.serving() {
+                    s.partition.make_room();
+                    // Evictions of persistent caches are logged: nobody waits on them.
+                    let _ = s.journal(Vec::new());
+                }
+            });
+        }
+    }
+
     pub(crate) fn count(&self) -> usize {
         self.shards.len()
     }

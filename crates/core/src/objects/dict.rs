@@ -1,9 +1,11 @@
 //! `Dict`: a map keeping insertion order like Python's `dict`, with server-side `merge`.
 //!
 //! The methods are shared with `SortedDict` through [`MapStore`]; only the storage differs.
+//! A `Dict` created with cache options evicts (see [`super::cache`]); others never do.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::cache::Cache;
 use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::value::{approx_size, cmp_values, eq_values, type_of, Key};
@@ -20,6 +22,10 @@ pub(crate) trait MapStore {
     fn remove(&mut self, k: &Key) -> Option<Value>;
     /// The entry `popitem` takes: the last inserted (Dict) or the largest key (SortedDict).
     fn pop_last(&mut self) -> Option<(Key, Value)>;
+    /// The first entry in iteration order: the one a cache evicts first.
+    fn pop_first(&mut self) -> Option<(Key, Value)>;
+    /// `k` was used: an insertion-ordered store moves it to the end, as if inserted now.
+    fn touch(&mut self, _k: &Key) {}
     fn clear(&mut self);
     fn entries(&self) -> Box<dyn Iterator<Item = (&Key, &Value)> + '_>;
 }
@@ -68,6 +74,22 @@ impl MapStore for OrderedMap {
         Some((k, v))
     }
 
+    fn pop_first(&mut self) -> Option<(Key, Value)> {
+        let (_, k) = self.order.pop_first()?;
+        let (_, v) = self.map.remove(&k)?;
+        Some((k, v))
+    }
+
+    fn touch(&mut self, k: &Key) {
+        if let Some(slot) = self.map.get_mut(k) {
+            if let Some(key) = self.order.remove(&slot.0) {
+                self.next += 1;
+                slot.0 = self.next;
+                self.order.insert(self.next, key);
+            }
+        }
+    }
+
     fn clear(&mut self) {
         self.map.clear();
         self.order.clear();
@@ -107,6 +129,10 @@ impl MapStore for BTreeMap<Key, Value> {
         BTreeMap::pop_last(self)
     }
 
+    fn pop_first(&mut self) -> Option<(Key, Value)> {
+        BTreeMap::pop_first(self)
+    }
+
     fn clear(&mut self) {
         BTreeMap::clear(self)
     }
@@ -138,7 +164,7 @@ impl<S> std::ops::Deref for Measured<S> {
     }
 }
 
-fn entry_size(k: &Key, v: &Value) -> usize {
+pub(crate) fn entry_size(k: &Key, v: &Value) -> usize {
     approx_size(k.value()) + approx_size(v)
 }
 
@@ -185,6 +211,16 @@ impl<S: MapStore> MapStore for Measured<S> {
         Some((k, v))
     }
 
+    fn pop_first(&mut self) -> Option<(Key, Value)> {
+        let (k, v) = self.store.pop_first()?;
+        self.bytes -= entry_size(&k, &v);
+        Some((k, v))
+    }
+
+    fn touch(&mut self, k: &Key) {
+        self.store.touch(k)
+    }
+
     fn clear(&mut self) {
         self.store.clear();
         self.bytes = 0;
@@ -197,31 +233,50 @@ impl<S: MapStore> MapStore for Measured<S> {
 
 pub struct Dict {
     store: Measured<OrderedMap>,
+    /// Set for a dictionary created as a cache: it evicts; `None` never does.
+    cache: Option<Cache>,
 }
 
 impl Dict {
+    /// `[]`, `[initial]`, or `[initial_or_nil, cache_options]` (see [`Cache::parse`]).
     pub fn new(a: &[Value]) -> Result<Self, Error> {
+        args::arity("Dict", a, 0, 2)?;
+        let cache = Cache::parse(args::get(a, 1))?;
         let mut store = Measured::default();
-        init_store("Dict", &mut store, a)?;
-        Ok(Dict { store })
+        init_store("Dict", &mut store, &a[..a.len().min(1)])?;
+        if let Some(cache) = &cache {
+            cache.fit(&mut store);
+        }
+        Ok(Dict { store, cache })
     }
 
     pub(crate) fn restore(state: &Value) -> Result<Self, Error> {
+        let f = Fields::open_with("Dict", state, &["items"], &["max_memory"])?;
+        let cache = match f.find("max_memory") {
+            Some(_) => Some(Cache::restore(f.u64("max_memory")?).map_err(|e| f.wrap(e))?),
+            None => None,
+        };
         let mut store = Measured::default();
-        restore_store("Dict", &mut store, state)?;
-        Ok(Dict { store })
+        restore_items(&f, &mut store)?;
+        Ok(Dict { store, cache })
     }
 }
 
 /// A dictionary's snapshot: its entries as `[key, value]` pairs, in iteration order.
 pub(crate) fn snapshot_store<S: MapStore>(store: &S) -> Value {
-    let items = store.entries().map(|(k, v)| pair(k, v)).collect();
-    snapshot::encode(vec![("items", Value::Array(items))])
+    snapshot::encode(vec![("items", snapshot_items(store))])
+}
+
+fn snapshot_items<S: MapStore>(store: &S) -> Value {
+    Value::Array(store.entries().map(|(k, v)| pair(k, v)).collect())
 }
 
 /// Fill an empty dictionary from its snapshot, in the snapshot's order.
 pub(crate) fn restore_store<S: MapStore>(type_name: &'static str, store: &mut S, state: &Value) -> Result<(), Error> {
-    let f = Fields::open(type_name, state, &["items"])?;
+    restore_items(&Fields::open(type_name, state, &["items"])?, store)
+}
+
+fn restore_items<S: MapStore>(f: &Fields, store: &mut S) -> Result<(), Error> {
     let entries = pairs("items", f.get("items")?).map_err(|e| f.wrap(e))?;
     let n = entries.len();
     for (k, v) in entries {
@@ -242,7 +297,8 @@ impl Object for Dict {
     }
 
     fn is_mutating(&self, method: &str) -> bool {
-        !is_read(method)
+        // A cache's reads move their key in its order: a replay must see them.
+        !is_read(method) || (self.cache.is_some() && Cache::is_use(method))
     }
 
     fn may_grow(&self, method: &str) -> bool {
@@ -253,12 +309,31 @@ impl Object for Dict {
         self.store.bytes()
     }
 
+    fn is_cache(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    fn evict(&mut self, bytes: usize) -> usize {
+        match &self.cache {
+            Some(_) => Cache::evict(&mut self.store, bytes),
+            None => 0,
+        }
+    }
+
     fn snapshot(&self) -> Option<Value> {
-        Some(snapshot_store(&self.store))
+        let items = ("items", snapshot_items(&self.store));
+        Some(snapshot::encode(match &self.cache {
+            Some(cache) => vec![items, ("max_memory", Value::from(cache.max_memory))],
+            None => vec![items],
+        }))
     }
 
     fn apply(&mut self, method: &str, a: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {
-        match apply_map(&mut self.store, method, a) {
+        let reply = match &self.cache {
+            Some(cache) => cache.apply(&mut self.store, method, a),
+            None => apply_map(&mut self.store, method, a),
+        };
+        match reply {
             Some(r) => r.map(Step::Reply),
             None => Err(super::unknown_method("Dict", method)),
         }

@@ -3,6 +3,7 @@
 mod array;
 mod barrier;
 mod blob;
+mod cache;
 mod condition;
 mod counter;
 mod dict;

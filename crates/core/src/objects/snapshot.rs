@@ -108,6 +108,17 @@ pub(crate) struct Fields<'v> {
 impl<'v> Fields<'v> {
     /// Open `state` as a version-1 snapshot with exactly the fields `names` (besides `v`).
     pub fn open(type_name: &'static str, state: &'v Value, names: &[&str]) -> Result<Self, Error> {
+        Self::open_with(type_name, state, names, &[])
+    }
+
+    /// [`open`](Self::open), allowing the fields `optional` too (read them with
+    /// [`find`](Self::find)).
+    pub fn open_with(
+        type_name: &'static str,
+        state: &'v Value,
+        names: &[&str],
+        optional: &[&str],
+    ) -> Result<Self, Error> {
         let Value::Map(map) = state else {
             return Err(corrupt(type_name, format!("expected a map, not {}", type_of(state))));
         };
@@ -116,7 +127,7 @@ impl<'v> Fields<'v> {
             let name = k
                 .as_str()
                 .ok_or_else(|| corrupt(type_name, format!("field names must be strings, not {}", type_of(k))))?;
-            if name != "v" && !names.contains(&name) {
+            if name != "v" && !names.contains(&name) && !optional.contains(&name) {
                 return Err(corrupt(type_name, format!("unexpected field '{name}'")));
             }
             if fields.iter().any(|(n, _)| *n == name) {
@@ -141,7 +152,7 @@ impl<'v> Fields<'v> {
         Ok(f)
     }
 
-    fn find(&self, name: &str) -> Option<&'v Value> {
+    pub fn find(&self, name: &str) -> Option<&'v Value> {
         self.fields.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
     }
 

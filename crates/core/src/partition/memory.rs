@@ -1,5 +1,6 @@
 //! `--max-memory`: the bytes all partitions' objects hold, against the limit (Redis's
-//! `maxmemory` without eviction: over it, calls that may grow an object are refused).
+//! `maxmemory`: over it, caches evict their least recently used entries, then calls that may
+//! grow an object are refused; see `Partition::make_room`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,23 +20,35 @@ pub(super) fn object_size(key: &str, size: usize) -> usize {
 /// One account shared by the partitions of a server (clones share it), with its limit.
 #[derive(Clone, Debug, Default)]
 pub struct Memory {
-    used: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
     /// 0: no limit.
     limit: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    used: AtomicUsize,
+    /// The part of `used` in caches, which may evict.
+    cached: AtomicUsize,
 }
 
 impl Memory {
     /// An empty account; `limit` 0 means none.
     pub fn new(limit: usize) -> Self {
         Memory {
-            used: Arc::default(),
+            counts: Arc::default(),
             limit,
         }
     }
 
     /// Approximately how many bytes the objects counted here hold (their keys and values).
     pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
+        self.counts.used.load(Ordering::Relaxed)
+    }
+
+    /// How many of those bytes caches hold (they give them back when over the limit).
+    pub fn cached(&self) -> usize {
+        self.counts.cached.load(Ordering::Relaxed)
     }
 
     /// The limit, 0 for none.
@@ -43,25 +56,37 @@ impl Memory {
         self.limit
     }
 
-    pub(super) fn add(&self, n: usize) {
-        self.used.fetch_add(n, Ordering::Relaxed);
+    /// Whether the objects hold more than the limit: cheap enough for every call to ask
+    /// (one relaxed load of a count written only when an object's size changes).
+    pub fn is_over(&self) -> bool {
+        self.limit != 0 && self.used() > self.limit
     }
 
-    pub(super) fn sub(&self, n: usize) {
-        self.used.fetch_sub(n, Ordering::Relaxed);
+    pub(super) fn add(&self, n: usize, cache: bool) {
+        self.counts.used.fetch_add(n, Ordering::Relaxed);
+        if cache {
+            self.counts.cached.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn sub(&self, n: usize, cache: bool) {
+        self.counts.used.fetch_sub(n, Ordering::Relaxed);
+        if cache {
+            self.counts.cached.fetch_sub(n, Ordering::Relaxed);
+        }
     }
 
     /// `OutOfMemory` while the objects hold more than the limit. A call checked here may
     /// still pass the limit by its own growth (at most one frame).
     pub(super) fn check(&self) -> Result<(), Error> {
-        let used = self.used();
-        if self.limit == 0 || used <= self.limit {
+        if !self.is_over() {
             return Ok(());
         }
         Err(Error::new(
             ErrorKind::OutOfMemory,
             format!(
-                "objects hold {used} bytes, over --max-memory {}: delete objects or raise the limit",
+                "objects hold {} bytes, over --max-memory {}: delete objects or raise the limit",
+                self.used(),
                 self.limit
             ),
         ))
@@ -184,5 +209,93 @@ mod tests {
         }
         assert_eq!(recovered.memory().used(), live.memory().used());
         assert!(recovered.memory().used() > 5000);
+    }
+
+    #[test]
+    fn over_the_limit_caches_evict_before_anything_is_refused() {
+        let mut h = Harness::new();
+        let memory = Memory::new(30_000);
+        h.p.set_memory(memory.clone());
+        let options = Value::Map(vec![("max_memory".into(), (1 << 20).into())]);
+        h.create_ok("Dict", "cache", vec![Value::Nil, options]);
+        h.create_ok("Dict", "plain", vec![]);
+        for i in 0..20 {
+            h.ok("Dict", "cache", "setitem", vec![i.into(), text(1000)]);
+        }
+        h.ok("Dict", "cache", "getitem", vec![0.into()]);
+        let mut written = 0;
+        let refused = loop {
+            match h.reply("Dict", "plain", "setitem", vec![written.into(), text(1000)]) {
+                Ok(_) => written += 1,
+                Err(e) => break e,
+            }
+            assert!(written < 100, "never refused");
+        };
+        assert_eq!(refused.kind, ErrorKind::OutOfMemory);
+        // The cache gave everything before the plain dict was refused; it lost nothing.
+        assert_eq!(h.ok("Dict", "cache", "len", vec![]), Value::from(0));
+        assert_eq!(h.ok("Dict", "plain", "len", vec![]), Value::from(written));
+        assert!(written > 20, "{written}");
+    }
+
+    #[test]
+    fn caches_evict_their_least_recently_used_entries_in_proportion_to_their_size() {
+        let mut h = Harness::new();
+        let memory = Memory::new(40_000);
+        h.p.set_memory(memory.clone());
+        let options = || Value::Map(vec![("max_memory".into(), (1 << 20).into())]);
+        h.create_ok("Dict", "big", vec![Value::Nil, options()]);
+        h.create_ok("Dict", "small", vec![Value::Nil, options()]);
+        for i in 0..20 {
+            h.ok("Dict", "big", "setitem", vec![i.into(), text(1000)]);
+        }
+        for i in 0..10 {
+            h.ok("Dict", "small", "setitem", vec![i.into(), text(1000)]);
+        }
+        h.ok("Dict", "big", "get", vec![0.into()]);
+        h.create_ok("Blob", "b", vec![Value::Binary(vec![0; 15_000])]);
+        // Over by some 7 KB: the big cache frees about twice what the small one does.
+        h.create_ok("Counter", "n", vec![]);
+        assert!(memory.used() <= 40_000);
+        let keys = |h: &mut Harness, k: &str| match h.ok("Dict", k, "keys", vec![]) {
+            Value::Array(keys) => keys,
+            other => panic!("{other}"),
+        };
+        let (big, small) = (keys(&mut h, "big"), keys(&mut h, "small"));
+        let (big_lost, small_lost) = (20 - big.len(), 10 - small.len());
+        assert!(
+            small_lost > 0 && big_lost >= 2 * small_lost - 1,
+            "{big_lost} {small_lost}"
+        );
+        // The least recently used went: of the big one 1, 2... (0 was read), of the small 0, 1...
+        assert_eq!(big[0], Value::from(big_lost as u64 + 1));
+        assert_eq!(*big.last().unwrap(), Value::from(0));
+        assert_eq!(small[0], Value::from(small_lost as u64));
+    }
+
+    #[test]
+    fn the_bytes_caches_hold_are_counted_apart() {
+        let mut h = Harness::new();
+        let memory = Memory::new(0);
+        h.p.set_memory(memory.clone());
+        let options = Value::Map(vec![("max_memory".into(), 1000.into())]);
+        h.create_ok("Dict", "c", vec![Value::Nil, options]);
+        h.create_ok("Dict", "plain", vec![]);
+        h.ok("Dict", "plain", "setitem", vec![1.into(), text(500)]);
+        assert_eq!(memory.cached(), 0, "an empty cache has nothing to give");
+        h.ok("Dict", "c", "setitem", vec![1.into(), text(500)]);
+        let cached = memory.cached();
+        assert!(cached > 500 && cached < memory.used() - 500, "{cached}");
+        h.ok("Dict", "c", "setitem", vec![2.into(), text(800)]);
+        assert!(memory.cached() <= 1000 && memory.cached() > 800);
+        // Moved to another account, and given back when dropped, caches' part too.
+        let other = Memory::new(0);
+        h.p.set_memory(other.clone());
+        assert_eq!((memory.used(), memory.cached()), (0, 0));
+        assert!(other.cached() > 800);
+        h.delete("c");
+        assert_eq!(other.cached(), 0);
+        drop(h);
+        assert_eq!(other.used(), 0);
     }
 }

@@ -2,9 +2,10 @@
 //! can walk the slots a chunk at a time while objects come and go (see [`super::snapshot`]).
 //!
 //! It also keeps the server's memory account ([`Memory`]): every object enters and leaves
-//! through here, with the size it had when last measured.
+//! through here, with the size it had when last measured; and which objects are caches, the
+//! ones that may evict when the server is over it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::memory::{object_size, Memory};
@@ -13,11 +14,20 @@ use super::Entry;
 #[derive(Default)]
 pub(super) struct ObjectMap {
     index: HashMap<Arc<str>, usize>,
-    /// Each object with its key and the bytes it is counted for in `meter`.
-    slots: Vec<Option<(Arc<str>, Entry, usize)>>,
+    /// Each object with its key and what it is counted for in `meter`.
+    slots: Vec<Option<(Arc<str>, Entry, Counted)>>,
     /// Empty slots, reused before the slots grow.
     free: Vec<usize>,
     meter: Meter,
+    /// The keys of the caches, in a fixed order (evictions must be the same everywhere).
+    caches: BTreeSet<Arc<str>>,
+}
+
+/// What an object is counted for: its bytes (its key's among them), and whether they are a
+/// cache's (its entries then count as cached: what eviction can free).
+pub(super) struct Counted {
+    bytes: usize,
+    cache: bool,
 }
 
 /// The bytes this map's objects are counted for, and the shared account they are counted in.
@@ -25,34 +35,45 @@ pub(super) struct ObjectMap {
 pub(super) struct Meter {
     memory: Memory,
     held: usize,
+    /// The part of `held` in caches.
+    cached: usize,
 }
 
 impl Meter {
-    fn add(&mut self, n: usize) {
+    fn add(&mut self, n: usize, cache: bool) {
         self.held += n;
-        self.memory.add(n);
+        self.cached += if cache { n } else { 0 };
+        self.memory.add(n, cache);
     }
 
-    fn sub(&mut self, n: usize) {
+    fn sub(&mut self, n: usize, cache: bool) {
         self.held -= n;
-        self.memory.sub(n);
+        self.cached -= if cache { n } else { 0 };
+        self.memory.sub(n, cache);
     }
 
-    /// An object counted for `*counted` bytes now holds `now`.
-    pub(super) fn resize(&mut self, counted: &mut usize, now: usize) {
+    /// An object counted for `counted` now holds `now` bytes.
+    pub(super) fn resize(&mut self, counted: &mut Counted, now: usize) {
         // Most calls leave the size as it was: no write to the account the partitions share.
-        if *counted != now {
-            self.sub(*counted);
-            self.add(now);
-            *counted = now;
+        if counted.bytes != now {
+            self.sub(counted.bytes, counted.cache);
+            self.add(now, counted.cache);
+            counted.bytes = now;
         }
+    }
+
+    /// Give back everything counted here.
+    fn clear(&mut self) {
+        let (held, cached) = (self.held, self.cached);
+        self.sub(cached, true);
+        self.sub(held - cached, false);
     }
 }
 
 impl Drop for ObjectMap {
     /// A partition replaced (failover, restore) gives its objects' bytes back.
     fn drop(&mut self) {
-        self.memory().sub(self.meter.held);
+        self.meter.clear();
     }
 }
 
@@ -83,7 +104,7 @@ impl ObjectMap {
 
     /// The entry at `key`, with the bytes it is counted for and the meter to call
     /// [`Meter::resize`] on after a change that may resize it.
-    pub(super) fn get_metered(&mut self, key: &str) -> Option<(&mut Entry, &mut usize, &mut Meter)> {
+    pub(super) fn get_metered(&mut self, key: &str) -> Option<(&mut Entry, &mut Counted, &mut Meter)> {
         let slot = *self.index.get(key)?;
         let (_, e, size) = self.slots[slot].as_mut()?;
         Some((e, size, &mut self.meter))
@@ -91,15 +112,31 @@ impl ObjectMap {
 
     /// Put `entry` at `key`, returning the entry it replaces.
     pub(super) fn insert(&mut self, key: String, entry: Entry) -> Option<Entry> {
-        let size = object_size(&key, entry.size());
-        self.meter.add(size);
+        let cache = entry.is_cache();
+        // Only a cache's entries count as cached (what eviction can free): not its name.
+        let fixed = object_size(&key, 0);
+        let size = Counted {
+            bytes: object_size(&key, entry.size()),
+            cache,
+        };
+        self.meter.add(fixed, false);
+        self.meter.add(size.bytes - fixed, cache);
         if let Some(&slot) = self.index.get(key.as_str()) {
-            let (_, e, counted) = self.slots[slot].as_mut()?;
+            let (key, e, counted) = self.slots[slot].as_mut()?;
             let old = std::mem::replace(counted, size);
-            self.meter.sub(old);
+            let fixed = object_size(key, 0);
+            self.meter.sub(fixed, false);
+            self.meter.sub(old.bytes - fixed, old.cache);
+            match cache {
+                true => self.caches.insert(key.clone()),
+                false => self.caches.remove(&**key),
+            };
             return Some(std::mem::replace(e, entry));
         }
         let key: Arc<str> = Arc::from(key);
+        if cache {
+            self.caches.insert(key.clone());
+        }
         let slot = match self.free.pop() {
             Some(slot) => slot,
             None => {
@@ -115,9 +152,19 @@ impl ObjectMap {
     pub(super) fn remove(&mut self, key: &str) -> Option<Entry> {
         let slot = self.index.remove(key)?;
         self.free.push(slot);
-        let (_, e, size) = self.slots[slot].take()?;
-        self.meter.sub(size);
+        let (_, e, counted) = self.slots[slot].take()?;
+        let fixed = object_size(key, 0);
+        self.meter.sub(fixed, false);
+        self.meter.sub(counted.bytes - fixed, counted.cache);
+        if !self.caches.is_empty() {
+            self.caches.remove(key);
+        }
         Some(e)
+    }
+
+    /// The caches' keys, in a fixed order.
+    pub(super) fn caches(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.caches.iter()
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
@@ -134,9 +181,11 @@ impl ObjectMap {
 
     /// Count this map's objects in `memory` from now on, instead of the account they were in.
     pub(super) fn set_memory(&mut self, memory: Memory) {
-        self.meter.memory.sub(self.meter.held);
-        memory.add(self.meter.held);
+        let (held, cached) = (self.meter.held, self.meter.cached);
+        self.meter.clear();
         self.meter.memory = memory;
+        self.meter.add(cached, true);
+        self.meter.add(held - cached, false);
     }
 
     /// Slots in use or free: every object is in a slot below this, and keeps its slot for
