@@ -1122,7 +1122,7 @@ impl Connection {
         // Over --max-memory, caches give room before anything is refused (as Redis evicts
         // before each command); under it, this is one load of a shared count.
         let memory = shared.shards.memory();
-        if memory.is_over() && memory.cached() > 0 {
+        if memory.is_over() && memory.cached() > 0 && evictions_readable(shared) {
             shared.shards.make_room();
         }
         let applied = shared.shards.with(index, |s| {
@@ -1312,6 +1312,14 @@ fn redirect(shared: &Shared, index: usize) -> Error {
         Some(cluster) => cluster.redirect(index),
         None => Error::new(ErrorKind::Internal, format!("shard {index} is not serving")),
     }
+}
+
+/// Whether every node reads the records of caches giving room (always on a lone server).
+fn evictions_readable(shared: &Shared) -> bool {
+    shared
+        .cluster
+        .as_ref()
+        .is_none_or(|cluster| cluster.active_format() >= crate::cluster::format::EVICT)
 }
 
 fn not_clustered() -> Error {

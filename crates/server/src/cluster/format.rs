@@ -31,6 +31,11 @@ pub(crate) const OLDEST: u64 = 1;
 /// of an older one cannot read them, so they are written only once every node reads it.
 pub(crate) const LIVENESS: u64 = 2;
 
+/// The first format whose shard entries may carry `evict` records (caches giving room over
+/// `--max-memory`): an older node's replay would refuse them, so caches give no room for
+/// others until every node reads it (calls are refused with `OutOfMemory` meanwhile).
+pub(crate) const EVICT: u64 = 3;
+
 /// Starts data of format 2 and later.
 const MARK: u8 = 0xc1;
 

@@ -20,7 +20,7 @@
 //! The metadata group's leader judges which nodes are up, suspect or dead (see `liveness`);
 //! placement leaves dead nodes out, so their replicas move to live ones.
 
-mod format;
+pub(crate) mod format;
 mod group;
 mod liveness;
 mod meta;
