@@ -177,7 +177,7 @@ def test_state_survives_kill_9_and_is_reachable_without_the_class(tmp_path):
         client = spindle.Client(d.address)
         version, code = class_code(Ledger)
         assert client.define(Ledger._type, version, code) is True
-        with pytest.raises(spindle.TypeMismatch, match="object\\(s\\) of it exist"):
+        with pytest.raises(spindle.TypeMismatch, match=r"1 named object\(s\) \('ledger'\)"):
             client.define(Ledger._type, "another-version", code)
         client.close()
         d.crash_and_restart()

@@ -221,14 +221,12 @@ impl Drop for IncomingSnapshot {
     }
 }
 
-/// Serve one accepted connection until it closes: on a TLS port, after its handshake.
-pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+/// Serve one accepted connection, the `open`th open (counted by the accept loop), until it
+/// closes: on a TLS port, after its handshake.
+pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, open: usize) {
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%peer, "could not set TCP_NODELAY: {e}");
     }
-    // Counted from here, a TLS handshake in progress included: connections that never
-    // finish one would otherwise hold descriptors and handshake state past the limit.
-    let open = shared.stats.connections.fetch_add(1, Ordering::Relaxed) + 1;
     match &shared.tls {
         None => {
             let (reader, writer) = stream.into_split();

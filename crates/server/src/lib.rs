@@ -221,7 +221,11 @@ impl Server {
                 _ = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        tokio::spawn(connection::serve(shared.clone(), stream, peer));
+                        // Counted here, in the order accepted (a TLS handshake in progress
+                        // included: connections that never finish one would otherwise hold
+                        // descriptors and handshake state past the limit).
+                        let open = shared.stats.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                        tokio::spawn(connection::serve(shared.clone(), stream, peer, open));
                     }
                     Err(e) => {
                         // Usually out of file descriptors: back off instead of spinning,
