@@ -13,7 +13,7 @@ pub const PROTOCOL_VERSION: u64 = 1;
 pub const CLUSTER_FORMAT: u64 = 2;
 
 const OPS: &str =
-    "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host, acl";
+    "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, calls, worker, define, host, acl";
 
 /// One request, with its operands checked and moved out of the MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,6 +98,12 @@ pub enum Request {
     Cancel {
         id: u64,
         invoke_id: u64,
+    },
+    /// The server's function calls: `list` them, `kill` call `call`, or show its `logs`
+    /// (`follow`: and the rest of them as they come, until it ends).
+    Calls {
+        id: u64,
+        action: CallsAction,
     },
     /// A worker process announcing itself with the secret the gateway gave it.
     Worker {
@@ -198,6 +204,7 @@ impl Request {
             | Request::Withdraw { id, .. }
             | Request::Invoke { id, .. }
             | Request::Cancel { id, .. }
+            | Request::Calls { id, .. }
             | Request::Worker { id, .. }
             | Request::Define { id, .. }
             | Request::Host { id, .. }
@@ -224,6 +231,7 @@ impl Request {
             Request::Withdraw { .. } => "withdraw",
             Request::Invoke { .. } => "invoke",
             Request::Cancel { .. } => "cancel",
+            Request::Calls { .. } => "calls",
             Request::Worker { .. } => "worker",
             Request::Define { .. } => "define",
             Request::Host { .. } => "host",
@@ -236,6 +244,14 @@ impl Request {
             Request::Raft { .. } => "raft",
         }
     }
+}
+
+/// What a `calls` request asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallsAction {
+    List,
+    Kill { call: u64 },
+    Logs { call: u64, follow: bool },
 }
 
 /// A malformed request: answered with a `ProtocolError` under `id` (0 when no id could be read).
@@ -601,6 +617,24 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 payload: p.binary("payload")?,
                 options: p.map_or_nil("options")?,
             }
+        }
+        "calls" => {
+            p.arity_range("[id, \"calls\", \"list\"|\"kill\"|\"logs\", call, follow]", 1, 3)?;
+            let action = match p.string("action")?.as_str() {
+                "list" => CallsAction::List,
+                "kill" => CallsAction::Kill { call: p.uint("call")? },
+                "logs" => CallsAction::Logs {
+                    call: p.uint("call")?,
+                    follow: p.optional_boolean("follow")?,
+                },
+                other => {
+                    return Err(bad(
+                        id,
+                        format!("unknown calls action '{other}' (known: list, kill, logs)"),
+                    ))
+                }
+            };
+            Request::Calls { id, action }
         }
         "cancel" => {
             p.arity("[id, \"cancel\", invoke_id]", 1)?;

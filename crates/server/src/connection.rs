@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use spindle_core::objects::user;
 use spindle_core::partition::Op;
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
-use spindle_proto::{decode_request, encode_reply, split_frame, Request, Split, PROTOCOL_VERSION};
+use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
@@ -687,6 +687,7 @@ impl Connection {
                 let cancelled = self.invoked && gateway::cancel(&self.shared, self.id, invoke_id);
                 self.reply(id, Ok(Value::Boolean(cancelled)))
             }
+            Request::Calls { id, action } => self.calls(id, action),
             Request::Worker {
                 id, worker, runtime, ..
             } => self.worker_hello(id, &worker, &runtime),
@@ -895,9 +896,37 @@ impl Connection {
 
     fn invoke(&mut self, id: u64, runtime: &str, payload: Vec<u8>, options: Value) {
         self.invoked = true;
-        if let Err(e) = gateway::invoke(&self.shared, self.id, id, runtime, payload, options) {
+        let owner = self.principal.as_ref().map_or("", |p| p.user.as_str());
+        if let Err(e) = gateway::invoke(&self.shared, self.id, id, (runtime, owner), payload, options) {
             self.reply(id, Err(e));
         }
+    }
+
+    /// `calls`: `spindle ps`, `kill` and `logs`, over the calls this user may see.
+    fn calls(&mut self, id: u64, action: CallsAction) {
+        let Some(who) = &self.principal else {
+            return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
+        };
+        let asker = gateway::Asker {
+            user: &who.user,
+            admin: who.allows(Permission::Admin, ""),
+        };
+        let reply = match action {
+            CallsAction::List => Ok(gateway::list_calls(&self.shared, &asker)),
+            CallsAction::Kill { call } => {
+                info!(conn = self.id, user = who.user, peer = %self.peer, call, "spindle kill");
+                gateway::kill_call(&self.shared, call, &asker)
+            }
+            CallsAction::Logs { call, follow } => {
+                // Answered (and followed) by the gateway: a follower's reply comes at the end.
+                self.invoked = true;
+                match gateway::call_logs(&self.shared, self.id, id, call, follow, &asker) {
+                    Ok(()) => return,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        self.reply(id, reply)
     }
 
     /// A worker process announcing itself: from now on this connection carries its tasks.
