@@ -72,6 +72,9 @@ pub enum Request {
         prefix: String,
         /// List only persistent objects (optional 4th item, default `false`).
         persistent: bool,
+        /// Unnamed objects too, and every object's size (optional 5th item, default
+        /// `false`): rows `[key, type, bytes]`.
+        all: bool,
     },
     Status {
         id: u64,
@@ -478,11 +481,12 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         }
         "objects" => {
             // The prefix may be left out or nil: list everything.
-            p.arity_range("[id, \"objects\", prefix, persistent]", 0, 2)?;
+            p.arity_range("[id, \"objects\", prefix, persistent, all]", 0, 3)?;
             Request::Objects {
                 id,
                 prefix: p.optional_string("prefix")?.unwrap_or_default(),
                 persistent: p.optional_boolean("persistent")?,
+                all: p.optional_boolean("all")?,
             }
         }
         "status" => {
@@ -1136,7 +1140,8 @@ mod tests {
             Request::Objects {
                 id: 6,
                 prefix: "ab".into(),
-                persistent: false
+                persistent: false,
+                all: false
             }
         );
         assert_eq!(
@@ -1144,7 +1149,8 @@ mod tests {
             Request::Objects {
                 id: 7,
                 prefix: String::new(),
-                persistent: false
+                persistent: false,
+                all: false
             }
         );
         assert_eq!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spindle_core::objects::user;
-use spindle_core::partition::Op;
+use spindle_core::partition::{Op, UNNAMED_PREFIX};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -660,13 +660,20 @@ impl Connection {
                 };
                 self.reply(id, reply)
             }
-            Request::Objects { id, prefix, persistent } => {
-                let mut reply = self.objects(&prefix, persistent);
+            Request::Objects {
+                id,
+                prefix,
+                persistent,
+                all,
+            } => {
+                let mut reply = self.objects(&prefix, persistent, all);
                 if let (Value::Array(listed), Some(who)) = (&mut reply, &self.principal) {
                     // Only the names this user may read.
                     listed.retain(|pair| {
                         let name = pair.as_array().and_then(|p| p.first()).and_then(Value::as_str);
-                        name.is_some_and(|name| who.allows(Permission::Read, name))
+                        // An unnamed object's key is its capability: admins only (access.rs).
+                        name.is_some_and(|name| who.allows(Permission::Read, name) && !name.starts_with(UNNAMED_PREFIX))
+                            || who.allows(Permission::Admin, "")
                     });
                 }
                 self.reply(id, Ok(reply))
@@ -1221,14 +1228,14 @@ impl Connection {
         encode_reply(id, &reply, &mut self.replies);
     }
 
-    fn objects(&self, prefix: &str, persistent: bool) -> Value {
+    fn objects(&self, prefix: &str, persistent: bool, all: bool) -> Value {
         let shards = &self.shared.shards;
-        let mut named: Vec<(String, String)> = Vec::new();
+        let mut named: Vec<(String, String, usize)> = Vec::new();
         // In a cluster each node lists the shards it serves (their leader's view, ephemeral
         // objects included): clients ask every node and merge.
         for index in 0..shards.count() {
             let listed = |s: &mut crate::shards::ShardState| match s.serving() {
-                true => s.partition.objects(prefix, persistent),
+                true => s.partition.listing(prefix, persistent, all),
                 false => Vec::new(),
             };
             match shards.with(index, listed) {
@@ -1240,7 +1247,13 @@ impl Connection {
         Value::Array(
             named
                 .into_iter()
-                .map(|(name, type_name)| Value::Array(vec![Value::from(name), Value::from(type_name)]))
+                .map(|(name, type_name, size)| {
+                    let mut row = vec![Value::from(name), Value::from(type_name)];
+                    if all {
+                        row.push(Value::from(size));
+                    }
+                    Value::Array(row)
+                })
                 .collect(),
         )
     }
