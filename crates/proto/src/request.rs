@@ -1290,7 +1290,7 @@ mod tests {
         let e = error_of(v(vec![12.into(), s("frobnicate")]));
         assert_eq!(
             e.message,
-            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host, acl)"
+            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, calls, worker, define, host, acl)"
         );
     }
 

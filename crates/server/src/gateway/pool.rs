@@ -1152,4 +1152,75 @@ mod tests {
         assert!(pool.ready(1, 2, t0).0);
         assert!(!pool.ready(1, 3, t0).0);
     }
+
+    fn pushes(actions: &[Action]) -> Vec<(ConnId, u64)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Push { conn, req, .. } => Some((*conn, *req)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn output_goes_to_a_live_caller_and_followers_and_kill_ends_calls() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        let live = |conn, req| Invocation {
+            about: About {
+                owner: "ann".into(),
+                live: true,
+                ..About::default()
+            },
+            ..call(conn, req, t0)
+        };
+        pool.submit(live(1, 10), t0);
+        let queued = pool.submit(live(1, 11), t0);
+        assert_eq!(pushes(&queued), vec![(1, 11)], "told it waits behind a full pool");
+        pool.spawned(1, 77);
+        let (_, a) = pool.ready(1, 9, t0);
+        let (_, task, _) = runs(&a)[0];
+        assert_eq!(pushes(&a), vec![(1, 10)], "told it started");
+        assert_eq!(
+            pool.logs(task, Some((5, 50))).map(|(c, f)| (c.len(), f)),
+            Some((0, true))
+        );
+        let out = pool.output(1, task, Stream::Stdout, b"hi\n".to_vec());
+        assert_eq!(pushes(&out), vec![(1, 10), (5, 50)]);
+        assert!(
+            pool.output(1, task + 7, Stream::Stdout, b"x".to_vec()).is_empty(),
+            "another task's"
+        );
+        let rows = pool.calls(t0);
+        assert_eq!(
+            rows.iter().map(|r| (r.id, r.state)).collect::<Vec<_>>(),
+            vec![(task, "running"), (task + 1, "queued")]
+        );
+        assert_eq!(pool.owner_of(task), Some("ann"));
+
+        // Killing the queued call answers it Cancelled; the running one's worker is killed.
+        let a = pool.kill_call(task + 1, "root").unwrap();
+        let out = replies(a);
+        assert_eq!(out[0].2.as_ref().unwrap_err().kind, ErrorKind::Cancelled);
+        let a = pool.kill_call(task, "root").unwrap();
+        assert!(matches!(a[..], [Action::Kill(1)]));
+        let out = replies(pool.exited(1, Exit::default(), None, t0));
+        let mut reqs: Vec<u64> = out.iter().map(|(_, req, _)| *req).collect();
+        reqs.sort_unstable();
+        assert_eq!(reqs, vec![10, 50], "the caller and the follower are answered");
+        let crashed = out.iter().find(|(_, req, _)| *req == 10).unwrap();
+        assert!(crashed
+            .2
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("spindle kill, by user 'root'"));
+        assert!(pool.kill_call(task, "root").is_none(), "ended");
+        assert_eq!(
+            pool.logs(task, None).map(|(c, _)| c.len()),
+            Some(1),
+            "an ended call's logs stay"
+        );
+    }
 }
