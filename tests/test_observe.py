@@ -231,3 +231,14 @@ def test_a_pool_too_small_for_a_barrier_warns_naming_max_workers(monkeypatch):
                     pass
     finally:
         proc.stop()
+
+
+def test_kill_ends_a_detached_shell_function(uniq):
+    started = spindle_cli("sh", "--async", f"echo {uniq}; sleep 600")
+    assert started.returncode == 0, started.stderr
+    function = f"echo {uniq}; sleep 600"
+    assert wait_until(lambda: any(function in line for line in spindle_cli("ps").stdout.splitlines()))
+    row = next(line for line in spindle_cli("ps").stdout.splitlines() if function in line)
+    assert "spindle sh pid" in row
+    assert spindle_cli("kill", row.split()[0]).returncode == 0
+    assert wait_until(lambda: function not in spindle_cli("ps").stdout)
