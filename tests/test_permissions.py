@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
 import spindle
-from conftest import ServerProcess, gateway_args, pythonpath_for_tests, server_binary
+from conftest import ServerProcess, gateway_args, pythonpath_for_tests, server_binary, wait_until
 from spindle.client import Connection, frame
 from spindle.sessions import new_secret
 
@@ -408,3 +409,37 @@ spindle.connect(embedded=False)
 print(spindle.Dict(name="app/trusted")["x"])
 """)
     assert out.stdout.strip() == "1/3", out.stderr
+
+
+def test_calls_are_seen_and_killed_by_their_user_and_admins_only(acl_server, users):
+    """`spindle ps`, `kill` and `logs` (the `calls` request) over the calls a user may see."""
+    from spindle.compute.invoker import make_payload
+
+    tinker = add_user(acl_server.address, "tinker", "coder")  # invokes too, but not this call
+    coder = session(acl_server, users, "coder")
+    boss, reader = session(acl_server, users, "boss"), session(acl_server, users, "reader")
+    other = Session(acl_server.address, "tinker", tinker)
+    try:
+        payload = make_payload(time.sleep, (120,), {}, None)
+        coder.conn.sock.sendall(frame([99, "invoke", "python", payload, {"function": "time.sleep"}]))
+        running = lambda: [r for r in boss.ok("calls", "list") if r["user"] == "coder" and r["state"] == "running"]  # noqa: E731
+        assert wait_until(lambda: bool(running()))
+        row = running()[0]
+        assert row["function"] == "time.sleep"
+        assert [r["id"] for r in coder.ok("calls", "list")] == [row["id"]]
+        assert other.ok("calls", "list") == []
+        for request in (("calls", "kill", row["id"]), ("calls", "logs", row["id"], False)):
+            refused = other.ask(*request)
+            assert refused[1] == 1 and refused[2][0] == "NotFound", refused
+        assert "may not look at or stop function calls" in reader.denied("calls", "list")
+        coder.conn.sock.sendall(frame([100, "calls", "kill", row["id"]]))
+        replies = {}  # the kill's and the invocation's own, in either order
+        while len(replies) < 2:
+            reply = coder.conn._read()
+            replies[reply[0]] = reply
+        assert replies[100][1:] == [0, True]
+        killed = replies[99]
+        assert killed[1] == 1 and killed[2][0] == "WorkerCrashed" and "spindle kill" in killed[2][1]
+    finally:
+        for s in (coder, boss, reader, other):
+            s.close()

@@ -58,6 +58,12 @@ class LostUpdateWarning(RuntimeWarning):
     a ``spindle.Dict``...)."""
 
 
+class PoolDeadlockWarning(RuntimeWarning):
+    """Calls wait for a worker while every worker of the pool runs a call that does not end:
+    if the running calls wait on a barrier, latch or future that the waiting calls must
+    reach, the program never ends. Raise the server's ``--max-workers``."""
+
+
 if concurrent.futures.TimeoutError is TimeoutError:  # Python >= 3.11
     SpindleTimeout: type = TimeoutError
 else:  # pragma: no cover - Python 3.9 / 3.10

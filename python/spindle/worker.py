@@ -15,6 +15,11 @@ life, at two unlinked append-only temporary files. After each task the worker re
 subprocesses is captured too, and a function printing gigabytes costs disk, not memory.
 The gateway opens these files itself and says so with ``SPINDLE_CAPTURE=fds``: then it can
 read what a call wrote before its worker died, for the ``WorkerCrashed`` report.
+
+While a task runs, what it writes also goes to the server as it comes (live_output.py); a
+caller that asked for it live (option ``"live": true``) gets it only that way, so the report
+then carries no ``stdout``/``stderr``. The task runs with the thread's name set to its
+``label``, so ``threading.current_thread().name`` is its ``spindle.Thread``'s name.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import resource
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,6 +43,7 @@ from spindle import client as _client_mod
 from spindle import lost_updates
 from spindle.client import Connection, parse_address
 from spindle.compute.invoker import Scoped
+from spindle.live_output import LiveOutput
 
 OUTPUT_LIMIT = 1 << 20  # bytes kept per stream and task (docs/protocol.md)
 # The largest report frame the server reads, and what a report needs besides result and
@@ -77,8 +84,14 @@ class Capture:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # a function reading stdin gets EOF, not the gateway's pipe
         os.close(devnull)
+        for stream in (sys.stdout, sys.stderr):
+            try:  # each print reaches the file at once, to be sent as it comes
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+            except (AttributeError, ValueError):
+                pass
         self.stdout, self.stderr = sys.stdout, sys.stderr
         self.inodes = [os.fstat(fd).st_ino for fd in self.files]
+        self.live: Optional[LiveOutput] = None  # sends the rest before the files are emptied
 
     @staticmethod
     def _append_only_file(target: int) -> int:
@@ -107,6 +120,8 @@ class Capture:
                 stream.flush()
             except Exception:
                 pass
+        if self.live is not None:
+            self.live.finish()
         out: List[bytes] = []
         cut = 0
         for fd in self.files:
@@ -177,13 +192,16 @@ def _error_size(result: Optional[bytes], error: Dict[str, Any]) -> int:
     return len(result or b"") + sum(len(v) for v in error.values() if isinstance(v, str))
 
 
-def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
+def run_task(payload: bytes, capture: Capture, label: Optional[str] = None) -> Dict[str, Any]:
     """Run one task and return the worker-side report."""
     capture.reset_streams()
     start = _perf()
     ok = True
     error = None
     watched = None
+    thread = threading.current_thread()
+    if label:
+        thread.name = label
     try:
         fn, args, kwargs = pickle.loads(payload)
         if CHECK_LOST_UPDATES:
@@ -192,6 +210,8 @@ def run_task(payload: bytes, capture: Capture) -> Dict[str, Any]:
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker stays
         ok = False
         value = exc
+    finally:
+        thread.name = "MainThread"
     duration = _perf() - start
     lost = lost_updates.changed(watched) if watched is not None else None
     if ok:
@@ -287,6 +307,12 @@ def serve(address: str, worker_id: str) -> None:
     read_body = conn.read_body
     unpack = msgpack.unpackb
     sendall = sock.sendall
+
+    def send_output(task_id: int, stream: str, data: bytes) -> None:
+        body = _pack([task_id, 2, {stream: data}])
+        sendall(len(body).to_bytes(4, "big") + body)
+
+    live = capture.live = LiveOutput(capture.files, OUTPUT_LIMIT, send_output)
     while True:
         try:
             body = read_body()
@@ -301,10 +327,17 @@ def serve(address: str, worker_id: str) -> None:
             reap_orphans()
             options = request[3] if len(request) > 3 and isinstance(request[3], dict) else {}
             runtime = options.get("runtime", "python")
-            if runtime == "python":
-                report = run_task(request[2], capture)
-            else:
-                report = run_other(runtime, request[2], options, capture)
+            live.start(task_id)
+            try:
+                if runtime == "python":
+                    label = options.get("label")
+                    report = run_task(request[2], capture, label if isinstance(label, str) else None)
+                else:
+                    report = run_other(runtime, request[2], options, capture)
+            finally:
+                live.finish()
+            if options.get("live") is True:  # the caller has it all already
+                report["stdout"] = report["stderr"] = b""
             body = _pack([task_id, 0, report])
         elif op == "ping":
             body = _pack([task_id, 0, "pong"])

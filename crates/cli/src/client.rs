@@ -226,7 +226,7 @@ impl Client {
         Ok(())
     }
 
-    fn request(&mut self, op: &str, operands: Vec<Value>) -> Result<Value, String> {
+    pub(crate) fn request(&mut self, op: &str, operands: Vec<Value>) -> Result<Value, String> {
         self.exchange(op, operands, Some(TIMEOUT)).map_err(|e| match e {
             Failure::Remote(r) => format!("the server refused '{op}': {}: {}", r.kind, r.message),
             Failure::Connection(message) => message,
@@ -472,6 +472,32 @@ impl Client {
         Ok(found)
     }
 
+    /// Every object under `prefix`, unnamed ones too, with its size: `(key, type, bytes)`,
+    /// sorted (this node's shards only: `objects --all` is for one server).
+    pub(crate) fn all_objects(
+        &mut self,
+        prefix: &str,
+        persistent: bool,
+    ) -> Result<Vec<(String, String, Option<u64>)>, String> {
+        let listing = self.request("objects", vec![prefix.into(), persistent.into(), true.into()])?;
+        let mut rows: Vec<(String, String, Option<u64>)> = listing
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|row| {
+                let row = row.as_array()?;
+                let name = row.first()?.as_str()?.to_string();
+                Some((
+                    name,
+                    row.get(1)?.as_str()?.to_string(),
+                    row.get(2).and_then(Value::as_u64),
+                ))
+            })
+            .collect();
+        rows.sort_unstable();
+        Ok(rows)
+    }
+
     /// The cluster map of the node this connection reaches (`None`: a single server).
     fn cluster_map(&mut self) -> Result<Option<Value>, Failure> {
         match self.exchange("cluster", vec![], Some(TIMEOUT)) {
@@ -541,6 +567,16 @@ impl Client {
     /// The next reply, however long it takes: `(id, Ok(result))`, or `(id, Err([kind,
     /// message, data]))` for an error reply.
     pub(crate) fn receive(&mut self) -> Result<(u64, Result<Value, Value>), Failure> {
+        let (id, status, result) = self.receive_frame()?;
+        match status {
+            0 => Ok((id, Ok(result))),
+            _ => Ok((id, Err(result))),
+        }
+    }
+
+    /// The next frame, however long it takes: `(id, status, value)`, status 0 a result, 1 an
+    /// error `[kind, message, data]`, 2 progress of a request still running.
+    pub(crate) fn receive_frame(&mut self) -> Result<(u64, u64, Value), Failure> {
         let address = self.address.clone();
         let lost = |e: &dyn std::fmt::Display| Failure::Connection(format!("lost the connection to {address}: {e}"));
         let _ = self.stream.set_read_timeout(None);
@@ -551,10 +587,7 @@ impl Client {
             Value::Array(mut items) if items.len() == 3 => {
                 let result = items.pop().unwrap_or(Value::Nil);
                 let id = items[0].as_u64().unwrap_or(0);
-                match items[1].as_u64() {
-                    Some(0) => Ok((id, Ok(result))),
-                    _ => Ok((id, Err(result))),
-                }
+                Ok((id, items[1].as_u64().unwrap_or(1), result))
             }
             other => Err(Failure::Connection(format!("unexpected reply from {address}: {other}"))),
         }
@@ -679,10 +712,69 @@ fn format_uptime(seconds: f64) -> String {
     }
 }
 
-/// `spindle status`.
-pub fn status(address: &str) -> Result<(), String> {
-    let status = Client::connect(address)?.request("status", vec![])?;
-    let text = |name: &str| match field(&status, name) {
+/// `spindle status [--json] [--watch [SECONDS]]`.
+pub fn status(address: &str, json: bool, watch: Option<f64>) -> Result<(), String> {
+    let mut client = Client::connect(address)?;
+    loop {
+        let status = client.request("status", vec![])?;
+        match json {
+            true => println!("{}", to_json(&status)),
+            false => print_status(&status),
+        }
+        let Some(seconds) = watch else { return Ok(()) };
+        std::thread::sleep(Duration::try_from_secs_f64(seconds.max(0.1)).unwrap_or(Duration::from_secs(2)));
+        if !json {
+            println!();
+        }
+    }
+}
+
+/// A MessagePack value as JSON (bytes as an array of numbers; map keys as strings).
+pub(crate) fn to_json(value: &Value) -> String {
+    let list = |items: Vec<String>| format!("[{}]", items.join(","));
+    match value {
+        Value::Nil => "null".into(),
+        Value::Boolean(b) => b.to_string(),
+        Value::Integer(n) => n.to_string(),
+        Value::F32(x) if x.is_finite() => x.to_string(),
+        Value::F64(x) if x.is_finite() => x.to_string(),
+        Value::F32(_) | Value::F64(_) => "null".into(),
+        Value::String(s) => json_string(&String::from_utf8_lossy(s.as_bytes())),
+        Value::Binary(b) | Value::Ext(_, b) => list(b.iter().map(u8::to_string).collect()),
+        Value::Array(items) => list(items.iter().map(to_json).collect()),
+        Value::Map(entries) => {
+            let fields: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| {
+                    let key = k.as_str().map_or_else(|| json_string(&k.to_string()), json_string);
+                    format!("{key}:{}", to_json(v))
+                })
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn print_status(status: &Value) {
+    let text = |name: &str| match field(status, name) {
         Some(Value::String(s)) => s.as_str().unwrap_or("?").to_string(),
         Some(Value::F64(x)) => format!("{x:.1}"),
         Some(Value::F32(x)) => format!("{x:.1}"),
@@ -690,7 +782,7 @@ pub fn status(address: &str) -> Result<(), String> {
         Some(other) => other.to_string(),
         None => "?".to_string(),
     };
-    let uptime = field(&status, "uptime")
+    let uptime = field(status, "uptime")
         .and_then(Value::as_f64)
         .map_or("?".into(), format_uptime);
     let memory = match text("max_memory").as_str() {
@@ -720,20 +812,26 @@ pub fn status(address: &str) -> Result<(), String> {
     for (label, value) in rows {
         println!("{label:<14} {value}");
     }
-    Ok(())
 }
 
 /// `spindle objects [PREFIX] [--persistent]`: one `name  type` line per named object.
-pub fn objects(address: &str, prefix: &str, persistent: bool) -> Result<(), String> {
-    let rows = Client::connect(address)?
-        .objects(prefix, persistent)
-        .map_err(|e| e.to_string())?;
+pub fn objects(address: &str, prefix: &str, persistent: bool, all: bool) -> Result<(), String> {
+    let mut client = Client::connect(address)?;
+    let rows: Vec<(String, String, Option<u64>)> = match all {
+        false => client
+            .objects(prefix, persistent)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|(name, type_name)| (name, type_name, None))
+            .collect(),
+        true => client.all_objects(prefix, persistent)?,
+    };
     if rows.is_empty() {
         // On stderr: a listing piped elsewhere stays empty.
-        let which = if persistent {
-            "persistent objects"
-        } else {
-            "named objects"
+        let which = match (persistent, all) {
+            (true, _) => "persistent objects",
+            (false, true) => "objects",
+            (false, false) => "named objects",
         };
         let prefix = if prefix.is_empty() {
             String::new()
@@ -743,9 +841,13 @@ pub fn objects(address: &str, prefix: &str, persistent: bool) -> Result<(), Stri
         eprintln!("no {which}{prefix} on {address}");
         return Ok(());
     }
-    let width = rows.iter().map(|(name, _)| name.chars().count()).max().unwrap_or(0);
-    for (name, type_name) in rows {
-        println!("{name:<width$}  {type_name}");
+    let width = rows.iter().map(|(name, ..)| name.chars().count()).max().unwrap_or(0);
+    let type_width = rows.iter().map(|(_, t, _)| t.chars().count()).max().unwrap_or(0);
+    for (name, type_name, size) in rows {
+        match size {
+            Some(size) => println!("{name:<width$}  {type_name:<type_width$}  {size}"),
+            None => println!("{name:<width$}  {type_name}"),
+        }
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `spindle`: run a server, run a program against one, or ask a running one for its status
 //! and objects.
 
+mod calls;
 mod cert;
 mod client;
 mod cluster;
@@ -48,7 +49,15 @@ enum Command {
     /// Run a shell command as a function and stream its output back; exits with its status.
     Sh(sh::ShArgs),
     /// Show a running server's address, uptime, objects, connections and call rate.
-    Status(AddressArg),
+    Status(StatusArgs),
+    /// List the running and queued function calls: id, state, age, worker, user, function
+    /// and caller (a user sees its own calls, an admin everyone's).
+    Ps(AddressArg),
+    /// Kill a function call: a queued one is withdrawn, a running one's worker killed (its
+    /// caller gets WorkerCrashed); a detached `spindle sh --async` call too.
+    Kill(calls::KillArgs),
+    /// Print a function call's latest output (its last 64 KiB); -f follows it until it ends.
+    Logs(calls::LogsArgs),
     /// Add, remove and list the server's users (`SPINDLE_USER` and `SPINDLE_TOKEN` say who
     /// a client is).
     User(users::UserArgs),
@@ -61,6 +70,10 @@ enum Command {
         /// Only persistent objects (those on disk).
         #[arg(long)]
         persistent: bool,
+        /// Unnamed objects too, and each object's size in bytes (approximate, as
+        /// --max-memory counts them).
+        #[arg(long)]
+        all: bool,
         #[command(flatten)]
         address: AddressArg,
     },
@@ -289,6 +302,18 @@ impl FunctionArgs {
 }
 
 #[derive(Args)]
+struct StatusArgs {
+    /// Print the status map as JSON (one object per line with --watch).
+    #[arg(long)]
+    json: bool,
+    /// Print it again every SECONDS until interrupted.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+    watch: Option<f64>,
+    #[command(flatten)]
+    address: AddressArg,
+}
+
+#[derive(Args)]
 pub(crate) struct AddressArg {
     /// Server address [default: $SPINDLE_ADDRESS or 127.0.0.1:7070].
     // The help's first line says the default and the variable: clap's would repeat them.
@@ -315,7 +340,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Status(_) | Command::Objects { .. } | Command::Cluster(_)
+        Command::Status(_) | Command::Objects { .. } | Command::Cluster(_) | Command::Ps(_) | Command::Logs(_)
     ) {
         // Listings end quietly when their reader goes away (`spindle cluster status | head`).
         // SAFETY: restoring the default action of a signal has no preconditions.
@@ -325,19 +350,23 @@ fn main() -> ExitCode {
         Command::Server(args) => return run_server(*args),
         Command::Run(args) => return run::run(args),
         Command::Sh(args) => return sh::run(args),
-        Command::Status(address) => {
-            client::use_tls(&address.tls);
-            client::status(&address.address)
+        Command::Status(args) => {
+            client::use_tls(&args.address.tls);
+            client::status(&args.address.address, args.json, args.watch)
         }
+        Command::Ps(address) => calls::ps(&address),
+        Command::Kill(args) => calls::kill(args),
+        Command::Logs(args) => calls::logs(args),
         Command::User(args) => users::user(args),
         Command::Role(args) => users::role(args),
         Command::Objects {
             prefix,
             persistent,
+            all,
             address,
         } => {
             client::use_tls(&address.tls);
-            client::objects(&address.address, prefix.as_deref().unwrap_or(""), persistent)
+            client::objects(&address.address, prefix.as_deref().unwrap_or(""), persistent, all)
         }
         Command::Repair { data_dir } => repair(&data_dir),
         Command::Cluster(args) => cluster::run(args),

@@ -155,6 +155,13 @@ fn sh(args: ShArgs) -> Result<u8, Fail> {
     let request_id = request_id();
     env.push(("SPINDLE_REQUEST_ID".into(), request_id.as_str().into()));
     let mut options = vec![("label".into(), request_id.as_str().into())];
+    // What `spindle ps` shows of the call (the server cuts it to 120 bytes).
+    let function = match &args.script {
+        Some(path) => path.display().to_string(),
+        None => commands.join(" | "),
+    };
+    options.push(("function".into(), function.into()));
+    options.push(("caller".into(), format!("spindle sh pid {}", std::process::id()).into()));
     if let Some(timeout) = args.timeout {
         if !(timeout.is_finite() && timeout > 0.0) {
             return Err(usage("--timeout takes a positive number of seconds"));

@@ -586,12 +586,23 @@ impl Partition {
     /// Named objects whose name starts with `prefix` (only persistent ones if
     /// `persistent_only`), as `(name, type)`.
     pub fn objects(&self, prefix: &str, persistent_only: bool) -> Vec<(String, String)> {
+        self.listing(prefix, persistent_only, false)
+            .into_iter()
+            .map(|(name, type_name, _)| (name, type_name))
+            .collect()
+    }
+
+    /// As [`objects`](Self::objects), unnamed ones too when `unnamed`, with each object's
+    /// size as `--max-memory` counts it: `(key, type, bytes)`.
+    pub fn listing(&self, prefix: &str, persistent_only: bool, unnamed: bool) -> Vec<(String, String, usize)> {
         self.objects
             .iter()
             .filter(|(k, e)| {
-                !k.starts_with(UNNAMED_PREFIX) && k.starts_with(prefix) && (e.persistent || !persistent_only)
+                (unnamed || !k.starts_with(UNNAMED_PREFIX))
+                    && k.starts_with(prefix)
+                    && (e.persistent || !persistent_only)
             })
-            .map(|(k, e)| (k.to_string(), e.body.type_name().to_string()))
+            .map(|(k, e)| (k.to_string(), e.body.type_name().to_string(), e.size()))
             .collect()
     }
 

@@ -13,7 +13,7 @@ pub const PROTOCOL_VERSION: u64 = 1;
 pub const CLUSTER_FORMAT: u64 = 3;
 
 const OPS: &str =
-    "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host, acl";
+    "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, calls, worker, define, host, acl";
 
 /// One request, with its operands checked and moved out of the MessagePack value.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,6 +72,9 @@ pub enum Request {
         prefix: String,
         /// List only persistent objects (optional 4th item, default `false`).
         persistent: bool,
+        /// Unnamed objects too, and every object's size (optional 5th item, default
+        /// `false`): rows `[key, type, bytes]`.
+        all: bool,
     },
     Status {
         id: u64,
@@ -98,6 +101,12 @@ pub enum Request {
     Cancel {
         id: u64,
         invoke_id: u64,
+    },
+    /// The server's function calls: `list` them, `kill` call `call`, or show its `logs`
+    /// (`follow`: and the rest of them as they come, until it ends).
+    Calls {
+        id: u64,
+        action: CallsAction,
     },
     /// A worker process announcing itself with the secret the gateway gave it.
     Worker {
@@ -198,6 +207,7 @@ impl Request {
             | Request::Withdraw { id, .. }
             | Request::Invoke { id, .. }
             | Request::Cancel { id, .. }
+            | Request::Calls { id, .. }
             | Request::Worker { id, .. }
             | Request::Define { id, .. }
             | Request::Host { id, .. }
@@ -224,6 +234,7 @@ impl Request {
             Request::Withdraw { .. } => "withdraw",
             Request::Invoke { .. } => "invoke",
             Request::Cancel { .. } => "cancel",
+            Request::Calls { .. } => "calls",
             Request::Worker { .. } => "worker",
             Request::Define { .. } => "define",
             Request::Host { .. } => "host",
@@ -236,6 +247,14 @@ impl Request {
             Request::Raft { .. } => "raft",
         }
     }
+}
+
+/// What a `calls` request asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallsAction {
+    List,
+    Kill { call: u64 },
+    Logs { call: u64, follow: bool },
 }
 
 /// A malformed request: answered with a `ProtocolError` under `id` (0 when no id could be read).
@@ -462,11 +481,12 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         }
         "objects" => {
             // The prefix may be left out or nil: list everything.
-            p.arity_range("[id, \"objects\", prefix, persistent]", 0, 2)?;
+            p.arity_range("[id, \"objects\", prefix, persistent, all]", 0, 3)?;
             Request::Objects {
                 id,
                 prefix: p.optional_string("prefix")?.unwrap_or_default(),
                 persistent: p.optional_boolean("persistent")?,
+                all: p.optional_boolean("all")?,
             }
         }
         "status" => {
@@ -601,6 +621,24 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 payload: p.binary("payload")?,
                 options: p.map_or_nil("options")?,
             }
+        }
+        "calls" => {
+            p.arity_range("[id, \"calls\", \"list\"|\"kill\"|\"logs\", call, follow]", 1, 3)?;
+            let action = match p.string("action")?.as_str() {
+                "list" => CallsAction::List,
+                "kill" => CallsAction::Kill { call: p.uint("call")? },
+                "logs" => CallsAction::Logs {
+                    call: p.uint("call")?,
+                    follow: p.optional_boolean("follow")?,
+                },
+                other => {
+                    return Err(bad(
+                        id,
+                        format!("unknown calls action '{other}' (known: list, kill, logs)"),
+                    ))
+                }
+            };
+            Request::Calls { id, action }
         }
         "cancel" => {
             p.arity("[id, \"cancel\", invoke_id]", 1)?;
@@ -1102,7 +1140,8 @@ mod tests {
             Request::Objects {
                 id: 6,
                 prefix: "ab".into(),
-                persistent: false
+                persistent: false,
+                all: false
             }
         );
         assert_eq!(
@@ -1110,7 +1149,8 @@ mod tests {
             Request::Objects {
                 id: 7,
                 prefix: String::new(),
-                persistent: false
+                persistent: false,
+                all: false
             }
         );
         assert_eq!(
@@ -1250,7 +1290,7 @@ mod tests {
         let e = error_of(v(vec![12.into(), s("frobnicate")]));
         assert_eq!(
             e.message,
-            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, worker, define, host, acl)"
+            "unknown op 'frobnicate' (known: hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, calls, worker, define, host, acl)"
         );
     }
 

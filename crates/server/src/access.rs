@@ -275,6 +275,7 @@ pub(crate) fn permit(who: &Principal, request: &Request) -> Result<Grant, Error>
             }
         }
         Request::Invoke { .. } => who.check(Invoke, "invoke functions", ""),
+        Request::Calls { .. } => who.check(Invoke, "look at or stop function calls", ""),
         Request::Join { .. } | Request::Leave { .. } => who.check(Admin, "change the cluster's nodes", ""),
         Request::Acl { action, .. } if action != "whoami" => who.check(Admin, "manage users and roles", ""),
         Request::Adopt { .. } | Request::Snapshot { .. } | Request::Raft { .. } if !who.is_node() => Err(Error::new(

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spindle_core::objects::user;
-use spindle_core::partition::Op;
+use spindle_core::partition::{Op, UNNAMED_PREFIX};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
-use spindle_proto::{decode_request, encode_reply, split_frame, Request, Split, PROTOCOL_VERSION};
+use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
@@ -697,13 +697,20 @@ impl Connection {
                 };
                 self.reply(id, reply)
             }
-            Request::Objects { id, prefix, persistent } => {
-                let mut reply = self.objects(&prefix, persistent);
+            Request::Objects {
+                id,
+                prefix,
+                persistent,
+                all,
+            } => {
+                let mut reply = self.objects(&prefix, persistent, all);
                 if let (Value::Array(listed), Some(who)) = (&mut reply, &self.principal) {
                     // Only the names this user may read.
                     listed.retain(|pair| {
                         let name = pair.as_array().and_then(|p| p.first()).and_then(Value::as_str);
-                        name.is_some_and(|name| who.allows(Permission::Read, name))
+                        // An unnamed object's key is its capability: admins only (access.rs).
+                        name.is_some_and(|name| who.allows(Permission::Read, name) && !name.starts_with(UNNAMED_PREFIX))
+                            || who.allows(Permission::Admin, "")
                     });
                 }
                 self.reply(id, Ok(reply))
@@ -724,6 +731,7 @@ impl Connection {
                 let cancelled = self.invoked && gateway::cancel(&self.shared, self.id, invoke_id);
                 self.reply(id, Ok(Value::Boolean(cancelled)))
             }
+            Request::Calls { id, action } => self.calls(id, action),
             Request::Worker {
                 id, worker, runtime, ..
             } => self.worker_hello(id, &worker, &runtime),
@@ -932,9 +940,37 @@ impl Connection {
 
     fn invoke(&mut self, id: u64, runtime: &str, payload: Vec<u8>, options: Value) {
         self.invoked = true;
-        if let Err(e) = gateway::invoke(&self.shared, self.id, id, runtime, payload, options) {
+        let owner = self.principal.as_ref().map_or("", |p| p.user.as_str());
+        if let Err(e) = gateway::invoke(&self.shared, self.id, id, (runtime, owner), payload, options) {
             self.reply(id, Err(e));
         }
+    }
+
+    /// `calls`: `spindle ps`, `kill` and `logs`, over the calls this user may see.
+    fn calls(&mut self, id: u64, action: CallsAction) {
+        let Some(who) = &self.principal else {
+            return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
+        };
+        let asker = gateway::Asker {
+            user: &who.user,
+            admin: who.allows(Permission::Admin, ""),
+        };
+        let reply = match action {
+            CallsAction::List => Ok(gateway::list_calls(&self.shared, &asker)),
+            CallsAction::Kill { call } => {
+                info!(conn = self.id, user = who.user, peer = %self.peer, call, "spindle kill");
+                gateway::kill_call(&self.shared, call, &asker)
+            }
+            CallsAction::Logs { call, follow } => {
+                // Answered (and followed) by the gateway: a follower's reply comes at the end.
+                self.invoked = true;
+                match gateway::call_logs(&self.shared, self.id, id, call, follow, &asker) {
+                    Ok(()) => return,
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        self.reply(id, reply)
     }
 
     /// A worker process announcing itself: from now on this connection carries its tasks.
@@ -1242,14 +1278,14 @@ impl Connection {
         encode_reply(id, &reply, &mut self.replies);
     }
 
-    fn objects(&self, prefix: &str, persistent: bool) -> Value {
+    fn objects(&self, prefix: &str, persistent: bool, all: bool) -> Value {
         let shards = &self.shared.shards;
-        let mut named: Vec<(String, String)> = Vec::new();
+        let mut named: Vec<(String, String, usize)> = Vec::new();
         // In a cluster each node lists the shards it serves (their leader's view, ephemeral
         // objects included): clients ask every node and merge.
         for index in 0..shards.count() {
             let listed = |s: &mut crate::shards::ShardState| match s.serving() {
-                true => s.partition.objects(prefix, persistent),
+                true => s.partition.listing(prefix, persistent, all),
                 false => Vec::new(),
             };
             match shards.with(index, listed) {
@@ -1261,7 +1297,13 @@ impl Connection {
         Value::Array(
             named
                 .into_iter()
-                .map(|(name, type_name)| Value::Array(vec![Value::from(name), Value::from(type_name)]))
+                .map(|(name, type_name, size)| {
+                    let mut row = vec![Value::from(name), Value::from(type_name)];
+                    if all {
+                        row.push(Value::from(size));
+                    }
+                    Value::Array(row)
+                })
                 .collect(),
         )
     }

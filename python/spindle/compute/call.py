@@ -9,6 +9,8 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import os
+import socket
+import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
@@ -16,6 +18,7 @@ from .. import lost_updates
 from ..errors import FunctionTimeout, WorkerCrashed
 from ..proxy import refuse_waiting
 from ..sessions import new_secret
+from . import pool_watch
 from .invoker import (
     MAX_ARGUMENT,
     Invocation,
@@ -26,6 +29,7 @@ from .invoker import (
     reply_error,
     result_of,
 )
+from .output import LiveOutput
 
 Backoff = Union[float, Callable[[int], float]]
 MAX_DELAY = 30.0
@@ -93,7 +97,8 @@ def call_options(timeout: Optional[float], memory_mb: Optional[int], label: str)
     """The ``options`` map of an invocation (keys left out take the server's defaults)."""
     if timeout is not None and timeout < 0:
         raise ValueError("timeout must be non-negative")
-    options: Dict[str, Any] = {"label": label}
+    # Output as it comes (compute/output.py); `caller` is what `spindle ps` shows.
+    options: Dict[str, Any] = {"label": label, "live": True, "caller": _caller()}
     if timeout is not None:
         options["timeout"] = timeout
     if memory_mb is not None:
@@ -101,10 +106,29 @@ def call_options(timeout: Optional[float], memory_mb: Optional[int], label: str)
     return options
 
 
+_callers: Dict[int, str] = {}
+
+
+def _caller() -> str:
+    """This process as `spindle ps` shows it: program, pid and host."""
+    pid = os.getpid()
+    caller = _callers.get(pid)
+    if caller is None:
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        caller = _callers[pid] = f"{program} pid {pid} on {socket.gethostname()}"
+    return caller
+
+
+def _function_name(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module != "__main__" else str(name)
+
+
 class Call:
     """Runs ``fn(*args, **kwargs)`` as a function until it succeeds or its retries run out."""
 
-    __slots__ = ("future", "payload", "options", "retries", "backoff", "echo")
+    __slots__ = ("future", "payload", "options", "retries", "backoff", "echo", "live")
 
     def __init__(
         self,
@@ -127,7 +151,8 @@ class Call:
         # Pickled once, here, so that a bad function or argument fails the caller's submit.
         # A session of its own (its secret), the same for every retry of the call.
         self.payload = make_payload(fn, args, kwargs, new_secret(), limit)
-        self.options = options
+        self.options = {**options, "function": _function_name(fn)}
+        self.live = LiveOutput(future.label, echo)
         self.retries = retries
         self.backoff = backoff
         self.echo = echo
@@ -141,23 +166,43 @@ class Call:
             invoker = current_invoker()
             future._invoker = invoker
             future.attempts += 1
-            future._request_id = invoker.invoke(self.payload, self.options, self._on_reply)
+            self.live = LiveOutput(future.label, self.echo)
+            future._request_id = invoker.invoke(self.payload, self.options, self._on_reply, self._on_progress)
         except BaseException as exc:
             _settle(future, exc=exc)
+
+    def _on_progress(self, value: Any) -> None:
+        """A progress frame of the running attempt: output, or that it queued or started."""
+        if not isinstance(value, dict):
+            return
+        for stream in ("stdout", "stderr"):
+            if stream in value:
+                self.live.feed(stream, value[stream])
+        if "queued" in value:
+            self.future.call_id = value["queued"]
+            pool_watch.queued(self.future, value.get("max_workers") or 0)
+        if "started" in value:
+            self.future.call_id = value["started"]
+            pool_watch.started(self.future)
 
     def _on_reply(self, reply: List[Any]) -> None:
         future = self.future
         future._request_id = None
+        pool_watch.ended(future)
+        live = self.live
+        live.close()
         exc: Optional[BaseException] = None
         retryable = False
         if reply[1] == 0:
             report = reply[2]
             future.report = {k: v for k, v in report.items()
                              if k not in ("result", "stdout", "stderr", "lost_updates")}
-            future.stdout = report.get("stdout") or b""
-            future.stderr = report.get("stderr") or b""
+            # Live output came before; a worker that streams nothing reports it all here.
+            stdout, stderr = report.get("stdout") or b"", report.get("stderr") or b""
+            future.stdout = live.output("stdout") + stdout
+            future.stderr = live.output("stderr") + stderr
             if self.echo:
-                echo_output(future.label, future.stdout, future.stderr, report.get("truncated") or 0)
+                echo_output(future.label, stdout, stderr, report.get("truncated") or 0)
             if "lost_updates" in report:
                 lost_updates.warn(report["lost_updates"])
             if report.get("ok"):
@@ -177,9 +222,11 @@ class Call:
                 return
             if isinstance(exc, WorkerCrashed):
                 future.stdout, future.stderr = exc.stdout, exc.stderr
-                if self.echo:
-                    echo_output(future.label, exc.stdout, exc.stderr)
-            retryable = isinstance(exc, (WorkerCrashed, FunctionTimeout))
+                if self.echo:  # what did not come live
+                    echo_output(future.label, exc.stdout[live.received["stdout"]:],
+                                exc.stderr[live.received["stderr"]:])
+            killed = isinstance(exc, WorkerCrashed) and exc.reason.startswith("killed with spindle kill")
+            retryable = isinstance(exc, (WorkerCrashed, FunctionTimeout)) and not killed
         if retryable and future.attempts <= self.retries and not future.done():
             delay = backoff_delay(self.backoff, future.attempts)
             timer = threading.Timer(delay, self.start)

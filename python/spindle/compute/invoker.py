@@ -1,7 +1,9 @@
 """Invoking functions: one gateway connection per process, replies matched by request id.
 
 docs/protocol.md ("Functions"): ``[id, "invoke", "python", payload, options]`` is answered
-when the function ends, so many invocations share one connection. Sends take a lock; one
+when the function ends, so many invocations share one connection; before that, progress
+frames ``[id, 2, value]`` (its output as it comes, that it queued or started) go to the
+invocation's ``on_progress``. Sends take a lock; one
 reader thread resolves the :class:`Invocation` futures. After ``fork`` the child drops the
 inherited connection unused and opens its own on its first invocation.
 
@@ -127,6 +129,7 @@ class Invocation(concurrent.futures.Future):
         self.attempts = 0
         self._invoker: Optional["Invoker"] = None
         self._request_id: Optional[int] = None  # of the attempt in the server, if any
+        self.call_id: Optional[int] = None  # the server's number for it (spindle ps), once known
         self._cancel_hook: Optional[Callable[["Invocation"], bool]] = None
 
     def cancel(self) -> bool:
@@ -245,22 +248,28 @@ class Invoker:
             self._conn.sock = SharedTLSSocket(self._conn.sock)  # type: ignore[assignment]
         self._ids = itertools.count(2)
         self._pending: Dict[int, Callable[[List[Any]], None]] = {}
+        self._progress: Dict[int, Callable[[Any], None]] = {}
         self._lock = threading.Lock()
         self.closed = False
         self._reader = threading.Thread(target=self._read_loop, name="spindle-invoker", daemon=True)
         self._reader.start()
 
-    def send(self, request_tail: List[Any], on_reply: Callable[[List[Any]], None]) -> int:
-        """Send ``[id, *request_tail]``; ``on_reply(reply)`` runs in the reader thread."""
+    def send(self, request_tail: List[Any], on_reply: Callable[[List[Any]], None],
+             on_progress: Optional[Callable[[Any], None]] = None) -> int:
+        """Send ``[id, *request_tail]``; ``on_reply(reply)`` runs in the reader thread, as
+        ``on_progress(value)`` does for each progress frame before it."""
         with self._lock:
             if self.closed:
                 raise ServerUnavailable(f"spindle server at {self.address} is unavailable")
             rid = next(self._ids)
             self._pending[rid] = on_reply
+            if on_progress is not None:
+                self._progress[rid] = on_progress
             try:
                 self._conn.sock.sendall(frame([rid, *request_tail]))
             except OSError as exc:
                 self._pending.pop(rid, None)
+                self._progress.pop(rid, None)
                 self._close_locked()
                 raise ServerUnavailable(
                     f"spindle server at {self.address} is unavailable: {exc}"
@@ -268,8 +277,9 @@ class Invoker:
         return rid
 
     def invoke(self, payload: bytes, options: Dict[str, Any],
-               on_reply: Callable[[List[Any]], None]) -> int:
-        return self.send(["invoke", "python", payload, options], on_reply)
+               on_reply: Callable[[List[Any]], None],
+               on_progress: Optional[Callable[[Any], None]] = None) -> int:
+        return self.send(["invoke", "python", payload, options], on_reply, on_progress)
 
     def cancel(self, rid: int) -> bool:
         """Withdraw the queued invocation ``rid``; True if it had not started."""
@@ -310,6 +320,16 @@ class Invoker:
                         continue
                     reply = exc.value
                 rid = reply[0]
+                if reply[1] == 2:  # progress of a call still running
+                    progress = self._progress.get(rid)
+                    if progress is not None:
+                        try:
+                            progress(reply[2])
+                        except Exception:
+                            import traceback
+
+                            traceback.print_exc()
+                    continue
                 if rid == 0 and reply[1] == 1:  # a frame the server could not read
                     error = error_from_reply(reply[2])
                     if isinstance(reply[2], list) and reply[2] and reply[2][0] == "FrameTooLarge":
@@ -317,6 +337,7 @@ class Invoker:
                     continue
                 with self._lock:
                     callback = pending.pop(rid, None)
+                    self._progress.pop(rid, None)
                 if callback is not None:
                     try:
                         callback(reply)
@@ -331,6 +352,7 @@ class Invoker:
         with self._lock:
             self._close_locked()
             callbacks, self._pending = list(pending.values()), {}
+            self._progress = {}
         failed = [0, 1, ["ConnectionLost", str(error), None]]
         for callback in callbacks:
             try:
@@ -351,6 +373,7 @@ class Invoker:
         self.closed = True
         self._conn.close()
         self._pending = {}
+        self._progress = {}
 
 
 def reply_error(reply: List[Any]) -> BaseException:

@@ -5,6 +5,7 @@
 //! module carries out its actions: start and watch processes ([`worker`]), send tasks on
 //! worker connections, reply to invokers. Object calls never touch any of it.
 
+mod output;
 mod pool;
 mod worker;
 
@@ -20,8 +21,9 @@ use tokio::sync::Notify;
 use crate::config::FunctionsConfig;
 use crate::process::{Exit, Table};
 use crate::Shared;
+use output::Stream;
 pub(crate) use pool::WorkerId;
-use pool::{Action, Counts, Invocation, Limits, Pool};
+use pool::{About, Action, CallInfo, Counts, Invocation, Limits, Pool};
 
 /// The runtimes this gateway runs (all on the same Python workers: `shell` runs a command
 /// with bash, see python/spindle/shell.py).
@@ -138,12 +140,12 @@ fn make_commands_dir() -> std::io::Result<PathBuf> {
 }
 
 /// `invoke`: queue the call; its reply comes when it ends. `Err` is the immediate reply
-/// to a refused call.
+/// to a refused call. `owner` is the invoking connection's user.
 pub(crate) fn invoke(
     shared: &Arc<Shared>,
     conn: ConnId,
     req: u64,
-    runtime: &str,
+    (runtime, owner): (&str, &str),
     payload: Vec<u8>,
     options: Value,
 ) -> Result<(), Error> {
@@ -165,6 +167,12 @@ pub(crate) fn invoke(
         memory_limit: parsed.memory_mb.saturating_mul(1024 * 1024),
         detach: parsed.detach,
         submitted: now,
+        about: About {
+            owner: owner.to_string(),
+            caller: parsed.caller,
+            function: parsed.function,
+            live: parsed.live,
+        },
     };
     let actions = gateway.with_pool(|p| p.submit(invocation, now));
     execute(shared, actions);
@@ -215,7 +223,8 @@ pub(crate) fn worker_hello(
     Ok((worker, actions))
 }
 
-/// A frame from a worker: `[task_id, 0, report]` or `[task_id, 1, [kind, message, data]]`.
+/// A frame from a worker: `[task_id, 0, report]`, `[task_id, 1, [kind, message, data]]`,
+/// or, while the task runs, its output `[task_id, 2, {"stdout"|"stderr": bytes}]`.
 pub(crate) fn worker_reply(shared: &Arc<Shared>, worker: WorkerId, frame: Value) -> Result<(), String> {
     let Value::Array(items) = frame else {
         return Err("a worker reply must be an array [task_id, status, result]".into());
@@ -227,11 +236,118 @@ pub(crate) fn worker_reply(shared: &Arc<Shared>, worker: WorkerId, frame: Value)
     let reply: Reply = match status.as_u64() {
         Some(0) => Ok(result),
         Some(1) => Err(error_from_value(result)),
-        _ => return Err("the reply status must be 0 or 1".into()),
+        Some(2) => return worker_output(shared, worker, task, result),
+        _ => return Err("the reply status must be 0, 1 or 2".into()),
     };
     let actions = shared
         .gateway
         .with_pool(|p| p.finished(worker, task, reply, Instant::now()));
+    execute(shared, actions);
+    Ok(())
+}
+
+/// `[task, 2, {"stdout"|"stderr": bytes}]`: output of the worker's running task.
+fn worker_output(shared: &Arc<Shared>, worker: WorkerId, task: u64, chunk: Value) -> Result<(), String> {
+    let malformed = || "output must be {\"stdout\" or \"stderr\": bytes}".to_string();
+    let Value::Map(entries) = chunk else {
+        return Err(malformed());
+    };
+    let [(stream, Value::Binary(bytes))]: [(Value, Value); 1] = entries.try_into().map_err(|_| malformed())? else {
+        return Err(malformed());
+    };
+    let stream = stream.as_str().and_then(Stream::parse).ok_or_else(malformed)?;
+    let actions = shared.gateway.with_pool(|p| p.output(worker, task, stream, bytes));
+    execute(shared, actions);
+    Ok(())
+}
+
+/// Who asks about calls (`spindle ps`, `kill`, `logs`): a user sees and controls its own
+/// calls, an admin everyone's.
+pub(crate) struct Asker<'a> {
+    pub(crate) user: &'a str,
+    pub(crate) admin: bool,
+}
+
+impl Asker<'_> {
+    fn may(&self, owner: &str) -> bool {
+        self.admin || self.user == owner
+    }
+}
+
+/// `calls list`: the queued and running calls the asker may see.
+pub(crate) fn list_calls(shared: &Arc<Shared>, asker: &Asker) -> Value {
+    let rows = shared.gateway.with_pool(|p| p.calls(Instant::now()));
+    let rows = rows
+        .into_iter()
+        .filter(|row| asker.may(&row.owner))
+        .map(call_row)
+        .collect();
+    Value::Array(rows)
+}
+
+fn call_row(row: CallInfo) -> Value {
+    let entries: Vec<(&str, Value)> = vec![
+        ("id", Value::from(row.id)),
+        ("state", Value::from(row.state)),
+        ("user", Value::from(row.owner)),
+        ("caller", Value::from(row.caller)),
+        ("function", Value::from(row.function)),
+        ("age", Value::F64(row.age)),
+        ("worker", row.worker.map_or(Value::Nil, Value::from)),
+    ];
+    Value::Map(entries.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
+}
+
+/// Call `id` if the asker may act on it, else the error to answer (`NotFound` both when
+/// there is no such call and when it is another user's: ids are not secrets, calls are).
+fn check_call(pool: &Pool, id: u64, asker: &Asker) -> Result<(), Error> {
+    match pool.owner_of(id) {
+        Some(owner) if asker.may(owner) => Ok(()),
+        _ => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no call {id} (see spindle ps)"),
+        )),
+    }
+}
+
+/// `calls kill`: withdraw a queued call or kill the worker of a running one.
+pub(crate) fn kill_call(shared: &Arc<Shared>, id: u64, asker: &Asker) -> Result<Value, Error> {
+    let actions = shared.gateway.with_pool(|p| {
+        check_call(p, id, asker)?;
+        p.kill_call(id, asker.user)
+            .ok_or_else(|| Error::value(format!("call {id} has ended already")))
+    })?;
+    execute(shared, actions);
+    Ok(Value::Boolean(true))
+}
+
+/// `calls logs`: the call's kept output, as progress frames `[req, 2, chunk]` before the
+/// reply; with `follow`, its next chunks too, and the reply only when it ends.
+pub(crate) fn call_logs(
+    shared: &Arc<Shared>,
+    conn: ConnId,
+    req: u64,
+    id: u64,
+    follow: bool,
+    asker: &Asker,
+) -> Result<(), Error> {
+    let (chunks, followed) = shared.gateway.with_pool(|p| {
+        check_call(p, id, asker)?;
+        p.logs(id, follow.then_some((conn, req)))
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no call {id}")))
+    })?;
+    let mut actions: Vec<Action> = chunks
+        .into_iter()
+        .map(|value| Action::Push { conn, req, value })
+        .collect();
+    if !followed {
+        let value = Value::Map(vec![(Value::from("call"), Value::from(id))]);
+        actions.push(Action::Reply {
+            conn,
+            req,
+            reply: Ok(value),
+        });
+    }
     execute(shared, actions);
     Ok(())
 }
@@ -319,6 +435,14 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
                 token: Token { conn, req },
                 reply,
             }),
+            Action::Push { conn, req, value } => {
+                // Before the replies gathered so far: a call's output goes before its end.
+                shared.registry.deliver(std::mem::take(&mut replies));
+                let frame = Value::Array(vec![Value::from(req), Value::from(2u64), value]);
+                let mut bytes = Vec::new();
+                spindle_proto::encode_frame(&frame, &mut bytes);
+                shared.registry.send(conn, &mut bytes);
+            }
             Action::Kill(worker) => {
                 if let Some(proc) = gateway.procs.get(worker) {
                     // A shell function's command runs in a session of its own, and a
@@ -344,6 +468,23 @@ struct Options {
     memory_mb: u64,
     /// The invocation outlives its invoking connection.
     detach: bool,
+    /// The caller asked for output as it comes.
+    live: bool,
+    /// For `spindle ps`, cut to [`DESCRIPTION`] bytes.
+    caller: String,
+    function: String,
+}
+
+/// The longest `caller` and `function` kept for `spindle ps`.
+const DESCRIPTION: usize = 120;
+
+/// `text` cut to [`DESCRIPTION`] bytes (at a character boundary).
+fn described(text: &str) -> String {
+    let mut end = text.len().min(DESCRIPTION);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
 }
 
 /// The options forwarded to the worker: the client's, with `runtime` set (the worker runs
@@ -363,6 +504,7 @@ fn parse_options(options: &Value, default_memory_mb: u64) -> Result<Options, Err
     let mut timeout = None;
     let mut memory_mb = default_memory_mb;
     let mut detach = false;
+    let (mut live, mut caller, mut function) = (false, String::new(), String::new());
     for (key, value) in options.as_map().map(Vec::as_slice).unwrap_or_default() {
         match (key.as_str(), value) {
             (_, Value::Nil) => {}
@@ -388,6 +530,9 @@ fn parse_options(options: &Value, default_memory_mb: u64) -> Result<Options, Err
                     .as_bool()
                     .ok_or_else(|| Error::bad_args(format!("invoke: detach must be true or false, not {v}")))?;
             }
+            (Some("live"), v) => live = v.as_bool().unwrap_or(false),
+            (Some("caller"), Value::String(s)) => caller = described(s.as_str().unwrap_or("?")),
+            (Some("function"), Value::String(s)) => function = described(s.as_str().unwrap_or("?")),
             // `label` and future keys are the worker's business.
             _ => {}
         }
@@ -399,6 +544,9 @@ fn parse_options(options: &Value, default_memory_mb: u64) -> Result<Options, Err
         timeout,
         memory_mb,
         detach,
+        live,
+        caller,
+        function,
     })
 }
 
@@ -432,7 +580,10 @@ mod tests {
             Options {
                 timeout: None,
                 memory_mb: 2048,
-                detach: false
+                detach: false,
+                live: false,
+                caller: String::new(),
+                function: String::new(),
             }
         );
         let options = parse_options(
@@ -450,7 +601,10 @@ mod tests {
             Options {
                 timeout: Some(Duration::from_millis(1500)),
                 memory_mb: 64,
-                detach: true
+                detach: true,
+                live: false,
+                caller: String::new(),
+                function: String::new(),
             }
         );
         assert_eq!(

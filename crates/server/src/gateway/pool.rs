@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use spindle_core::{ConnId, Error, ErrorKind, Reply, Value};
 
+use super::output::{Log, Stream, ENDED_KEPT};
 use crate::process::Exit;
 
 pub(crate) type WorkerId = u64;
@@ -35,6 +36,44 @@ pub(crate) struct Invocation {
     /// Runs to its end even if the invoking connection closes (its reply is then dropped).
     pub(crate) detach: bool,
     pub(crate) submitted: Instant,
+    /// Who asked for it and what it runs, for `spindle ps`.
+    pub(crate) about: About,
+}
+
+/// What `spindle ps` tells of a call besides its state.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct About {
+    /// The user whose connection invoked it: who may see and kill it.
+    pub(crate) owner: String,
+    /// The caller as it describes itself (process, host), after the user.
+    pub(crate) caller: String,
+    /// The function's name (or the shell command).
+    pub(crate) function: String,
+    /// The caller sees the output as it comes (`[req, 2, {"stdout": bytes}]`).
+    pub(crate) live: bool,
+}
+
+/// A call in the queue: its number (its task id once it runs) and its output so far.
+#[derive(Debug)]
+struct Queued {
+    id: TaskId,
+    invocation: Invocation,
+    log: Log,
+}
+
+/// A row of `spindle ps`.
+#[derive(Debug, PartialEq)]
+pub(crate) struct CallInfo {
+    pub(crate) id: TaskId,
+    pub(crate) owner: String,
+    pub(crate) caller: String,
+    pub(crate) function: String,
+    /// "queued" or "running".
+    pub(crate) state: &'static str,
+    /// Seconds since it was submitted (queued) or started (running).
+    pub(crate) age: f64,
+    /// The pid of the worker running it.
+    pub(crate) worker: Option<u32>,
 }
 
 /// What the gateway must do after an event.
@@ -58,6 +97,8 @@ pub(crate) enum Action {
     Reply { conn: ConnId, req: u64, reply: Reply },
     /// Kill the worker's process; its exit comes back as [`Pool::exited`].
     Kill(WorkerId),
+    /// Send `[req, 2, value]` to connection `conn`: progress of a call still running.
+    Push { conn: ConnId, req: u64, value: Value },
 }
 
 #[derive(Debug)]
@@ -72,6 +113,8 @@ struct Running {
     deadline: Option<Instant>,
     /// Not stopped when its caller goes away.
     detach: bool,
+    about: About,
+    log: Log,
 }
 
 #[derive(Debug)]
@@ -111,12 +154,14 @@ pub(crate) struct Counts {
 
 pub(crate) struct Pool {
     limits: Limits,
-    queue: VecDeque<Invocation>,
+    queue: VecDeque<Queued>,
     workers: HashMap<WorkerId, Worker>,
     next_worker: WorkerId,
     next_task: TaskId,
     /// Invocations answered (for `invocations_per_s`).
     pub(crate) completed: u64,
+    /// The logs of the latest ended calls: `(call, owner, log)`.
+    ended: VecDeque<(TaskId, String, Log)>,
 }
 
 impl Pool {
@@ -128,6 +173,7 @@ impl Pool {
             next_worker: 1,
             next_task: 1,
             completed: 0,
+            ended: VecDeque::new(),
         }
     }
 
@@ -146,24 +192,173 @@ impl Pool {
     /// A new invocation: it runs on an idle worker at once, or waits in the queue (starting
     /// a worker when the pool may grow).
     pub(crate) fn submit(&mut self, invocation: Invocation, now: Instant) -> Vec<Action> {
-        self.queue.push_back(invocation);
+        let id = self.next_task;
+        self.next_task += 1;
+        let (conn, req, live) = (invocation.conn, invocation.req, invocation.about.live);
+        self.queue.push_back(Queued {
+            id,
+            invocation,
+            log: Log::default(),
+        });
         let mut actions = Vec::new();
         self.schedule(now, &mut actions);
+        let full = self.workers.len() >= self.limits.max_workers;
+        if live && full && self.queue.back().is_some_and(|q| q.id == id) {
+            // It waits for a busy worker: the caller may warn of a pool too small.
+            let value = Value::Map(vec![
+                (Value::from("queued"), Value::from(id)),
+                (Value::from("max_workers"), Value::from(self.limits.max_workers)),
+            ]);
+            actions.push(Action::Push { conn, req, value });
+        }
         actions
     }
 
     /// `cancel`: withdraw a queued invocation of `conn`. Returns whether it was queued.
     pub(crate) fn cancel(&mut self, conn: ConnId, req: u64) -> (bool, Vec<Action>) {
-        let Some(at) = self.queue.iter().position(|i| i.conn == conn && i.req == req) else {
+        let Some(at) = self
+            .queue
+            .iter()
+            .position(|q| q.invocation.conn == conn && q.invocation.req == req)
+        else {
             return (false, Vec::new());
         };
-        self.queue.remove(at);
+        let message = "the invocation was cancelled before it ran";
+        (true, self.withdraw(at, message))
+    }
+
+    /// Take the queued call at `at` out of the queue, answering it `Cancelled`.
+    fn withdraw(&mut self, at: usize, message: &str) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let Some(q) = self.queue.remove(at) else {
+            return actions;
+        };
         self.completed += 1;
-        let reply = Err(Error::new(
-            ErrorKind::Cancelled,
-            "the invocation was cancelled before it ran",
-        ));
-        (true, vec![Action::Reply { conn, req, reply }])
+        let (conn, req) = (q.invocation.conn, q.invocation.req);
+        let reply = Err(Error::new(ErrorKind::Cancelled, message));
+        actions.push(Action::Reply { conn, req, reply });
+        self.close_log(q.id, q.invocation.about.owner, q.log, "cancelled", &mut actions);
+        actions
+    }
+
+    /// A call ended: its followers are answered, and its log kept among the latest.
+    fn close_log(&mut self, id: TaskId, owner: String, mut log: Log, outcome: &str, actions: &mut Vec<Action>) {
+        for (conn, req) in std::mem::take(&mut log.followers) {
+            let reply = Ok(ended(id, outcome, log.dropped));
+            actions.push(Action::Reply { conn, req, reply });
+        }
+        if self.ended.len() >= ENDED_KEPT {
+            self.ended.pop_front();
+        }
+        self.ended.push_back((id, owner, log));
+    }
+
+    /// Output of `worker`'s call `task`: forwarded to its caller (if live) and followers.
+    pub(crate) fn output(&mut self, worker: WorkerId, task: TaskId, stream: Stream, bytes: Vec<u8>) -> Vec<Action> {
+        let Some(Worker {
+            state: State::Busy(r) | State::Dying { task: Some(r), .. },
+            ..
+        }) = self.workers.get_mut(&worker)
+        else {
+            return Vec::new();
+        };
+        if r.task != task {
+            return Vec::new();
+        }
+        let Some(value) = r.log.take(stream, bytes) else {
+            return Vec::new();
+        };
+        let caller = r.conn.filter(|_| r.about.live).map(|conn| (conn, r.req));
+        caller
+            .into_iter()
+            .chain(r.log.followers.iter().copied())
+            .map(|(conn, req)| Action::Push {
+                conn,
+                req,
+                value: value.clone(),
+            })
+            .collect()
+    }
+
+    /// The queued and running calls, oldest first (`spindle ps`).
+    pub(crate) fn calls(&self, now: Instant) -> Vec<CallInfo> {
+        let mut rows: Vec<CallInfo> = self
+            .workers
+            .values()
+            .filter_map(|w| match &w.state {
+                State::Busy(r) => Some(CallInfo {
+                    id: r.task,
+                    owner: r.about.owner.clone(),
+                    caller: r.about.caller.clone(),
+                    function: r.about.function.clone(),
+                    state: "running",
+                    age: now.saturating_duration_since(r.started).as_secs_f64(),
+                    worker: Some(w.pid),
+                }),
+                _ => None,
+            })
+            .collect();
+        rows.sort_by_key(|row| row.id);
+        rows.extend(self.queue.iter().map(|q| CallInfo {
+            id: q.id,
+            owner: q.invocation.about.owner.clone(),
+            caller: q.invocation.about.caller.clone(),
+            function: q.invocation.about.function.clone(),
+            state: "queued",
+            age: now.saturating_duration_since(q.invocation.submitted).as_secs_f64(),
+            worker: None,
+        }));
+        rows
+    }
+
+    /// The user who owns call `id` (queued, running, or among the latest ended).
+    pub(crate) fn owner_of(&self, id: TaskId) -> Option<&str> {
+        let queued = self
+            .queue
+            .iter()
+            .find(|q| q.id == id)
+            .map(|q| &q.invocation.about.owner);
+        queued
+            .or_else(|| self.running(id).map(|(_, r)| &r.about.owner))
+            .or_else(|| self.ended.iter().find(|e| e.0 == id).map(|e| &e.1))
+            .map(String::as_str)
+    }
+
+    fn running(&self, id: TaskId) -> Option<(WorkerId, &Running)> {
+        self.workers.iter().find_map(|(&wid, w)| match &w.state {
+            State::Busy(r) if r.task == id => Some((wid, r)),
+            _ => None,
+        })
+    }
+
+    /// `spindle kill`: withdraw call `id` if queued, or kill its worker if running (its
+    /// caller then gets `WorkerCrashed` saying why). `None` if no such call runs or waits.
+    pub(crate) fn kill_call(&mut self, id: TaskId, by: &str) -> Option<Vec<Action>> {
+        if let Some(at) = self.queue.iter().position(|q| q.id == id) {
+            let message = format!("the call was killed before it ran (spindle kill, by user '{by}')");
+            return Some(self.withdraw(at, &message));
+        }
+        let (worker, _) = self.running(id)?;
+        Some(self.kill(worker, &format!("{KILLED}, by user '{by}'")))
+    }
+
+    /// `spindle logs`: the kept output of call `id` as progress values, and, to follow it,
+    /// `(conn, req)` registered for its next chunks and its end (`Ok(false)`: ended, or
+    /// followed by too many already). `None` if the call is unknown.
+    pub(crate) fn logs(&mut self, id: TaskId, follow: Option<(ConnId, u64)>) -> Option<(Vec<Value>, bool)> {
+        let log = match self.queue.iter_mut().find(|q| q.id == id) {
+            Some(q) => Some(&mut q.log),
+            None => self.workers.values_mut().find_map(|w| match &mut w.state {
+                State::Busy(r) if r.task == id => Some(&mut r.log),
+                _ => None,
+            }),
+        };
+        if let Some(log) = log {
+            let followed = follow.is_some_and(|(conn, req)| log.follow(conn, req));
+            return Some((log.chunks(), followed));
+        }
+        let (_, _, log) = self.ended.iter().find(|e| e.0 == id)?;
+        Some((log.chunks(), false))
     }
 
     /// The invoking connection closed: its queued calls go, and its running calls are
@@ -171,7 +366,15 @@ impl Pool {
     /// at once, as a process's daemon threads end with it. Detached calls stay queued and
     /// run to their end; their replies are dropped.
     pub(crate) fn connection_closed(&mut self, conn: ConnId) -> Vec<Action> {
-        self.queue.retain(|i| i.conn != conn || i.detach);
+        self.queue.retain(|q| q.invocation.conn != conn || q.invocation.detach);
+        for q in &mut self.queue {
+            q.log.followers.retain(|f| f.0 != conn);
+        }
+        for worker in self.workers.values_mut() {
+            if let State::Busy(r) | State::Dying { task: Some(r), .. } = &mut worker.state {
+                r.log.followers.retain(|f| f.0 != conn);
+            }
+        }
         for worker in self.workers.values_mut() {
             if let State::Busy(r) = &mut worker.state {
                 if r.detach && r.conn == Some(conn) {
@@ -318,15 +521,16 @@ impl Pool {
         } else if before_hello {
             // A worker that cannot start fails the oldest waiting call, so a broken worker
             // setup ends every call with an error instead of respawning forever.
-            if let Some(i) = self.queue.pop_front() {
+            if let Some(q) = self.queue.pop_front() {
                 self.completed += 1;
                 let message = format!("no worker could start: {reason}");
                 let reply = Err(crashed(message, exit, &reason));
                 actions.push(Action::Reply {
-                    conn: i.conn,
-                    req: i.req,
+                    conn: q.invocation.conn,
+                    req: q.invocation.req,
                     reply,
                 });
+                self.close_log(q.id, q.invocation.about.owner, q.log, "failed", &mut actions);
             }
         } else if !reason.is_empty() && reason != IDLE {
             tracing::debug!(worker, "worker ended: {reason}");
@@ -375,14 +579,20 @@ impl Pool {
     }
 
     /// Send a finished call's reply, unless its caller left.
-    fn answer(&mut self, r: Running, reply: Reply, actions: &mut Vec<Action>) {
+    fn answer(&mut self, mut r: Running, reply: Reply, actions: &mut Vec<Action>) {
+        let outcome = match &reply {
+            Ok(_) => "ended",
+            Err(_) => "failed",
+        };
         let reply = reply.map(|report| {
             set_keys(
                 report,
                 [("cold", Value::Boolean(r.cold)), ("queued", Value::F64(r.queued))],
             )
         });
+        let (task, owner, log) = (r.task, std::mem::take(&mut r.about.owner), std::mem::take(&mut r.log));
         deliver(&mut self.completed, r, reply, actions);
+        self.close_log(task, owner, log, outcome, actions);
     }
 
     /// Hand queued calls to idle workers (FIFO), then grow the pool for what still waits.
@@ -401,10 +611,23 @@ impl Pool {
             else {
                 break;
             };
-            let i = self.queue.pop_front().expect("queue is not empty");
-            let task = self.next_task;
-            self.next_task += 1;
+            let Queued {
+                id: task,
+                invocation: i,
+                log,
+            } = self.queue.pop_front().expect("queue is not empty");
             let w = self.workers.get_mut(&id).expect("found above");
+            if i.about.live {
+                let value = Value::Map(vec![
+                    (Value::from("started"), Value::from(task)),
+                    (Value::from("worker"), Value::from(w.pid)),
+                ]);
+                actions.push(Action::Push {
+                    conn: i.conn,
+                    req: i.req,
+                    value,
+                });
+            }
             w.tasks_run += 1;
             w.state = State::Busy(Running {
                 task,
@@ -416,6 +639,8 @@ impl Pool {
                 // A timeout past what the clock can hold is no deadline at all.
                 deadline: i.timeout.and_then(|t| now.checked_add(t)),
                 detach: i.detach,
+                about: i.about,
+                log,
             });
             actions.push(Action::Run {
                 worker: id,
@@ -453,6 +678,17 @@ impl Pool {
 const IDLE: &str = "idle";
 /// The reason of a worker killed because its call ran past its timeout.
 const TIMEOUT: &str = "timeout";
+/// The reason of a worker killed by `spindle kill` (the user who did follows it).
+const KILLED: &str = "killed with spindle kill";
+
+/// The final reply to a `logs -f`: how the call ended, and what it dropped.
+fn ended(id: TaskId, outcome: &str, dropped: u64) -> Value {
+    Value::Map(vec![
+        (Value::from("call"), Value::from(id)),
+        (Value::from("ended"), Value::from(outcome)),
+        (Value::from("dropped"), Value::from(dropped)),
+    ])
+}
 
 /// The reply to a call whose worker was killed for running past its timeout; its output is
 /// filled in from the worker's capture files (worker.rs).
@@ -537,6 +773,7 @@ mod tests {
             memory_limit: 1 << 30,
             detach: false,
             submitted: now,
+            about: About::default(),
         }
     }
 
@@ -914,5 +1151,76 @@ mod tests {
         pool.submit(call(1, 1, t0), t0);
         assert!(pool.ready(1, 2, t0).0);
         assert!(!pool.ready(1, 3, t0).0);
+    }
+
+    fn pushes(actions: &[Action]) -> Vec<(ConnId, u64)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Push { conn, req, .. } => Some((*conn, *req)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn output_goes_to_a_live_caller_and_followers_and_kill_ends_calls() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(1));
+        let live = |conn, req| Invocation {
+            about: About {
+                owner: "ann".into(),
+                live: true,
+                ..About::default()
+            },
+            ..call(conn, req, t0)
+        };
+        pool.submit(live(1, 10), t0);
+        let queued = pool.submit(live(1, 11), t0);
+        assert_eq!(pushes(&queued), vec![(1, 11)], "told it waits behind a full pool");
+        pool.spawned(1, 77);
+        let (_, a) = pool.ready(1, 9, t0);
+        let (_, task, _) = runs(&a)[0];
+        assert_eq!(pushes(&a), vec![(1, 10)], "told it started");
+        assert_eq!(
+            pool.logs(task, Some((5, 50))).map(|(c, f)| (c.len(), f)),
+            Some((0, true))
+        );
+        let out = pool.output(1, task, Stream::Stdout, b"hi\n".to_vec());
+        assert_eq!(pushes(&out), vec![(1, 10), (5, 50)]);
+        assert!(
+            pool.output(1, task + 7, Stream::Stdout, b"x".to_vec()).is_empty(),
+            "another task's"
+        );
+        let rows = pool.calls(t0);
+        assert_eq!(
+            rows.iter().map(|r| (r.id, r.state)).collect::<Vec<_>>(),
+            vec![(task, "running"), (task + 1, "queued")]
+        );
+        assert_eq!(pool.owner_of(task), Some("ann"));
+
+        // Killing the queued call answers it Cancelled; the running one's worker is killed.
+        let a = pool.kill_call(task + 1, "root").unwrap();
+        let out = replies(a);
+        assert_eq!(out[0].2.as_ref().unwrap_err().kind, ErrorKind::Cancelled);
+        let a = pool.kill_call(task, "root").unwrap();
+        assert!(matches!(a[..], [Action::Kill(1)]));
+        let out = replies(pool.exited(1, Exit::default(), None, t0));
+        let mut reqs: Vec<u64> = out.iter().map(|(_, req, _)| *req).collect();
+        reqs.sort_unstable();
+        assert_eq!(reqs, vec![10, 50], "the caller and the follower are answered");
+        let crashed = out.iter().find(|(_, req, _)| *req == 10).unwrap();
+        assert!(crashed
+            .2
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("spindle kill, by user 'root'"));
+        assert!(pool.kill_call(task, "root").is_none(), "ended");
+        assert_eq!(
+            pool.logs(task, None).map(|(c, _)| c.len()),
+            Some(1),
+            "an ended call's logs stay"
+        );
     }
 }
