@@ -8,6 +8,7 @@ ported standard-library program already catches (``KeyError``, ``queue.Empty``,
 from __future__ import annotations
 
 import concurrent.futures
+import pickle
 import queue
 import threading
 from typing import Any, Callable, Dict, NoReturn, Optional
@@ -231,6 +232,17 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return "\n\n" + '"""\n' + self.tb.rstrip("\n") + '\n"""'
+
+
+def unpickled_exception(data: Optional[bytes]) -> Any:
+    """The exception pickled in ``data``; None when there is none or it does not unpickle
+    here (its class unknown to this process, say)."""
+    if data is None:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception:
+        return None
 
 
 def remote_exception(

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import cloudpickle
 
-from ..errors import remote_exception
+from ..errors import remote_exception, unpickled_exception
 
 # A task's outcome: (True, value), or (False, (pickled exception or None, type, message,
 # traceback)).
@@ -57,10 +57,4 @@ def result(outcome: Outcome) -> Any:
     if ok:
         return value
     data, type_name, message, tb = value
-    exc: Any = None
-    if data is not None:
-        try:
-            exc = pickle.loads(data)
-        except Exception:
-            exc = None
-    raise remote_exception(exc, type_name, message, tb)
+    raise remote_exception(unpickled_exception(data), type_name, message, tb)

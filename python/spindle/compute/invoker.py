@@ -36,6 +36,7 @@ from ..errors import (
     WorkerCrashed,
     error_from_reply,
     remote_exception,
+    unpickled_exception,
 )
 
 MAX_ARGUMENT = 1 << 20  # bytes: larger arguments travel as objects or paths, not inline
@@ -167,13 +168,7 @@ class Invocation(concurrent.futures.Future):
 def exception_of(report: Dict[str, Any]) -> BaseException:
     """The exception a function raised, with its remote traceback as ``__cause__``."""
     error = report.get("error") or {}
-    data = report.get("result")
-    exc: Any = None
-    if data is not None:
-        try:
-            exc = pickle.loads(data)
-        except Exception:
-            exc = None
+    exc = unpickled_exception(report.get("result"))
     return remote_exception(exc, error.get("type"), error.get("message"), error.get("traceback"))
 
 
