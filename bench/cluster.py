@@ -251,13 +251,19 @@ def reader_process(addresses: str, threads: int, keys: list[str], until: float, 
     out.put(done)
 
 
-def availability(root: Path, duration: float, kill_at: float, join_at: float) -> dict:
-    cluster = LocalCluster(root, rf=3, fsync="always")
+def persistent_blobs(cluster: LocalCluster) -> list[str]:
+    """The 32 persistent 4 KB blobs the availability runs read, created; their keys."""
     keys = [f"model-{i}" for i in range(32)]
     setup = Client(cluster.addresses)
     for key in keys:
         setup.create("Blob", key, [bytes(4096)], False, persistent=True)
     setup.close()
+    return keys
+
+
+def availability(root: Path, duration: float, kill_at: float, join_at: float) -> dict:
+    cluster = LocalCluster(root, rf=3, fsync="always")
+    keys = persistent_blobs(cluster)
     events: dict[str, float] = {}
     try:
         ctx = multiprocessing.get_context("spawn")
@@ -352,11 +358,7 @@ def rereplication(root: Path, budget: float) -> dict:
     shard is back at three live voters, and the reads per second before, while the cluster
     waits out ``--dead-after``, and while replicas move."""
     cluster = LocalCluster(root, rf=3, fsync="always", nodes=NODES + 1, extra=("--dead-after", f"{DEAD_AFTER:g}"))
-    keys = [f"model-{i}" for i in range(32)]
-    setup = Client(cluster.addresses)
-    for key in keys:
-        setup.create("Blob", key, [bytes(4096)], False, persistent=True)
-    setup.close()
+    keys = persistent_blobs(cluster)
     events: dict[str, float] = {}
     try:
         ctx = multiprocessing.get_context("spawn")

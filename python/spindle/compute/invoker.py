@@ -38,6 +38,7 @@ from ..errors import (
     remote_exception,
     unpickled_exception,
 )
+from .output import write as write_output
 
 MAX_ARGUMENT = 1 << 20  # bytes: larger arguments travel as objects or paths, not inline
 MAX_PAYLOAD = (64 << 20) - 4096  # under the server's default frame limit (--max-frame)
@@ -407,18 +408,8 @@ def current_invoker() -> Invoker:
 
 def echo_output(label: str, stdout: bytes, stderr: bytes, truncated: int = 0) -> None:
     """Print a function's output here, each line prefixed with ``[label]``."""
-    for data, stream in ((stdout, sys.stdout), (stderr, sys.stderr)):
-        if not data or stream is None:
-            continue
-        text = data.decode("utf-8", "replace")
-        prefix = f"[{label}] "
-        lines = text.splitlines(True)
-        out = "".join(prefix + (line if line.endswith("\n") else line + "\n") for line in lines)
-        try:
-            stream.write(out)
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    write_output(label, "stdout", stdout)
+    write_output(label, "stderr", stderr)
     if truncated and sys.stderr is not None:
         try:
             sys.stderr.write(f"[{label}] ({truncated:,} more bytes of output were cut)\n")
