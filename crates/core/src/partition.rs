@@ -14,8 +14,9 @@
 //! the replies. Recovery feeds the records back through [`Partition::replay`], which calls
 //! the very entry points that produced them.
 
+use ahash::{HashMap, HashSet};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -2,6 +2,7 @@
 //! partition, rebuilds every persistent object exactly (compared by snapshot), whatever
 //! parked, woke, expired, was withdrawn or lost its connection along the way.
 
+use ahash::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -627,7 +628,6 @@ mod user_objects {
     use super::*;
     use crate::objects::user::Forward;
     use crate::Error;
-    use std::collections::HashMap;
 
     const T: &str = "py:__main__.Box";
     const KEYS: [&str; 3] = ["u1", "u2", "~c1.u"];
@@ -720,7 +720,7 @@ mod user_objects {
             let mut rng = seeded(seed);
             let mut r = Run {
                 l: Live::new(),
-                hosted: HashMap::new(),
+                hosted: HashMap::default(),
                 n: 0,
             };
             let mut parked = Vec::new();

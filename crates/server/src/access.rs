@@ -9,7 +9,7 @@
 //! - a node of the cluster ([`NODE_USER`], with the cluster key): peer operations;
 //! - the default user without any token, only while the server has no credential at all.
 
-use std::collections::HashSet;
+use ahash::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,7 +75,7 @@ impl Access {
             cluster_key: cluster_key.map(str::to_string),
             ready: AtomicBool::new(cluster_key.is_none()),
             file,
-            verified: Mutex::new(HashSet::new()),
+            verified: Mutex::new(HashSet::default()),
             hashing: Mutex::new(()),
         })
     }

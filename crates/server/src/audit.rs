@@ -4,7 +4,7 @@
 //! so that a client hammering the server with bad credentials or bad frames cannot flood its
 //! log (nor grow this table without bound).
 
-use std::collections::HashMap;
+use ahash::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

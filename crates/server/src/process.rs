@@ -12,7 +12,7 @@
 //! and a kill of every process in it when the child is killed or ends, orphans of a dead
 //! worker or host included.
 
-use std::collections::HashMap;
+use ahash::HashMap;
 use std::ffi::OsStr;
 use std::io::{self, Read};
 use std::os::unix::process::ExitStatusExt;
@@ -107,7 +107,7 @@ pub(crate) struct Table {
 impl Table {
     pub(crate) fn new() -> Self {
         Table {
-            procs: Mutex::new(HashMap::new()),
+            procs: Mutex::new(HashMap::default()),
         }
     }
 

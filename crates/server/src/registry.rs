@@ -11,7 +11,8 @@
 //! A TLS connection has no direct path: a record written in part cannot be finished without
 //! waiting, so its writer task alone writes, encrypting every batch in one go.
 
-use std::collections::{HashMap, VecDeque};
+use ahash::HashMap;
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -396,7 +397,7 @@ pub(crate) struct Registry {
 impl Registry {
     pub(crate) fn new() -> Self {
         Registry {
-            outboxes: RwLock::new(HashMap::new()),
+            outboxes: RwLock::new(HashMap::default()),
             // Connection 0 is the partitions' "system" caller; real ones start at 1.
             next_id: AtomicU64::new(1),
         }

@@ -3,7 +3,7 @@
 //! A session with a secret (`#` ids, see `spindle_proto::session`) is opened and resumed
 //! only by connections that give its secret.
 
-use std::collections::HashMap;
+use ahash::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -29,7 +29,7 @@ pub(crate) struct Sessions {
 impl Sessions {
     pub(crate) fn new() -> Self {
         Sessions {
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::default()),
         }
     }
 

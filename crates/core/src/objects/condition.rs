@@ -4,7 +4,8 @@
 //! notified before its `wait` arrives is remembered, so no notification slips between the
 //! release and the wait.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use ahash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use crate::object::args;
@@ -36,7 +37,7 @@ impl Condition {
             next: 0,
             tickets: BTreeMap::new(),
             pending: BTreeSet::new(),
-            parked: HashMap::new(),
+            parked: HashMap::default(),
         })
     }
 

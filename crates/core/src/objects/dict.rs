@@ -3,7 +3,8 @@
 //! The methods are shared with `SortedDict` through [`MapStore`]; only the storage differs.
 //! A `Dict` created with cache options evicts (see [`super::cache`]); others never do.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use ahash::{HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use super::cache::Cache;
 use super::snapshot::{self, Fields};
@@ -519,7 +520,7 @@ fn apply_inner<S: MapStore>(store: &mut S, method: &str, a: &[Value]) -> Result<
 
 /// Merge a batch atomically: compute every new value on the side, commit only if all succeed.
 fn merge_many<S: MapStore>(store: &mut S, entries: Vec<(Key, Value)>, op: MergeOp) -> Result<(), Error> {
-    let mut staged: HashMap<Key, Value> = HashMap::new();
+    let mut staged: HashMap<Key, Value> = HashMap::default();
     let mut order: Vec<Key> = Vec::new();
     for (k, v) in entries {
         if let Some(cur) = staged.get_mut(&k) {

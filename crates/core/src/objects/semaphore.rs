@@ -2,10 +2,9 @@
 //! arrival order. Permits are tracked per connection so that a dead connection's permits
 //! come back.
 
-use std::collections::HashMap;
-
 use crate::object::args;
 use crate::{ConnId, Ctx, Error, ErrorKind, Object, Step, Value};
+use ahash::HashMap;
 
 use super::lock::acquire_args;
 use super::waiters::{wait_queue_methods, WaitQueue};
@@ -31,7 +30,7 @@ impl Semaphore {
             value,
             initial: value,
             bounded,
-            held: HashMap::new(),
+            held: HashMap::default(),
             waiters: WaitQueue::default(),
         })
     }

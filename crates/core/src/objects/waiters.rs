@@ -3,7 +3,8 @@
 //! Waiters are woken in arrival order; any one of them can be withdrawn in O(log n) (a
 //! timeout, a disconnect), so thousands of parked callers cost nothing per wake-up.
 
-use std::collections::{BTreeMap, HashMap};
+use ahash::HashMap;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::{ConnId, Ctx, Error, Reply, Step, Token, Value};
@@ -29,7 +30,7 @@ impl<T> Default for WaitQueue<T> {
         WaitQueue {
             next: 0,
             order: BTreeMap::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
         }
     }
 }

@@ -5,7 +5,8 @@
 //! through here, with the size it had when last measured; and which objects are caches, the
 //! ones that may evict when the server is over it.
 
-use std::collections::{BTreeSet, HashMap};
+use ahash::HashMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::memory::{object_size, Memory};

@@ -34,7 +34,7 @@
 //! parked again and a later record that answered one (a `put` handing its item to a waiting
 //! `get`) replays as it ran.
 
-use std::collections::HashMap;
+use ahash::HashMap;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Instant;
@@ -408,7 +408,7 @@ fn header_fields(header: Value) -> Result<HashMap<String, Value>, String> {
     let Value::Map(pairs) = header else {
         return Err("the header is not a map".into());
     };
-    let mut fields = HashMap::new();
+    let mut fields = HashMap::default();
     for (k, v) in pairs {
         let name = string(k, "a header field name")?;
         if fields.insert(name.clone(), v).is_some() {

@@ -4,7 +4,8 @@
 //! the shard's partition, or to the metadata). Its leader also moves the group's replicas
 //! towards their placement, one membership change at a time.
 
-use std::collections::{BTreeMap, HashMap};
+use ahash::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -352,8 +353,8 @@ impl Driver {
             stored_meta: stored,
             judge: None,
             confs,
-            snapshot_waits: HashMap::new(),
-            snapshot_failures: HashMap::new(),
+            snapshot_waits: HashMap::default(),
+            snapshot_failures: HashMap::default(),
             broken: false,
             received: Vec::new(),
         })

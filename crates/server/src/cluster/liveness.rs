@@ -6,7 +6,7 @@
 //! A node declared dead that is heard again is declared up: placement takes it back and its
 //! replicas move back, catching up from their shards' leaders.
 
-use std::collections::HashMap;
+use ahash::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -50,8 +50,8 @@ pub(crate) struct Judge {
 impl Judge {
     pub(crate) fn new() -> Judge {
         Judge {
-            seen: HashMap::new(),
-            asked: HashMap::new(),
+            seen: HashMap::default(),
+            asked: HashMap::default(),
         }
     }
 

@@ -5,7 +5,7 @@
 //! whatever mattered. The peer's `hello` reply tells the newest cluster format it reads
 //! (see `format`): the link's frames name theirs when the peer reads more than format 1.
 
-use std::collections::HashMap;
+use ahash::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,8 @@
 //! (spawn, send a task, reply, kill). No I/O and no clock: time comes in as an argument, so
 //! every scheduling decision is unit-tested here.
 
-use std::collections::{HashMap, VecDeque};
+use ahash::HashMap;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use spindle_core::{ConnId, Error, ErrorKind, Reply, Value};
@@ -169,7 +170,7 @@ impl Pool {
         Pool {
             limits,
             queue: VecDeque::new(),
-            workers: HashMap::new(),
+            workers: HashMap::default(),
             next_worker: 1,
             next_task: 1,
             completed: 0,

@@ -14,7 +14,8 @@
 mod output;
 mod slot;
 
-use std::collections::{HashMap, VecDeque};
+use ahash::HashMap;
+use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -61,7 +62,7 @@ impl Hosts {
         Hosts {
             slots: (0..count).map(|i| Mutex::new(Slot::new(i, count, limits))).collect(),
             procs: Table::new(),
-            classes: RwLock::new(HashMap::new()),
+            classes: RwLock::new(HashMap::default()),
             python: config
                 .hosts
                 .python
@@ -484,7 +485,7 @@ fn still_used(type_name: &str, old: &str, version: &str, alive: &[KeyAndOwner]) 
 /// attached to (and their version is held back from `define`) without defining them again.
 /// Per type, the version that objects are stored with (one at a time, as `define` keeps it).
 pub(crate) fn register_recovered_classes(shared: &Shared) -> Result<usize, Error> {
-    let mut found: HashMap<String, (String, Arc<Vec<u8>>, usize)> = HashMap::new();
+    let mut found: HashMap<String, (String, Arc<Vec<u8>>, usize)> = HashMap::default();
     for index in 0..shared.shards.count() {
         let classes = shared.shards.with(index, |s| {
             let p = &s.partition;

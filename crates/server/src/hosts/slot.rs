@@ -3,7 +3,8 @@
 //! killed. Every event returns the [`Action`]s the I/O layer must carry out. No I/O and no
 //! clock: time comes in as an argument.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use ahash::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,8 +115,8 @@ impl Host {
             conn: None,
             started: now,
             buffered: Vec::new(),
-            objects: HashMap::new(),
-            versions: HashSet::new(),
+            objects: HashMap::default(),
+            versions: HashSet::default(),
             pending: VecDeque::new(),
             front_since: None,
             next_rid: 1,
