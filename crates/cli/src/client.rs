@@ -808,6 +808,15 @@ fn print_status(status: &Value) {
         ("queued", text("queued")),
         ("invocations/s", text("invocations_per_s")),
         ("containment", text("containment")),
+        (
+            "transactions",
+            format!(
+                "{} committed, {} aborted, {} in flight",
+                text("transactions_committed"),
+                text("transactions_aborted"),
+                text("transactions_open")
+            ),
+        ),
     ];
     for (label, value) in rows {
         println!("{label:<14} {value}");

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use spindle_server::config::{default_max_connections, default_max_memory, Limits};
+use spindle_server::config::{default_max_connections, default_max_memory, Limits, TransactionLimits};
 
 #[derive(Args, Clone)]
 pub(crate) struct LimitArgs {
@@ -55,6 +55,19 @@ pub(crate) struct LimitArgs {
     /// lower].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_memory: Option<usize>,
+    /// Seconds from a transaction's first call to its commit; past it, it is aborted.
+    #[arg(long, default_value_t = TransactionLimits::default().duration.as_secs_f64(), value_name = "SECONDS")]
+    max_transaction_time: f64,
+    /// Objects one transaction may touch.
+    #[arg(long, default_value_t = TransactionLimits::default().objects, value_name = "N")]
+    max_transaction_objects: usize,
+    /// Bytes of arguments one transaction's calls may carry (at most 32MiB), with a unit as
+    /// --max-memory's.
+    #[arg(long, default_value = "10MiB", value_name = "SIZE", value_parser = parse_size)]
+    max_transaction_bytes: usize,
+    /// Transactions one session may have open at once.
+    #[arg(long, default_value_t = TransactionLimits::default().per_session, value_name = "N")]
+    max_transactions_per_session: usize,
 }
 
 impl LimitArgs {
@@ -78,6 +91,13 @@ impl LimitArgs {
         if self.max_calls_in_flight == 0 {
             return Err("--max-calls-in-flight must be positive".into());
         }
+        if self.max_transaction_objects == 0 || self.max_transactions_per_session == 0 {
+            return Err("--max-transaction-objects and --max-transactions-per-session must be positive".into());
+        }
+        // A commit's records over several shards are one log record, at most 64 MiB.
+        if !(1..=32 << 20).contains(&self.max_transaction_bytes) {
+            return Err("--max-transaction-bytes must be between 1 byte and 32MiB".into());
+        }
         Ok(Limits {
             max_connections: self
                 .max_connections
@@ -93,6 +113,12 @@ impl LimitArgs {
             reply_logs: self.max_reply_logs_total,
             calls_in_flight: self.max_calls_in_flight,
             max_memory: self.max_memory.unwrap_or_else(default_max_memory),
+            transactions: TransactionLimits {
+                duration: seconds(self.max_transaction_time, "--max-transaction-time", false)?,
+                objects: self.max_transaction_objects,
+                bytes: self.max_transaction_bytes,
+                per_session: self.max_transactions_per_session,
+            },
         })
     }
 }

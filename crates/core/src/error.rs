@@ -50,11 +50,17 @@ pub enum ErrorKind {
     /// The server's objects hold more bytes than `--max-memory`: a call that may grow an
     /// object (or create one) is refused until objects are deleted or the limit raised.
     OutOfMemory,
+    /// A transaction lost an object to an older one, or read an object changed since: it
+    /// was aborted and left nothing behind. Running it again may succeed.
+    TransactionConflict,
+    /// A transaction cannot go on as asked: a call that would block, a limit passed, a
+    /// transaction that ended or expired. It was aborted and left nothing behind.
+    TransactionError,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 32] = [
+    pub const ALL: [ErrorKind; 34] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -87,6 +93,8 @@ impl ErrorKind {
         ErrorKind::StorageError,
         ErrorKind::NotLeader,
         ErrorKind::OutOfMemory,
+        ErrorKind::TransactionConflict,
+        ErrorKind::TransactionError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,6 +131,8 @@ impl ErrorKind {
             ErrorKind::StorageError => "StorageError",
             ErrorKind::NotLeader => "NotLeader",
             ErrorKind::OutOfMemory => "OutOfMemory",
+            ErrorKind::TransactionConflict => "TransactionConflict",
+            ErrorKind::TransactionError => "TransactionError",
         }
     }
 

@@ -53,8 +53,21 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// A copy of an object, for a transaction's workspace: the transaction's calls run on it,
+/// and the object itself changes only when the transaction commits. Every object type has
+/// it through `Clone`.
+pub trait Fork {
+    fn fork(&self) -> Box<dyn Object>;
+}
+
+impl<T: Object + Clone + 'static> Fork for T {
+    fn fork(&self) -> Box<dyn Object> {
+        Box::new(self.clone())
+    }
+}
+
 /// A shared object living in one partition.
-pub trait Object: Send {
+pub trait Object: Send + Fork {
     /// The type name clients use: `"Counter"`, `"Queue"`, ...
     fn type_name(&self) -> &'static str;
 

@@ -27,8 +27,10 @@ use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Re
 mod memory;
 mod object_map;
 mod snapshot;
+mod transaction;
 
 pub use memory::Memory;
+pub use transaction::{TxnCall, TxnId};
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
 /// older than its oldest call in flight, so a window is enough; a client that says which
@@ -359,6 +361,14 @@ pub struct Partition {
     snapshot_epoch: u64,
     /// The snapshot being captured, if any (see [`snapshot`]).
     capture: Option<snapshot::Capture>,
+    /// Open transactions' workspaces (see [`transaction`]).
+    txns: HashMap<TxnId, transaction::Workspace>,
+    /// The transaction holding each key a transaction touched.
+    locks: HashMap<String, TxnId>,
+    /// When each open transaction expires, earliest first.
+    txn_deadlines: BTreeSet<(Instant, TxnId)>,
+    /// A transaction's calls are being applied at its commit (accepted already).
+    committing: bool,
 }
 
 struct ReplyLogLimit {
@@ -740,6 +750,7 @@ impl Partition {
                 version,
                 code,
             } => self.insert_class(&type_name, &version, Arc::new(code)),
+            Record::Commit { client, seq, records } => self.replay_commit(client, seq, records, now)?,
         }
         // Nothing runs in a host during replay: stored objects are restored on their next call.
         self.forwards.clear();
@@ -910,7 +921,7 @@ impl Partition {
         // A live call that may grow an object waits for room (a replayed one was accepted
         // where it ran), which caches give first. Refused before anything is logged or
         // recorded: a retry may pass.
-        if replayed.is_none() && self.objects.memory().is_over() && self.may_grow(&op) {
+        if replayed.is_none() && !self.committing && self.objects.memory().is_over() && self.may_grow(&op) {
             self.make_room();
             if let Err(e) = self.objects.memory().check() {
                 out.push(Delivery { token, reply: Err(e) });
@@ -1076,7 +1087,7 @@ impl Partition {
         };
         let Some(obj) = entry.body.builtin() else { return 0 };
         let freed = obj.evict(bytes);
-        meter.resize(counted, memory::object_size(key, obj.size()));
+        meter.changed(counted, memory::object_size(key, obj.size()));
         freed
     }
 
@@ -1303,8 +1314,9 @@ impl Partition {
         let record = obj.is_mutating(method);
         let mut ctx = Ctx::new(caller, token, now, out);
         let step = obj.apply(method, &args, &mut ctx);
-        if record {
-            meter.resize(counted, memory::object_size(key, obj.size()));
+        // A parked call changes its object too (its waiters).
+        if record || matches!(step, Ok(Step::Park { .. })) {
+            meter.changed(counted, memory::object_size(key, obj.size()));
         }
         if obj.tracks_connections() {
             self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
@@ -1647,11 +1659,16 @@ impl Partition {
 
     /// The earliest deadline of a parked call, for the driver's timer.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.timers.first_key_value().map(|((d, _), _)| *d)
+        let parked = self.timers.first_key_value().map(|((d, _), _)| *d);
+        match self.next_txn_deadline() {
+            Some(txn) => Some(parked.map_or(txn, |p| p.min(txn))),
+            None => parked,
+        }
     }
 
     /// Answer parked calls whose deadline has passed.
     pub fn tick(&mut self, now: Instant) -> Vec<Delivery> {
+        self.expire_txns(now);
         let mut out = Vec::new();
         let caller = system_caller();
         while let Some(entry) = self.timers.first_entry() {
@@ -1670,7 +1687,7 @@ impl Partition {
                 let mut ctx = Ctx::new(&caller, token, now, &mut out);
                 obj.expire(token, &mut ctx);
                 // A parked call gone may take what it held (a put's item).
-                meter.resize(counted, memory::object_size(&key, obj.size()));
+                meter.changed(counted, memory::object_size(&key, obj.size()));
                 if persistent && out.len() > before {
                     self.log(Record::Expire { key, token }.encode());
                 }
@@ -1699,7 +1716,7 @@ impl Partition {
             let mut ctx = Ctx::new(&caller, token, now, &mut out);
             ctx.withdrawing = true;
             obj.expire(token, &mut ctx);
-            meter.resize(counted, memory::object_size(key, obj.size()));
+            meter.changed(counted, memory::object_size(key, obj.size()));
         }
         if persistent && !out.is_empty() {
             let key = key.to_string();
@@ -1722,7 +1739,7 @@ impl Partition {
                 if let Some(obj) = e.body.builtin() {
                     let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
                     obj.disconnect(conn, &mut ctx);
-                    meter.resize(counted, memory::object_size(&key, obj.size()));
+                    meter.changed(counted, memory::object_size(&key, obj.size()));
                 }
             }
         }
@@ -1745,6 +1762,7 @@ impl Partition {
 
     /// A session ended: its unnamed objects go, and so does its reply log.
     pub fn end_session(&mut self, client: &str, now: Instant) -> Vec<Delivery> {
+        self.end_txns(client);
         let mut out = Vec::new();
         if self.logged_clients.remove(client) {
             let client = client.to_string();

@@ -21,6 +21,9 @@
 //!     state := bin                    the pickled state (opaque to the server)
 //! [1, "class", type, version, code]  a user-defined class, before its first state in this
 //!                                   partition's log
+//! [1, "commit", client, seq, [record...]]  a transaction's changes here, all or none: the
+//!                                   records of its calls (each a bin), and the commit's
+//!                                   reply `true` recorded for `client`/`seq` unless nil/0
 //! ```
 //!
 //! The leading `1` is the record format version. Records come from disk: decoding never
@@ -83,6 +86,13 @@ pub enum Record {
         type_name: String,
         version: String,
         code: Vec<u8>,
+    },
+    /// A transaction's records in this partition, replayed together or not at all.
+    Commit {
+        /// Whose commit this is, for exactly-once retries (`None`/0: not recorded here).
+        client: Option<String>,
+        seq: u64,
+        records: Vec<Vec<u8>>,
     },
 }
 
@@ -283,6 +293,15 @@ impl Record {
                 version,
                 code,
             } => encode_class(type_name, version, code),
+            Record::Commit { client, seq, records } => {
+                let len: usize = records.iter().map(|r| r.len() + 5).sum();
+                let mut w = Writer::record("commit", 3, 64 + len);
+                w.opt_str(client.as_deref()).uint(*seq).array(records.len());
+                for record in records {
+                    w.bin(record);
+                }
+                w.0
+            }
         }
     }
 
@@ -391,6 +410,13 @@ impl Record {
                 version: f.string("version")?,
                 code: f.binary("code")?,
             },
+            "commit" => {
+                let client = f.opt_string("client")?;
+                let seq = f.uint("seq")?;
+                let mut r = f.nested("records")?;
+                let records = (0..r.left).map(|_| r.binary("record")).collect::<Result<_, _>>()?;
+                Record::Commit { client, seq, records }
+            }
             other => return Err(format!("unknown record '{other}'")),
         };
         f.end()?;
@@ -613,6 +639,16 @@ mod tests {
                 version: "v1".into(),
                 code: vec![1, 2, 3],
             },
+            Record::Commit {
+                client: Some("c1".into()),
+                seq: 12,
+                records: vec![Record::Disconnect { conn: 3 }.encode(), vec![]],
+            },
+            Record::Commit {
+                client: None,
+                seq: 0,
+                records: vec![],
+            },
         ];
         for r in records {
             assert_eq!(Record::decode(&r.encode()), Ok(r));
@@ -642,6 +678,19 @@ mod tests {
             (
                 Record::EndSession { client: "c".into() },
                 to_bytes(vec!["end_session".into(), "c".into()]),
+            ),
+            (
+                Record::Commit {
+                    client: Some("c".into()),
+                    seq: 3,
+                    records: vec![vec![1, 2]],
+                },
+                to_bytes(vec![
+                    "commit".into(),
+                    "c".into(),
+                    3.into(),
+                    Value::Array(vec![Value::Binary(vec![1, 2])]),
+                ]),
             ),
             (
                 Record::UserState {

@@ -11,7 +11,7 @@ pub mod values;
 pub use frame::{encode_frame, read_frame, split_frame, write_frame, FrameError, Split, DEFAULT_MAX_FRAME, HEADER_LEN};
 pub use reply::{encode_error_reply, encode_reply, reply_frame};
 pub use request::{
-    decode_request, parse_request, CallsAction, Request, RequestError, CLUSTER_FORMAT, PROTOCOL_VERSION,
+    decode_request, parse_request, CallsAction, Request, RequestError, TxnRef, CLUSTER_FORMAT, PROTOCOL_VERSION,
 };
 pub use session::{session_id, unnamed_key, MIN_SECRET_LEN, SECRET_SESSION_PREFIX};
 pub use values::count_values;

@@ -42,6 +42,8 @@ pub enum Request {
         /// The client holds the replies of all its calls below this `seq`, which the server
         /// may forget (optional 10th item; 0, the default: no word on them).
         acked: u64,
+        /// The transaction the create is part of (optional 11th item).
+        txn: Option<TxnRef>,
     },
     Call {
         id: u64,
@@ -53,11 +55,27 @@ pub enum Request {
         args: Vec<Value>,
         /// As in `Create` (optional 9th item).
         acked: u64,
+        /// The transaction the call is part of (optional 10th item).
+        txn: Option<TxnRef>,
     },
     Delete {
         id: u64,
         seq: u64,
         key: String,
+        /// The transaction the delete is part of (optional 5th item).
+        txn: Option<TxnRef>,
+    },
+    /// Make transaction `txn` of this session visible to all, atomically, or refuse it
+    /// (`TransactionConflict`) and leave nothing of it.
+    Commit {
+        id: u64,
+        seq: u64,
+        txn: u64,
+    },
+    /// Drop transaction `txn` of this session: nothing it did is ever visible.
+    Abort {
+        id: u64,
+        txn: u64,
     },
     Keep {
         id: u64,
@@ -200,6 +218,8 @@ impl Request {
             | Request::Create { id, .. }
             | Request::Call { id, .. }
             | Request::Delete { id, .. }
+            | Request::Commit { id, .. }
+            | Request::Abort { id, .. }
             | Request::Keep { id, .. }
             | Request::Objects { id, .. }
             | Request::Status { id }
@@ -227,6 +247,8 @@ impl Request {
             Request::Create { .. } => "create",
             Request::Call { .. } => "call",
             Request::Delete { .. } => "delete",
+            Request::Commit { .. } => "commit",
+            Request::Abort { .. } => "abort",
             Request::Keep { .. } => "keep",
             Request::Objects { .. } => "objects",
             Request::Status { .. } => "status",
@@ -247,6 +269,15 @@ impl Request {
             Request::Raft { .. } => "raft",
         }
     }
+}
+
+/// A call's transaction: its number in the session, and its age (the time its first
+/// attempt began, in microseconds since the Unix epoch), which decides between two
+/// transactions that want the same object: the older goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnRef {
+    pub number: u64,
+    pub age: u64,
 }
 
 /// What a `calls` request asks.
@@ -312,6 +343,7 @@ fn decode_call(body: &[u8]) -> Option<Request> {
         method,
         args,
         acked,
+        txn: None,
     })
 }
 
@@ -432,9 +464,9 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
         }
         "create" => {
             p.arity_range(
-                "[id, \"create\", seq, thread, type, key, args, owned, persistent, acked]",
+                "[id, \"create\", seq, thread, type, key, args, owned, persistent, acked, txn]",
                 6,
-                8,
+                9,
             )?;
             Request::Create {
                 id,
@@ -446,10 +478,11 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 owned: p.boolean("owned")?,
                 persistent: p.optional_boolean("persistent")?,
                 acked: p.optional_uint("acked")?,
+                txn: p.txn()?,
             }
         }
         "call" => {
-            p.arity_range("[id, \"call\", seq, thread, type, key, method, args, acked]", 6, 7)?;
+            p.arity_range("[id, \"call\", seq, thread, type, key, method, args, acked, txn]", 6, 8)?;
             Request::Call {
                 id,
                 seq: p.uint("seq")?,
@@ -459,14 +492,31 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
                 method: p.string("method")?,
                 args: p.array("args")?,
                 acked: p.optional_uint("acked")?,
+                txn: p.txn()?,
             }
         }
         "delete" => {
-            p.arity("[id, \"delete\", seq, key]", 2)?;
+            p.arity_range("[id, \"delete\", seq, key, txn]", 2, 3)?;
             Request::Delete {
                 id,
                 seq: p.uint("seq")?,
                 key: p.string("key")?,
+                txn: p.txn()?,
+            }
+        }
+        "commit" => {
+            p.arity("[id, \"commit\", seq, txn]", 2)?;
+            Request::Commit {
+                id,
+                seq: p.uint("seq")?,
+                txn: p.uint("txn")?,
+            }
+        }
+        "abort" => {
+            p.arity("[id, \"abort\", txn]", 1)?;
+            Request::Abort {
+                id,
+                txn: p.uint("txn")?,
             }
         }
         "keep" => {
@@ -776,7 +826,22 @@ impl Operands<'_> {
         }
     }
 
-    /// A bool that may be left out or nil (`false`).
+    /// A call's transaction, `[number, age]`, or nil (left out): not in one.
+    fn txn(&mut self) -> Result<Option<TxnRef>, RequestError> {
+        let shape = "[number, age] (non-negative integers) or nil";
+        match self.next() {
+            Value::Nil => Ok(None),
+            Value::Array(items) => match items.as_slice() {
+                [Value::Integer(number), Value::Integer(age)] => match (number.as_u64(), age.as_u64()) {
+                    (Some(number), Some(age)) => Ok(Some(TxnRef { number, age })),
+                    _ => Err(bad(self.id, format!("'{}': txn must be {shape}", self.op))),
+                },
+                _ => Err(bad(self.id, format!("'{}': txn must be {shape}", self.op))),
+            },
+            other => Err(self.error("txn", shape, &other)),
+        }
+    }
+
     /// A peer frame's optional last item, the cluster format of what it carries (absent:
     /// format 1, whose nodes wrote none): one newer than this build reads is refused.
     fn cluster_format(&mut self) -> Result<u64, RequestError> {
@@ -794,6 +859,7 @@ impl Operands<'_> {
         Ok(format)
     }
 
+    /// A bool that may be left out or nil (`false`).
     fn optional_boolean(&mut self, field: &str) -> Result<bool, RequestError> {
         match self.next() {
             Value::Nil => Ok(false),
@@ -1060,7 +1126,8 @@ mod tests {
                 args: vec![3.into()],
                 owned: true,
                 persistent: false,
-                acked: 0
+                acked: 0,
+                txn: None
             }
         );
         let persistent = v(vec![
@@ -1111,7 +1178,8 @@ mod tests {
                 key: "k".into(),
                 method: "add".into(),
                 args: vec![1.into()],
-                acked: 0
+                acked: 0,
+                txn: None
             }
         );
         let delete = v(vec![4.into(), s("delete"), 7.into(), s("k")]);
@@ -1120,9 +1188,42 @@ mod tests {
             Request::Delete {
                 id: 4,
                 seq: 7,
-                key: "k".into()
+                key: "k".into(),
+                txn: None
             }
         );
+        // A transaction's call, commit and abort.
+        let in_txn = v(vec![
+            3.into(),
+            s("call"),
+            6.into(),
+            9.into(),
+            s("Counter"),
+            s("k"),
+            s("add"),
+            v(vec![1.into()]),
+            0.into(),
+            v(vec![2.into(), 1_700_000_000_000_000u64.into()]),
+        ]);
+        let mut body = Vec::new();
+        rmpv::encode::write_value(&mut body, &in_txn).unwrap();
+        assert!(matches!(
+            decode_request(&body).unwrap(),
+            Request::Call { txn: Some(TxnRef { number: 2, age: 1_700_000_000_000_000 }), .. }
+        ));
+        let commit = v(vec![5.into(), s("commit"), 8.into(), 2.into()]);
+        assert_eq!(
+            parse_request(commit).unwrap(),
+            Request::Commit { id: 5, seq: 8, txn: 2 }
+        );
+        let abort = v(vec![6.into(), s("abort"), 2.into()]);
+        assert_eq!(parse_request(abort).unwrap(), Request::Abort { id: 6, txn: 2 });
+        for bad_txn in [s("x"), v(vec![1.into()]), v(vec![(-1).into(), 2.into()])] {
+            let mut items = vec![3.into(), s("call"), 6.into(), 9.into(), s("Counter"), s("k"), s("add")];
+            items.extend([v(vec![]), 0.into(), bad_txn]);
+            let err = parse_request(v(items)).unwrap_err();
+            assert!(err.message.contains("txn must be"), "{}", err.message);
+        }
         let keep = v(vec![5.into(), s("keep"), 8.into(), s("Counter"), s("~c.1"), Value::Nil]);
         assert_eq!(
             parse_request(keep).unwrap(),
@@ -1300,7 +1401,7 @@ mod tests {
         assert_eq!(e.id, 3);
         assert_eq!(
             e.message,
-            "'call' takes 8 to 9 items [id, \"call\", seq, thread, type, key, method, args, acked], got 5"
+            "'call' takes 8 to 10 items [id, \"call\", seq, thread, type, key, method, args, acked, txn], got 5"
         );
         let e = error_of(v(vec![3.into(), s("ping"), 1.into()]));
         assert_eq!(e.message, "'ping' takes 2 items [id, \"ping\"], got 3");

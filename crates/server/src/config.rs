@@ -100,6 +100,33 @@ pub struct Limits {
     /// and then calls that may grow an object are refused with `OutOfMemory` (Redis's
     /// `maxmemory`); 0: no limit.
     pub max_memory: usize,
+    /// What one transaction may take (docs/transactions.md).
+    pub transactions: TransactionLimits,
+}
+
+/// Bounds of transactions: past one, a transaction is refused (`TransactionError`) or, past
+/// its time, aborted (`TransactionConflict`), and leaves nothing behind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransactionLimits {
+    /// Time from a transaction's first call to its commit (FoundationDB's 5 s).
+    pub duration: Duration,
+    /// Objects one transaction may touch.
+    pub objects: usize,
+    /// Bytes of arguments one transaction's calls may carry.
+    pub bytes: usize,
+    /// Transactions one session may have open at once.
+    pub per_session: usize,
+}
+
+impl Default for TransactionLimits {
+    fn default() -> Self {
+        TransactionLimits {
+            duration: Duration::from_secs(5),
+            objects: 10_000,
+            bytes: 10 << 20,
+            per_session: 1_000,
+        }
+    }
 }
 
 impl Limits {
@@ -124,6 +151,7 @@ impl Default for Limits {
             reply_logs: 1 << 30,
             calls_in_flight: 1 << 16,
             max_memory: default_max_memory(),
+            transactions: TransactionLimits::default(),
         }
     }
 }

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use spindle_core::objects::user;
 use spindle_core::partition::{Op, UNNAMED_PREFIX};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
-use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, PROTOCOL_VERSION};
+use spindle_proto::{
+    decode_request, encode_reply, split_frame, CallsAction, Request, Split, TxnRef, PROTOCOL_VERSION,
+};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
@@ -20,7 +22,7 @@ use crate::cluster::{moves, MetadataChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
 use crate::registry::{self, log_error_reply, Outbox, Sink};
-use crate::{pickles, sessions, status, Shared};
+use crate::{pickles, sessions, status, transactions, Shared};
 
 /// Read buffer of an idle connection; it grows for large frames and shrinks back after.
 const INITIAL_READ_BUFFER: usize = 4 * 1024;
@@ -643,6 +645,7 @@ impl Connection {
                 owned,
                 persistent,
                 acked,
+                txn,
             } => {
                 let user_type = user::is_user_type(&type_name);
                 let op = Op::Create {
@@ -652,9 +655,10 @@ impl Connection {
                     owned,
                     persistent,
                 };
-                match user_type {
-                    true => self.create_user(id, seq, acked, thread, op),
-                    false => self.apply(id, seq, acked, thread, op, None),
+                match (txn, user_type) {
+                    (Some(txn), _) => self.transact(id, seq, thread, txn, op),
+                    (None, true) => self.create_user(id, seq, acked, thread, op),
+                    (None, false) => self.apply(id, seq, acked, thread, op, None),
                 }
             }
             Request::Call {
@@ -666,6 +670,7 @@ impl Connection {
                 method,
                 args,
                 acked,
+                txn,
             } => {
                 let op = Op::Call {
                     type_name,
@@ -673,9 +678,21 @@ impl Connection {
                     method,
                     args,
                 };
-                self.apply(id, seq, acked, thread, op, None)
+                match txn {
+                    Some(txn) => self.transact(id, seq, thread, txn, op),
+                    None => self.apply(id, seq, acked, thread, op, None),
+                }
             }
-            Request::Delete { id, seq, key } => self.apply(id, seq, 0, 0, Op::Delete { key }, None),
+            Request::Delete { id, seq, key, txn } => match txn {
+                Some(txn) => self.transact(id, seq, 0, txn, Op::Delete { key }),
+                None => self.apply(id, seq, 0, 0, Op::Delete { key }, None),
+            },
+            Request::Commit { id, seq, txn } => self.commit(id, seq, txn),
+            Request::Abort { id, txn } => {
+                let client = self.client.clone().expect("a session exists past hello");
+                let aborted = transactions::abort(&self.shared, &client, txn);
+                self.reply(id, Ok(Value::Boolean(aborted)))
+            }
             Request::Keep {
                 id,
                 type_name,
@@ -1193,6 +1210,44 @@ impl Connection {
                 self.route(deliveries);
                 hosts::run(&self.shared, actions);
             }
+            Err(e) => self.reply(id, Err(e)),
+        }
+    }
+
+    /// A call of a transaction: it runs on the transaction's workspace (transactions.rs).
+    fn transact(&mut self, id: u64, seq: u64, thread: u64, txn: TxnRef, op: Op) {
+        let unless_exists = self.unless_exists.take();
+        let Some(client) = self.client.clone() else {
+            return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
+        };
+        if let Some(refusal) = unless_exists {
+            // A reader's create attaches to an existing object: inside a transaction, refused.
+            return self.reply(id, Err(refusal));
+        }
+        let caller = Caller {
+            conn: self.id,
+            client,
+            thread,
+        };
+        let token = Token { conn: self.id, req: id };
+        match transactions::call(&self.shared, &caller, token, seq, txn.number, txn.age, op) {
+            Ok(delivery) => self.reply(id, delivery.reply),
+            Err(e) => self.reply(id, Err(e)),
+        }
+    }
+
+    fn commit(&mut self, id: u64, seq: u64, txn: u64) {
+        let Some(client) = self.client.clone() else {
+            return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
+        };
+        let caller = Caller {
+            conn: self.id,
+            client,
+            thread: 0,
+        };
+        let token = Token { conn: self.id, req: id };
+        match transactions::commit(&self.shared, &caller, token, seq, txn) {
+            Ok(deliveries) => self.route(deliveries),
             Err(e) => self.reply(id, Err(e)),
         }
     }

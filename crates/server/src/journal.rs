@@ -224,6 +224,48 @@ pub(crate) fn submit(s: &mut ShardState, records: Vec<Vec<u8>>, deliveries: Vec<
     out
 }
 
+/// Write the records of several shards (a transaction's commit) as one group record, so
+/// a crash keeps all of them or none, and return the replies that may go now (see
+/// [`Journal::submit`]). `parts` are each shard's records; shards without a log have none.
+pub(crate) fn submit_group(
+    states: &mut [(usize, &mut ShardState)],
+    parts: Vec<(u32, Vec<Vec<u8>>)>,
+    deliveries: Vec<Delivery>,
+) -> Vec<Delivery> {
+    let Some(wal) = states.iter().find_map(|(_, s)| s.log.as_ref().map(|j| j.wal.clone())) else {
+        return deliveries;
+    };
+    if let Some(why) = wal.failure() {
+        let (_, first) = &mut states[0];
+        let journal = first.log.as_mut().expect("the log was found above");
+        return journal.fail(&mut first.partition, &why, deliveries);
+    }
+    let mark = match wal.append_group(&parts) {
+        Ok(mark) => mark,
+        Err(e) => {
+            let why = e.to_string();
+            wal.fail(&why);
+            for (_, s) in states.iter_mut() {
+                if let Some(journal) = s.log.as_mut() {
+                    journal.stop(&mut s.partition, &why);
+                }
+            }
+            return storage_errors(&why, deliveries);
+        }
+    };
+    let mut fsync = Fsync::Never;
+    for (_, s) in states.iter_mut() {
+        if let Some(journal) = s.log.as_mut() {
+            journal.last_mark = mark;
+            fsync = journal.fsync;
+        }
+    }
+    match (&wal.syncer, fsync) {
+        (Some(syncer), Fsync::Always) if !deliveries.is_empty() => syncer.after_sync(mark, deliveries),
+        _ => deliveries,
+    }
+}
+
 /// Start the syncer thread of `wal` (none with `--fsync never`). Should an `fsync` fail
 /// (or the thread panic), every partition refuses persistent writes from then on: the
 /// log is theirs alike.
@@ -481,6 +523,39 @@ fn replay(shared: &Shared, wal_dir: &Path, plan: &storage::wal::WalPlan, now: In
         let at = end.offset - len;
         let path = || storage::segment_path(wal_dir, storage::wal::WAL_LOG, end.seq);
         let (index, record) = match storage::wal::untag(payload) {
+            Some((storage::wal::GROUP, group)) => {
+                let parts = storage::wal::decode_group(group).ok_or_else(|| {
+                    recovery_error(format!(
+                        "write-ahead log {} holds a malformed group record at byte offset {at}",
+                        path().display()
+                    ))
+                })?;
+                for (index, records) in parts {
+                    let index = index as usize;
+                    if index >= count {
+                        return Err(recovery_error(format!(
+                            "write-ahead log {} holds a group record at byte offset {at} with a part of partition \
+                             {index}, but the data directory has {count} partitions",
+                            path().display()
+                        )));
+                    }
+                    if end <= starts[index] {
+                        continue; // In the partition's snapshot.
+                    }
+                    for record in records {
+                        out.records += 1;
+                        let replayed = shared.shards.with(index, |s| s.partition.replay(record, now));
+                        replayed.map_err(io::Error::other)?.map_err(|why| {
+                            recovery_error(format!(
+                                "write-ahead log {} holds an unreadable record of partition {index} in the group \
+                                 record at byte offset {at}: {why}",
+                                path().display()
+                            ))
+                        })?;
+                    }
+                }
+                return Ok(());
+            }
             Some((index, record)) if (index as usize) < count => (index as usize, record),
             tagged => {
                 return Err(recovery_error(format!(

@@ -29,6 +29,7 @@ mod sessions;
 mod shards;
 mod status;
 pub mod tls;
+mod transactions;
 mod upgrade;
 mod wal;
 
@@ -62,6 +63,7 @@ pub(crate) struct Shared {
     pub(crate) registry: registry::Registry,
     pub(crate) sessions: sessions::Sessions,
     pub(crate) stats: status::Stats,
+    pub(crate) transactions: transactions::Transactions,
     /// Refused requests and protocol faults, logged once a minute per client.
     pub(crate) audit: audit::Audit,
     /// Credentials, users and roles.
@@ -155,6 +157,7 @@ impl Server {
             registry: registry::Registry::new(),
             sessions: sessions::Sessions::new(),
             stats: status::Stats::new(),
+            transactions: transactions::Transactions::default(),
             audit: audit::Audit::default(),
             gateway: gateway::Gateway::new(config.functions.clone()),
             hosts: hosts::Hosts::new(&config),

@@ -187,6 +187,7 @@ fn end_if_idle(shared: &Arc<Shared>, client: &Arc<str>, epoch: Option<u64>) {
             _ => return,
         }
         sessions.remove(client);
+        shared.transactions.end_session(client);
         let now = Instant::now();
         for index in 0..shared.shards.count() {
             match shared.shards.with(index, |s| {

@@ -50,6 +50,18 @@ struct Shard {
     timer: Notify,
 }
 
+impl Shard {
+    /// After any entry point: a call may have parked (or a transaction opened) with a
+    /// deadline earlier than the timer's.
+    fn arm(&self, state: &mut ShardState) {
+        let next = state.partition.next_deadline();
+        if next.is_some() && (state.armed.is_none() || next < state.armed) {
+            state.armed = next;
+            self.timer.notify_one();
+        }
+    }
+}
+
 pub(crate) struct Shards {
     shards: Box<[Shard]>,
     /// The bytes all partitions' objects hold, against `--max-memory`.
@@ -122,12 +134,7 @@ impl Shards {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let mut state = shard.state.lock().ok()?;
             let result = f(&mut state);
-            // A call may have parked with a deadline earlier than the timer's.
-            let next = state.partition.next_deadline();
-            if next.is_some() && (state.armed.is_none() || next < state.armed) {
-                state.armed = next;
-                shard.timer.notify_one();
-            }
+            shard.arm(&mut state);
             Some(result)
         }));
         match outcome {
@@ -141,6 +148,39 @@ impl Shards {
                 Err(poisoned(index))
             }
         }
+    }
+
+    /// Run `f` with the shards `indices` (ascending, no repeats) locked together, each given
+    /// with its index: a transaction's commit. Locks are always taken in ascending order,
+    /// and single-shard callers hold one at a time, so no two callers wait on each other.
+    pub(crate) fn with_many<R>(
+        &self,
+        indices: &[usize],
+        f: impl FnOnce(&mut [(usize, &mut ShardState)]) -> R,
+    ) -> Result<R, Error> {
+        debug_assert!(indices.windows(2).all(|w| w[0] < w[1]));
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let mut guards = Vec::with_capacity(indices.len());
+            for &index in indices {
+                match self.shards[index].state.lock() {
+                    Ok(guard) => guards.push((index, guard)),
+                    Err(_) => return Err(poisoned(index)),
+                }
+            }
+            let mut states: Vec<(usize, &mut ShardState)> = guards.iter_mut().map(|(i, g)| (*i, &mut **g)).collect();
+            let result = f(&mut states);
+            for (index, state) in states {
+                self.shards[index].arm(state);
+            }
+            Ok(result)
+        }));
+        outcome.unwrap_or_else(|_| {
+            tracing::error!(
+                shards = ?indices,
+                "a commit panicked inside the shards; they are out of service"
+            );
+            Err(poisoned(indices[0]))
+        })
     }
 
     /// `keep`: give an object a life of its own, optionally under a new key. The object

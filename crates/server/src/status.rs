@@ -82,6 +82,7 @@ pub(crate) fn status(shared: &Shared) -> Value {
         })
         .fold((0, 0), |(h, r), (hosted, replies)| (h + hosted, r + replies));
     let (object_hosts, object_calls) = shared.hosts.counts();
+    let txns = shared.transactions.counts();
     let entries: Vec<(&str, Value)> = vec![
         ("address", Value::from(shared.address.as_str())),
         ("version", Value::from(crate::VERSION)),
@@ -112,6 +113,9 @@ pub(crate) fn status(shared: &Shared) -> Value {
         ("object_hosts", Value::from(object_hosts)),
         ("hosted_objects", Value::from(hosted_objects)),
         ("object_calls_in_flight", Value::from(object_calls)),
+        ("transactions_committed", Value::from(txns.committed)),
+        ("transactions_aborted", Value::from(txns.aborted)),
+        ("transactions_open", Value::from(txns.open)),
     ];
     Value::Map(entries.into_iter().map(|(k, v)| (Value::from(k), v)).collect())
 }

@@ -118,6 +118,23 @@ impl<F: LogFile> Wal<F> {
         Ok(state.written)
     }
 
+    /// Write several partitions' records as one group record (replayed all or none);
+    /// returns the mark after it.
+    pub(crate) fn append_group(&self, parts: &[(u32, Vec<Vec<u8>>)]) -> io::Result<u64> {
+        let payload = wal::encode_group(parts);
+        let mut state = self.lock();
+        if let Some(why) = self.failure.get() {
+            return Err(io::Error::other(why.clone()));
+        }
+        let before = state.log.position().offset;
+        state.log.append_prefixed(&wal::tag(wal::GROUP), &[payload])?;
+        state.written += state.log.position().offset - before;
+        if let Some(syncer) = &self.syncer {
+            syncer.written.store(state.written, Ordering::Release);
+        }
+        Ok(state.written)
+    }
+
     /// The mark after the last record written.
     pub(crate) fn written(&self) -> u64 {
         self.lock().written

@@ -55,6 +55,51 @@ pub fn untag(payload: &[u8]) -> Option<(u32, &[u8])> {
     Some((u32::from_le_bytes(tag.try_into().ok()?), record))
 }
 
+/// The tag of a group record: records of several partitions that must be replayed all or
+/// none (a transaction's commit over several partitions), in one checksummed payload.
+pub const GROUP: u32 = u32::MAX;
+
+/// The payload of a group record: each partition with its records, as
+/// `count, (partition, records, (len, bytes)*)*` in little-endian `u32`s.
+pub fn encode_group(parts: &[(u32, Vec<Vec<u8>>)]) -> Vec<u8> {
+    let len: usize = parts.iter().flat_map(|(_, rs)| rs).map(|r| r.len() + 4).sum();
+    let mut out = Vec::with_capacity(4 + parts.len() * 8 + len);
+    out.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    for (partition, records) in parts {
+        out.extend_from_slice(&partition.to_le_bytes());
+        out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+        for record in records {
+            out.extend_from_slice(&(record.len() as u32).to_le_bytes());
+            out.extend_from_slice(record);
+        }
+    }
+    out
+}
+
+/// The parts of a group record's payload; `None` if it is malformed.
+pub fn decode_group(mut payload: &[u8]) -> Option<Vec<(u32, Vec<&[u8]>)>> {
+    fn u32_of(bytes: &mut &[u8]) -> Option<u32> {
+        let (n, rest) = bytes.split_at_checked(4)?;
+        *bytes = rest;
+        Some(u32::from_le_bytes(n.try_into().ok()?))
+    }
+    let count = u32_of(&mut payload)?;
+    let mut parts = Vec::new();
+    for _ in 0..count {
+        let partition = u32_of(&mut payload)?;
+        let n = u32_of(&mut payload)?;
+        let mut records = Vec::new();
+        for _ in 0..n {
+            let len = u32_of(&mut payload)? as usize;
+            let (record, rest) = payload.split_at_checked(len)?;
+            records.push(record);
+            payload = rest;
+        }
+        parts.push((partition, records));
+    }
+    payload.is_empty().then_some(parts)
+}
+
 /// What recovery of every partition from the write-ahead log will read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WalPlan {
@@ -233,6 +278,24 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert!(err.to_string().contains("partition 1"), "{err}");
         assert!(err.to_string().contains("is missing"), "{err}");
+    }
+
+    #[test]
+    fn groups_round_trip_and_malformed_ones_are_refused() {
+        let parts = vec![(0, vec![b"a".to_vec(), vec![]]), (7, vec![vec![1; 300]])];
+        let payload = encode_group(&parts);
+        let decoded = decode_group(&payload).unwrap();
+        let back: Vec<(u32, Vec<Vec<u8>>)> = decoded
+            .into_iter()
+            .map(|(p, rs)| (p, rs.into_iter().map(<[u8]>::to_vec).collect()))
+            .collect();
+        assert_eq!(back, parts);
+        assert!(decode_group(&payload[..payload.len() - 1]).is_none());
+        let mut longer = payload.clone();
+        longer.push(0);
+        assert!(decode_group(&longer).is_none());
+        assert!(decode_group(&[]).is_none());
+        assert_eq!(decode_group(&encode_group(&[])).unwrap().len(), 0);
     }
 
     #[test]

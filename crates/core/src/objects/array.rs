@@ -52,7 +52,7 @@ impl Dtype {
     }
 }
 
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Data {
     F64(Vec<f64>),
     F32(Vec<f32>),
@@ -159,6 +159,7 @@ impl Scalar {
     }
 }
 
+#[derive(Clone)]
 pub struct Array {
     shape: Vec<u64>,
     data: Data,

@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::object::args;
 use crate::{ConnId, Ctx, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
+#[derive(Clone)]
 struct Party {
     token: Token,
     conn: ConnId,
@@ -28,6 +29,7 @@ enum Phase {
     Broken,
 }
 
+#[derive(Clone)]
 pub struct Barrier {
     parties: u64,
     has_action: bool,

@@ -4,6 +4,7 @@ use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::{Ctx, Error, Object, Step, Value};
 
+#[derive(Clone)]
 pub struct Blob {
     data: Vec<u8>,
 }

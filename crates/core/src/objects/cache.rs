@@ -14,6 +14,7 @@ use super::dict::{apply_map, entry_size, MapStore, Measured, OrderedMap};
 use crate::value::{type_of, Key};
 use crate::{Error, Value};
 
+#[derive(Clone)]
 /// A cache's options.
 pub(crate) struct Cache {
     /// The bytes its entries may hold.

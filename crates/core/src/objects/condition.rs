@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::object::args;
 use crate::{ConnId, Ctx, Error, Object, Step, Token, Value};
 
+#[derive(Clone)]
 struct Ticket {
     conn: ConnId,
     notified: bool,
@@ -18,6 +19,7 @@ struct Ticket {
     waiter: Option<Token>,
 }
 
+#[derive(Clone)]
 pub struct Condition {
     lock_type: String,
     lock_key: String,

@@ -4,6 +4,7 @@ use super::snapshot::{self, Fields};
 use crate::object::args;
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
+#[derive(Clone)]
 pub struct Counter {
     value: i64,
 }

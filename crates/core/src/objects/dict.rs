@@ -33,7 +33,7 @@ pub(crate) trait MapStore {
 
 /// Insertion-ordered map with O(1) lookup and O(log n) deletion: each key gets a rising
 /// sequence number, and a BTreeMap from numbers to keys gives the order.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct OrderedMap {
     map: HashMap<Key, (u64, Value)>,
     order: BTreeMap<u64, Key>,
@@ -145,7 +145,7 @@ impl MapStore for BTreeMap<Key, Value> {
 
 /// A store that keeps the approximate size of its keys and values as they change, so a
 /// dictionary's [`Object::size`] is O(1). Reads go through `Deref` to the store itself.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Measured<S> {
     store: S,
     bytes: usize,
@@ -232,6 +232,7 @@ impl<S: MapStore> MapStore for Measured<S> {
     }
 }
 
+#[derive(Clone)]
 pub struct Dict {
     store: Measured<OrderedMap>,
     /// Set for a dictionary created as a cache: it evicts; `None` never does.

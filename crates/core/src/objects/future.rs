@@ -7,6 +7,7 @@ use crate::{Ctx, Error, ErrorKind, Object, Reply, Step, Value};
 
 use super::waiters::{wait_queue_methods, WaitQueue};
 
+#[derive(Clone)]
 enum State {
     Pending,
     Result(Value),
@@ -21,6 +22,7 @@ enum Want {
     Exception,
 }
 
+#[derive(Clone)]
 pub struct Future {
     state: State,
     /// The approximate size of the result or exception once set.

@@ -5,6 +5,7 @@ use crate::{Ctx, Error, Object, Step, Value};
 
 use super::waiters::{wait_queue_methods, WaitQueue};
 
+#[derive(Clone)]
 pub struct CountDownLatch {
     count: u64,
     waiters: WaitQueue<()>,

@@ -8,6 +8,7 @@ use std::ops::Range;
 use crate::value::{approx_size, cmp_values, eq_values, type_of};
 use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
+#[derive(Clone)]
 pub struct List {
     items: Items,
 }
@@ -15,7 +16,7 @@ pub struct List {
 /// The list's items with the running total of their approximate sizes, so
 /// [`Object::size`] is O(1). Reads go through `Deref` to the slice; every change goes
 /// through a method here, which keeps the total.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Items {
     vec: Vec<Value>,
     bytes: usize,
@@ -111,7 +112,7 @@ fn array_arg<'v>(method: &str, a: &'v [Value], i: usize, name: &str) -> Result<&
 }
 
 /// A slice resolved against a length, as Python's `slice.indices` plus the slice length.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 struct Slice {
     start: i128,
     stop: i128,

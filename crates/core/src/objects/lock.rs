@@ -8,6 +8,7 @@ use crate::{ConnId, Ctx, Error, Object, Step, Value};
 
 use super::waiters::{wait_queue_methods, WaitQueue};
 
+#[derive(Clone)]
 pub struct Lock {
     /// The connection holding the lock, if locked.
     holder: Option<ConnId>,

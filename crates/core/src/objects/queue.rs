@@ -31,6 +31,7 @@ impl Order {
     }
 }
 
+#[derive(Clone)]
 /// A priority item: value order, then arrival order so equal items come out FIFO.
 struct Ranked {
     value: Value,
@@ -57,11 +58,13 @@ impl PartialEq for Ranked {
 
 impl Eq for Ranked {}
 
+#[derive(Clone)]
 enum Store {
     Deque(VecDeque<Value>),
     Heap(BinaryHeap<Reverse<Ranked>>, u64),
 }
 
+#[derive(Clone)]
 /// The queued items, with the running total of their approximate sizes so
 /// [`Object::size`] is O(1).
 struct Items {
@@ -120,6 +123,7 @@ impl Items {
     }
 }
 
+#[derive(Clone)]
 pub struct Queue {
     order: Order,
     /// `None`: unbounded.

@@ -15,6 +15,7 @@ fn owner_of(c: &Caller) -> Owner {
     (c.client.clone(), c.thread)
 }
 
+#[derive(Clone)]
 struct Held {
     owner: Owner,
     /// The connection of the owner's latest acquire: its end releases the lock.
@@ -22,6 +23,7 @@ struct Held {
     count: u64,
 }
 
+#[derive(Clone)]
 pub struct RLock {
     held: Option<Held>,
     abandoned: bool,

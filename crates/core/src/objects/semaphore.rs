@@ -9,6 +9,7 @@ use ahash::HashMap;
 use super::lock::acquire_args;
 use super::waiters::{wait_queue_methods, WaitQueue};
 
+#[derive(Clone)]
 pub struct Semaphore {
     value: u64,
     initial: u64,

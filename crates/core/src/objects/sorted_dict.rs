@@ -9,6 +9,7 @@ use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
 
 use super::dict::{apply_map, init_store, is_read, key, may_grow, pair, restore_store, snapshot_store, Measured};
 
+#[derive(Clone)]
 pub struct SortedDict {
     store: Measured<BTreeMap<Key, Value>>,
 }

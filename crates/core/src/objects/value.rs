@@ -5,6 +5,7 @@ use crate::object::args;
 use crate::value::{approx_size, eq_values};
 use crate::{Ctx, Error, Object, Step, Value};
 
+#[derive(Clone)]
 /// Named `SharedValue` so it does not shadow the MessagePack `Value` it holds.
 pub struct SharedValue {
     value: Value,

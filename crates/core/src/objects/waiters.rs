@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::{ConnId, Ctx, Error, Reply, Step, Token, Value};
 
 /// One parked call and what the object needs to answer it later.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Waiter<T> {
     pub token: Token,
     pub conn: ConnId,
@@ -18,7 +18,7 @@ pub struct Waiter<T> {
     pub data: T,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct WaitQueue<T> {
     next: u64,
     order: BTreeMap<u64, Waiter<T>>,

@@ -25,10 +25,13 @@ pub(super) struct ObjectMap {
 }
 
 /// What an object is counted for: its bytes (its key's among them), and whether they are a
-/// cache's (its entries then count as cached: what eviction can free).
+/// cache's (its entries then count as cached: what eviction can free); and its version.
 pub(super) struct Counted {
     bytes: usize,
     cache: bool,
+    /// Changes with every change of the object (see [`Meter::changed`]): a transaction
+    /// commits only over the versions it read.
+    version: u64,
 }
 
 /// The bytes this map's objects are counted for, and the shared account they are counted in.
@@ -38,6 +41,8 @@ pub(super) struct Meter {
     held: usize,
     /// The part of `held` in caches.
     cached: usize,
+    /// The last version given to an object of this map (versions never repeat in it).
+    clock: u64,
 }
 
 impl Meter {
@@ -53,8 +58,15 @@ impl Meter {
         self.memory.sub(n, cache);
     }
 
+    /// The object counted for `counted` changed, and now holds `now` bytes.
+    pub(super) fn changed(&mut self, counted: &mut Counted, now: usize) {
+        self.clock += 1;
+        counted.version = self.clock;
+        self.resize(counted, now);
+    }
+
     /// An object counted for `counted` now holds `now` bytes.
-    pub(super) fn resize(&mut self, counted: &mut Counted, now: usize) {
+    fn resize(&mut self, counted: &mut Counted, now: usize) {
         // Most calls leave the size as it was: no write to the account the partitions share.
         if counted.bytes != now {
             self.sub(counted.bytes, counted.cache);
@@ -91,6 +103,12 @@ impl ObjectMap {
         self.index.contains_key(key)
     }
 
+    /// The version of the object at `key` (0: there is none): any change gives it a new one.
+    pub(super) fn version(&self, key: &str) -> u64 {
+        let Some(&slot) = self.index.get(key) else { return 0 };
+        self.slots[slot].as_ref().map_or(0, |(_, _, counted)| counted.version)
+    }
+
     pub(super) fn get(&self, key: &str) -> Option<&Entry> {
         let slot = *self.index.get(key)?;
         self.slots[slot].as_ref().map(|(_, e, _)| e)
@@ -116,9 +134,11 @@ impl ObjectMap {
         let cache = entry.is_cache();
         // Only a cache's entries count as cached (what eviction can free): not its name.
         let fixed = object_size(&key, 0);
+        self.meter.clock += 1;
         let size = Counted {
             bytes: object_size(&key, entry.size()),
             cache,
+            version: self.meter.clock,
         };
         self.meter.add(fixed, false);
         self.meter.add(size.bytes - fixed, cache);

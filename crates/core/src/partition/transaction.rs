@@ -1,0 +1,385 @@
+//! Transactions' workspaces: a transaction's calls run on its own copies of the objects it
+//! touches here (forked on first touch, with the version they had), so nothing it does is
+//! visible before it commits, and it reads its own writes. Its mutating calls are kept, and
+//! its commit applies them again, in order, to the objects themselves, through the same
+//! `apply` as single calls: one implementation of each object, and the records replay and
+//! replicas see are those of ordinary calls, wrapped in one `commit` record (all or none).
+//!
+//! Concurrency control: a transaction takes each object it touches for itself (an exclusive
+//! lock). A younger transaction wanting an object an older one holds gives up at once
+//! (`TransactionConflict`); an older one takes it from a younger one, which is aborted here
+//! (wound-die, by age: the time its first attempt began; retries keep it, so the oldest
+//! always gets through). Nobody waits, so there is no deadlock. Single calls never wait for
+//! a transaction either: they change objects as always, and a transaction whose objects
+//! changed since it read them fails its commit ([`Partition::validate`]). Commit is the
+//! serialization point: it runs under the shard locks of every partition involved.
+
+use ahash::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{check_type, moved, storage_error, Body, Partition, Storage};
+use crate::objects::{self, user};
+use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
+use crate::{Caller, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
+
+use super::Op;
+
+/// A transaction: its session and its number there.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TxnId {
+    pub client: Arc<str>,
+    pub number: u64,
+}
+
+/// What a partition needs to know of the transaction a call is part of.
+#[derive(Clone, Copy, Debug)]
+pub struct TxnCall<'a> {
+    pub id: &'a TxnId,
+    /// When its first attempt began (microseconds): the older wins a conflict.
+    pub age: u64,
+    /// Its first call in this partition (otherwise a workspace missing here was taken away).
+    pub first: bool,
+    /// It is aborted here if it has not committed by then.
+    pub deadline: Instant,
+}
+
+/// A transaction's state in one partition.
+pub(super) struct Workspace {
+    age: u64,
+    deadline: Instant,
+    /// Its copies of the objects it touched, by key.
+    forks: HashMap<String, Fork>,
+    /// Its mutating calls, in order, to apply at commit.
+    ops: Vec<(Caller, Op)>,
+    /// Its replies by seq, for retried calls.
+    replies: HashMap<u64, Reply>,
+}
+
+/// A transaction's copy of one object.
+struct Fork {
+    /// `None`: absent (never there, or deleted by the transaction).
+    obj: Option<Box<dyn Object>>,
+    /// The version the object had when forked (0: absent): commit needs it unchanged.
+    base: u64,
+}
+
+/// The token of calls applied at commit: their replies went out already, from the forks.
+const COMMIT_TOKEN: Token = Token { conn: 0, req: u64::MAX };
+
+impl Workspace {
+    /// Whether `self` (of `id`) is older than `other` (of `other_id`): by age, then by id.
+    fn older_than(&self, id: &TxnId, other: &Workspace, other_id: &TxnId) -> bool {
+        (self.age, id) < (other.age, other_id)
+    }
+}
+
+fn conflict(message: String) -> Error {
+    Error::new(ErrorKind::TransactionConflict, message)
+}
+
+impl Partition {
+    /// Run one call of transaction `txn` on its workspace here. Returns its reply: the
+    /// transaction's own view, which nobody else sees before it commits.
+    pub fn apply_in(&mut self, txn: TxnCall<'_>, caller: &Caller, token: Token, seq: u64, op: Op, now: Instant) -> Delivery {
+        let reply = self.txn_step(txn, caller, seq, op, now);
+        if let (Some(ws), true) = (self.txns.get_mut(txn.id), seq != 0) {
+            ws.replies.insert(seq, reply.clone());
+        }
+        Delivery { token, reply }
+    }
+
+    fn txn_step(&mut self, txn: TxnCall<'_>, caller: &Caller, seq: u64, op: Op, now: Instant) -> Reply {
+        let id = txn.id;
+        match self.txns.get(id) {
+            Some(ws) => {
+                if let Some(reply) = ws.replies.get(&seq).filter(|_| seq != 0) {
+                    return reply.clone();
+                }
+            }
+            None if !txn.first => {
+                return Err(conflict(format!(
+                    "transaction {} was aborted: an older transaction took an object it held, or it ran past its \
+                     time limit",
+                    id.number
+                )))
+            }
+            None => {
+                let ws = Workspace {
+                    age: txn.age,
+                    deadline: txn.deadline,
+                    forks: HashMap::default(),
+                    ops: Vec::new(),
+                    replies: HashMap::default(),
+                };
+                self.txn_deadlines.insert((txn.deadline, id.clone()));
+                self.txns.insert(id.clone(), ws);
+            }
+        }
+        let key = op.key().to_string();
+        if let Some((new_key, _)) = self.moved.get(&key) {
+            return Err(moved(&key, new_key));
+        }
+        self.lock_for(id, &key)?;
+        self.fork(id, &key)?;
+        let ws = self.txns.get_mut(id).expect("the workspace was made above");
+        let fork = ws.forks.get_mut(&key).expect("forked above");
+        match op {
+            Op::Create {
+                ref type_name,
+                ref args,
+                owned: _,
+                persistent,
+                ..
+            } => {
+                if let Some(obj) = &fork.obj {
+                    check_type(&key, obj.type_name(), type_name)?;
+                    return Ok(Value::Boolean(false));
+                }
+                if user::is_user_type(type_name) {
+                    return Err(user_objects_refused(type_name, &key));
+                }
+                if persistent {
+                    if objects::TYPES.contains(&type_name.as_str()) && !objects::is_durable(type_name) {
+                        return Err(Error::value(format!(
+                            "{type_name} is a synchronization object, ephemeral by nature: persistent=True is only \
+                             for data objects"
+                        )));
+                    }
+                    if self.storage == Storage::None {
+                        return Err(Error::value(
+                            "persistent=True needs a server started with a data directory: this server has no \
+                             --data-dir",
+                        ));
+                    }
+                }
+                fork.obj = Some(objects::create(type_name, args)?);
+                ws.ops.push((caller.clone(), op));
+                Ok(Value::Boolean(true))
+            }
+            Op::Delete { .. } => {
+                let existed = fork.obj.take().is_some();
+                ws.ops.push((caller.clone(), op));
+                Ok(Value::Boolean(existed))
+            }
+            Op::Call {
+                ref type_name,
+                ref method,
+                ref args,
+                ..
+            } => {
+                let Some(obj) = &mut fork.obj else {
+                    return Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("{type_name} '{key}' does not exist (it was deleted, or the session that created it ended)"),
+                    ));
+                };
+                check_type(&key, obj.type_name(), type_name)?;
+                // The fork's waiters are copies: whatever they are told goes nowhere.
+                let mut scratch = Vec::new();
+                let mut ctx = Ctx::new(caller, COMMIT_TOKEN, now, &mut scratch);
+                let mutating = obj.is_mutating(method);
+                if let Step::Reply(v) = obj.apply(method, args, &mut ctx)? {
+                    if mutating {
+                        ws.ops.push((caller.clone(), op));
+                    }
+                    return Ok(v);
+                }
+                let message = format!(
+                    "{type_name}.{method}() on '{key}' would wait, and a transaction cannot wait: use its \
+                     non-blocking form (blocking=False, timeout=0, get_nowait...); transaction {} was aborted",
+                    id.number
+                );
+                self.drop_txn(id);
+                Err(Error::new(ErrorKind::TransactionError, message))
+            }
+        }
+    }
+
+    /// Take `key` for transaction `id`, from a younger holder if need be (wound-die).
+    fn lock_for(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
+        let Some(holder) = self.locks.get(key).filter(|h| *h != id).cloned() else {
+            if !self.locks.contains_key(key) {
+                self.locks.insert(key.to_string(), id.clone());
+            }
+            return Ok(());
+        };
+        let (me, them) = (&self.txns[id], &self.txns[&holder]);
+        if them.older_than(&holder, me, id) {
+            let number = id.number;
+            self.drop_txn(id);
+            return Err(conflict(format!(
+                "transaction {number} was aborted: '{key}' is held by an older transaction (run it again)"
+            )));
+        }
+        self.drop_txn(&holder);
+        self.locks.insert(key.to_string(), id.clone());
+        Ok(())
+    }
+
+    /// Give transaction `id` its copy of `key` unless it has one.
+    fn fork(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
+        if self.txns[id].forks.contains_key(key) {
+            return Ok(());
+        }
+        let obj = match self.objects.get(key).map(|e| &e.body) {
+            Some(Body::Builtin(obj)) => Some(obj.fork()),
+            Some(Body::User(u)) => return Err(user_objects_refused(&u.type_name, key)),
+            None => None,
+        };
+        let base = self.objects.version(key);
+        let ws = self.txns.get_mut(id).expect("the workspace exists");
+        ws.forks.insert(key.to_string(), Fork { obj, base });
+        Ok(())
+    }
+
+    /// Forget transaction `id` here: its workspace and its objects go (an abort, or a
+    /// transaction wounded or expired). Its later calls here get `TransactionConflict`.
+    pub fn drop_txn(&mut self, id: &TxnId) {
+        let Some(ws) = self.txns.remove(id) else { return };
+        self.txn_deadlines.remove(&(ws.deadline, id.clone()));
+        for key in ws.forks.keys() {
+            if self.locks.get(key) == Some(id) {
+                self.locks.remove(key);
+            }
+        }
+    }
+
+    /// Whether transaction `id` may commit here: it is still open, and every object it
+    /// touched is as it found it; nothing that applying its calls needs is missing.
+    pub fn validate(&self, id: &TxnId) -> Result<(), Error> {
+        let Some(ws) = self.txns.get(id) else {
+            return Err(conflict(format!(
+                "transaction {} was aborted: an older transaction took an object it held, or it ran past its time \
+                 limit",
+                id.number
+            )));
+        };
+        for (key, fork) in &ws.forks {
+            if self.objects.version(key) != fork.base {
+                return Err(conflict(format!(
+                    "transaction {} was aborted: '{key}' changed after the transaction read it (run it again)",
+                    id.number
+                )));
+            }
+        }
+        let mut bytes = 0;
+        for (caller, op) in &ws.ops {
+            let persistent = match op {
+                Op::Create { persistent, .. } => *persistent,
+                op => self.is_persistent(op.key()),
+            };
+            if !persistent {
+                continue;
+            }
+            if let Storage::Failed(why) = &self.storage {
+                return Err(storage_error(why));
+            }
+            bytes += encode_apply(caller, COMMIT_TOKEN, 0, 0, op).len() + 5;
+        }
+        if bytes > MAX_RECORD_LEN {
+            return Err(Error::new(
+                ErrorKind::TransactionError,
+                format!(
+                    "transaction {} would write a commit record of {bytes} bytes here, more than the \
+                     {MAX_RECORD_LEN} a record may hold: make it in smaller transactions",
+                    id.number
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Apply transaction `id`'s calls to the objects (after [`validate`](Self::validate)
+    /// passed, under the same lock), for the committing connection `conn`. Their records
+    /// become one `commit` record, which also records `reply` for `client`/`seq` when
+    /// `seq` is not 0 (the partition that answers a retried commit). Returns the replies of
+    /// calls its changes woke.
+    pub fn commit(&mut self, id: &TxnId, conn: u64, seq: u64, reply: &Reply, now: Instant) -> Vec<Delivery> {
+        let Some(ws) = self.txns.remove(id) else { return Vec::new() };
+        self.txn_deadlines.remove(&(ws.deadline, id.clone()));
+        for key in ws.forks.keys() {
+            if self.locks.get(key) == Some(id) {
+                self.locks.remove(key);
+            }
+        }
+        let before = self.records.len();
+        let mut out = Vec::new();
+        self.committing = true;
+        for (caller, op) in ws.ops {
+            // Held locks belong to the connection that commits (the one that made the call
+            // may be gone).
+            let caller = Caller { conn, ..caller };
+            out.extend(self.apply_as(&caller, COMMIT_TOKEN, 0, 0, op, now, None));
+        }
+        self.committing = false;
+        out.retain(|d| d.token != COMMIT_TOKEN);
+        let durable = self.storage != Storage::None;
+        if seq != 0 {
+            self.record_reply(&id.client, seq, reply.clone(), durable);
+        }
+        if self.records.len() > before || (seq != 0 && durable) {
+            let records = self.records.split_off(before);
+            let client = (seq != 0).then(|| id.client.to_string());
+            self.log(Record::Commit { client, seq, records }.encode());
+            self.logged_clients.insert(id.client.clone());
+        }
+        out
+    }
+
+    /// The reply recorded for `client`'s call `seq` here, if any (a retried commit's).
+    pub fn recorded(&self, client: &str, seq: u64) -> Option<Reply> {
+        self.logs.get(client).and_then(|log| log.get(seq)).map(|(reply, _)| reply)
+    }
+
+    /// Replay of a `commit` record: its calls, then its reply.
+    pub(super) fn replay_commit(&mut self, client: Option<String>, seq: u64, records: Vec<Vec<u8>>, now: Instant) -> Result<(), String> {
+        for record in records {
+            self.replay(&record, now)?;
+        }
+        if let Some(client) = client.filter(|_| seq != 0) {
+            let client: Arc<str> = Arc::from(client);
+            self.record_reply(&client, seq, Ok(Value::Boolean(true)), true);
+            self.logged_clients.insert(client);
+        }
+        Ok(())
+    }
+
+    /// Transactions open here.
+    pub fn open_txns(&self) -> usize {
+        self.txns.len()
+    }
+
+    /// The earliest time an open transaction here expires.
+    pub(super) fn next_txn_deadline(&self) -> Option<Instant> {
+        self.txn_deadlines.first().map(|(at, _)| *at)
+    }
+
+    /// Drop the transactions past their deadline.
+    pub(super) fn expire_txns(&mut self, now: Instant) {
+        while let Some((at, id)) = self.txn_deadlines.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.drop_txn(&id);
+        }
+    }
+
+    /// A session ended: its transactions go.
+    pub(super) fn end_txns(&mut self, client: &str) {
+        let ended: Vec<TxnId> = self.txns.keys().filter(|id| &*id.client == client).cloned().collect();
+        for id in ended {
+            self.drop_txn(&id);
+        }
+    }
+}
+
+fn user_objects_refused(type_name: &str, key: &str) -> Error {
+    Error::new(
+        ErrorKind::TransactionError,
+        format!(
+            "'{key}' is a user-defined object ({type_name}): user-defined objects cannot take part in transactions \
+             yet; built-in objects can"
+        ),
+    )
+}

@@ -1,0 +1,280 @@
+//! Transactions on one server: which shards each open transaction touched, its limits,
+//! and its commit (every shard it touched locked together, validated, then applied, their
+//! records written as one) or abort. The workspaces themselves live in the partitions
+//! (`spindle_core::partition::transaction`); docs/transactions.md tells the whole design.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use ahash::{HashMap, HashSet};
+use spindle_core::partition::{Op, TxnCall, TxnId};
+use spindle_core::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
+
+use crate::config::TransactionLimits;
+use crate::{journal, Shared};
+
+/// The open transactions of every session here, and counts for `status`.
+#[derive(Default)]
+pub(crate) struct Transactions {
+    open: Mutex<HashMap<TxnId, Open>>,
+    committed: AtomicU64,
+    aborted: AtomicU64,
+}
+
+/// What the server knows of an open transaction.
+struct Open {
+    deadline: Instant,
+    /// The shards it touched.
+    shards: BTreeSet<usize>,
+    /// The objects it touched (against the limit).
+    keys: HashSet<String>,
+    /// Bytes of its calls' arguments (against the limit).
+    bytes: usize,
+}
+
+/// `(committed, aborted, open)`, for `status`.
+pub(crate) struct Counts {
+    pub(crate) committed: u64,
+    pub(crate) aborted: u64,
+    pub(crate) open: usize,
+}
+
+impl Transactions {
+    fn lock(&self) -> MutexGuard<'_, HashMap<TxnId, Open>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            committed: self.committed.load(Ordering::Relaxed),
+            aborted: self.aborted.load(Ordering::Relaxed),
+            open: self.lock().len(),
+        }
+    }
+
+    /// A session ended: its transactions went with it (each partition drops its workspaces).
+    pub(crate) fn end_session(&self, client: &str) {
+        let mut open = self.lock();
+        let before = open.len();
+        open.retain(|id, _| &*id.client != client);
+        self.aborted.fetch_add((before - open.len()) as u64, Ordering::Relaxed);
+    }
+
+    /// Note a call of transaction `id` on `key` in shard `index`, carrying
+    /// `bytes` of arguments: opens the transaction on its first call. Returns whether this
+    /// is its first call in that shard, and its deadline.
+    fn enter(
+        &self,
+        limits: &TransactionLimits,
+        id: &TxnId,
+        index: usize,
+        key: &str,
+        bytes: usize,
+    ) -> Result<(bool, Instant), Error> {
+        let now = Instant::now();
+        let mut open = self.lock();
+        if !open.contains_key(id) {
+            // Expired ones count until their session commits, aborts or ends: drop them now.
+            let before = open.len();
+            open.retain(|other, o| &*other.client != &*id.client || o.deadline > now);
+            self.aborted.fetch_add((before - open.len()) as u64, Ordering::Relaxed);
+            let of_session = open.keys().filter(|other| other.client == id.client).count();
+            if of_session >= limits.per_session {
+                return Err(Error::new(
+                    ErrorKind::TransactionError,
+                    format!(
+                        "this session has {of_session} transactions open, the most allowed \
+                         (--max-transactions-per-session): commit or abort one first"
+                    ),
+                ));
+            }
+            open.insert(
+                id.clone(),
+                Open {
+                    deadline: now + limits.duration,
+                    shards: BTreeSet::new(),
+                    keys: HashSet::default(),
+                    bytes: 0,
+                },
+            );
+        }
+        let txn = open.get_mut(id).expect("inserted above");
+        if now >= txn.deadline {
+            return Err(Error::new(
+                ErrorKind::TransactionConflict,
+                format!(
+                    "transaction {} ran past its time limit of {:.1} s (--max-transaction-time) and was aborted",
+                    id.number,
+                    limits.duration.as_secs_f64()
+                ),
+            ));
+        }
+        txn.bytes += bytes;
+        if txn.bytes > limits.bytes {
+            return Err(Error::new(
+                ErrorKind::TransactionError,
+                format!(
+                    "transaction {} passed {} bytes of arguments (--max-transaction-bytes): make it in smaller \
+                     transactions",
+                    id.number, limits.bytes
+                ),
+            ));
+        }
+        if !txn.keys.contains(key) {
+            if txn.keys.len() >= limits.objects {
+                return Err(Error::new(
+                    ErrorKind::TransactionError,
+                    format!(
+                        "transaction {} would touch more than {} objects (--max-transaction-objects): make it in \
+                         smaller transactions",
+                        id.number, limits.objects
+                    ),
+                ));
+            }
+            txn.keys.insert(key.to_string());
+        }
+        Ok((txn.shards.insert(index), txn.deadline))
+    }
+}
+
+/// Run call `op` (request `token`, `seq` of its session) of transaction `[number, age]`
+/// on the workspace of its shard. Returns its reply.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn call(
+    shared: &Shared,
+    caller: &Caller,
+    token: Token,
+    seq: u64,
+    number: u64,
+    age: u64,
+    op: Op,
+) -> Result<Delivery, Error> {
+    refuse_in_cluster(shared)?;
+    let id = TxnId {
+        client: caller.client.clone(),
+        number,
+    };
+    let bytes = match &op {
+        Op::Create { args, .. } | Op::Call { args, .. } => args.iter().map(spindle_core::value::approx_size).sum(),
+        Op::Delete { .. } => 0,
+    };
+    let index = shared.shards.index_of(op.key());
+    let limits = &shared.config.limits.transactions;
+    let (first, deadline) = shared.transactions.enter(limits, &id, index, op.key(), bytes)?;
+    let txn = TxnCall {
+        id: &id,
+        age,
+        first,
+        deadline,
+    };
+    shared.shards.with(index, |s| {
+        s.calls += 1;
+        s.partition.apply_in(txn, caller, token, seq, op, Instant::now())
+    })
+}
+
+/// Commit transaction `number` of `caller`'s session (request `token`, `seq`): every shard
+/// it touched validates it, then applies it, under their locks held together; the shard
+/// of the session's name records the reply, so a retried commit gets it. Returns the
+/// replies to send (the commit's among them).
+pub(crate) fn commit(shared: &Shared, caller: &Caller, token: Token, seq: u64, number: u64) -> Result<Vec<Delivery>, Error> {
+    refuse_in_cluster(shared)?;
+    let id = TxnId {
+        client: caller.client.clone(),
+        number,
+    };
+    let open = shared.transactions.lock().remove(&id);
+    let home = shared.shards.index_of(&caller.client);
+    let mut shards = open.as_ref().map(|o| o.shards.clone()).unwrap_or_default();
+    shards.insert(home);
+    let indices: Vec<usize> = shards.into_iter().collect();
+    let expired = open.as_ref().is_some_and(|o| Instant::now() >= o.deadline);
+    let limits = &shared.config.limits.transactions;
+    shared.shards.with_many(&indices, |states| {
+        let now = Instant::now();
+        let at_home = states.iter().position(|(i, _)| *i == home).expect("home is among them");
+        if let Some(reply) = states[at_home].1.partition.recorded(&caller.client, seq) {
+            return vec![Delivery { token, reply }];
+        }
+        let checked = match (&open, expired) {
+            (None, _) => Err(Error::new(
+                ErrorKind::TransactionConflict,
+                format!(
+                    "transaction {number} is not open here: it was aborted (by an older transaction, or past its \
+                     time limit), or its session ended"
+                ),
+            )),
+            (Some(_), true) => Err(Error::new(
+                ErrorKind::TransactionConflict,
+                format!(
+                    "transaction {number} ran past its time limit of {:.1} s (--max-transaction-time) and was aborted",
+                    limits.duration.as_secs_f64()
+                ),
+            )),
+            (Some(_), false) => states.iter().try_for_each(|(_, s)| {
+                if !s.serving() {
+                    return Err(crate::shards::not_serving());
+                }
+                s.partition.validate(&id)
+            }),
+        };
+        if let Err(e) = checked {
+            for (_, s) in states.iter_mut() {
+                s.partition.drop_txn(&id);
+            }
+            shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
+            return vec![Delivery { token, reply: Err(e) }];
+        }
+        let reply: Reply = Ok(Value::Boolean(true));
+        let mut out = Vec::new();
+        let mut parts = Vec::new();
+        for (index, s) in states.iter_mut() {
+            let recorded = if *index == home { seq } else { 0 };
+            out.extend(s.partition.commit(&id, caller.conn, recorded, &reply, now));
+            if let Some(records) = s.partition.take_log().filter(|r| !r.is_empty()) {
+                parts.push((*index as u32, records));
+            }
+        }
+        out.push(Delivery { token, reply });
+        shared.transactions.committed.fetch_add(1, Ordering::Relaxed);
+        match parts.len() {
+            // One shard's records: its own log's usual write.
+            0 | 1 => {
+                let (index, records) = parts.pop().unwrap_or((home as u32, Vec::new()));
+                let (_, s) = states.iter_mut().find(|(i, _)| *i == index as usize).expect("a locked shard");
+                journal::submit(s, records, out)
+            }
+            _ => journal::submit_group(states, parts, out),
+        }
+    })
+}
+
+/// Abort transaction `number` of `client`: nothing it did is ever seen. Replies whether it
+/// was open.
+pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
+    let id = TxnId {
+        client: client.clone(),
+        number,
+    };
+    let Some(open) = shared.transactions.lock().remove(&id) else {
+        return false;
+    };
+    shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
+    for index in open.shards {
+        // A poisoned shard holds nothing of it any more.
+        let _ = shared.shards.with(index, |s| s.partition.drop_txn(&id));
+    }
+    true
+}
+
+fn refuse_in_cluster(shared: &Shared) -> Result<(), Error> {
+    match &shared.cluster {
+        Some(_) => Err(Error::new(
+            ErrorKind::TransactionError,
+            "transactions run on a single server for now; this server is a cluster node",
+        )),
+        None => Ok(()),
+    }
+}
