@@ -51,6 +51,8 @@ from .errors import (
     SpindleError,
     StorageError,
     TLSError,
+    TransactionConflict,
+    TransactionError,
     TypeMismatch,
     Unauthorized,
     UnknownMethod,
@@ -63,6 +65,7 @@ from .futures import Future
 from .proxy import Proxy, attach, call, delete, keep, objects, status
 from .queues import LifoQueue, PriorityQueue, Queue
 from .shared import shared
+from .transactions import transaction, transactional
 from .sync import (
     Barrier,
     BoundedSemaphore,
@@ -115,6 +118,8 @@ __all__ = [
     "StorageError",
     "TLSError",
     "Thread",
+    "TransactionConflict",
+    "TransactionError",
     "TypeMismatch",
     "Unauthorized",
     "UnknownMethod",
@@ -134,6 +139,8 @@ __all__ = [
     "shared",
     "status",
     "tls_context",
+    "transaction",
+    "transactional",
     "trust",
 ]
 

@@ -364,6 +364,20 @@ class Calls:
                 self._waiting.pop(seq, None)
 
 
+class Transaction:
+    """One attempt of a transaction of a session: its number there (from the session's seq
+    counter) and its age (when its first attempt began, in microseconds; a retry keeps it,
+    so it grows older than newcomers and gets through)."""
+
+    __slots__ = ("number", "age", "touched")
+
+    def __init__(self, number: int, age: int) -> None:
+        self.number = number
+        self.age = age
+        # Whether a call was sent as part of it (else the server never heard of it).
+        self.touched = False
+
+
 class _Session:
     """What a client's calls run as: the session's secret, its calls, its unnamed-object numbers
     and its connections (one per thread and node). ``scope`` swaps it whole, and a call reads
@@ -494,20 +508,72 @@ class Client:
     def call(self, type_name: str, key: str, method: str, args: List[Any], ship: bool = False) -> Any:
         """Call ``method`` on the object ``(type_name, key)``; ``ship``: the arguments go to a
         shared object's method (see ``codec.packb``)."""
+        txn = self._txn_item()
+
         def request(seq: int, acked: int) -> List[Any]:
             # `acked` is optional: a session that does not acknowledge sends the old shape.
+            if txn is not None:
+                return [seq, "call", seq, _get_ident(), type_name, key, method, args, acked, txn]
             return [seq, "call", seq, _get_ident(), type_name, key, method, args] + ([acked] if acked else [])
 
         return self._numbered(request, key, ship)
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
                ship: bool = False, persistent: bool = False) -> bool:
+        txn = self._txn_item()
+
         def request(seq: int, acked: int) -> List[Any]:
             # Optional operands: ephemeral creates keep the old shape.
-            optional = [persistent, acked] if acked else [True] if persistent else []
+            if txn is not None:
+                optional = [persistent, acked, txn]
+            else:
+                optional = [persistent, acked] if acked else [True] if persistent else []
             return [seq, "create", seq, _get_ident(), type_name, key, args, owned, *optional]
 
         return self._numbered(request, key, ship)
+
+    # -- transactions (see transactions.py) ------------------------------------------------
+
+    def begin(self, age: Optional[int] = None) -> Transaction:
+        """Start a transaction on this thread: the session's calls it makes from now on are
+        part of it until ``commit``, ``abort`` or ``end``. ``age``: a retried transaction's
+        (see docs/transactions.md)."""
+        state = self._state
+        txn = Transaction(next(state.calls.numbers), age if age is not None else time.time_ns() // 1000)
+        state.local.txn = txn
+        return txn
+
+    def transaction(self) -> Optional[Transaction]:
+        """The transaction this thread is in, if any."""
+        return getattr(self._state.local, "txn", None)
+
+    def end(self, txn: Transaction) -> None:
+        """This thread's calls are no longer part of ``txn``."""
+        if getattr(self._state.local, "txn", None) is txn:
+            self._state.local.txn = None
+
+    def commit(self, txn: Transaction) -> None:
+        """Make ``txn``'s changes visible to all at once, or raise ``TransactionConflict``
+        (and none is). A transaction that made no call has nothing to commit."""
+        self.end(txn)
+        if txn.touched:
+            self._numbered(lambda seq, _: [seq, "commit", seq, txn.number], None)
+
+    def abort(self, txn: Transaction) -> None:
+        """Drop ``txn``: nothing it did is ever visible."""
+        self.end(txn)
+        if txn.touched:
+            rid = next(self._seq)
+            self.request([rid, "abort", txn.number], rid)
+
+    def _txn_item(self) -> Optional[List[Any]]:
+        """The ``txn`` item of a call on this thread: its transaction's, if any."""
+        txn = getattr(self._state.local, "txn", None)
+        if txn is None:
+            return None
+        first = not txn.touched
+        txn.touched = True
+        return [txn.number, txn.age, first]
 
     def define(self, type_name: str, version: str, code: bytes, key: Optional[str] = None) -> bool:
         """Register the code of a user-defined type (``py:...``) under ``version``; in a
@@ -516,7 +582,8 @@ class Client:
         return self.request([rid, "define", type_name, version, code], rid, key=key)
 
     def delete(self, key: str) -> bool:
-        return self._numbered(lambda seq, _: [seq, "delete", seq, key], key)
+        txn = self._txn_item()
+        return self._numbered(lambda seq, _: [seq, "delete", seq, key] + ([txn] if txn else []), key)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
         return self._numbered(lambda seq, _: [seq, "keep", seq, type_name, key, name], key)

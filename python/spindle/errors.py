@@ -180,6 +180,19 @@ class OutOfMemory(SpindleError, MemoryError):
     objects still run; delete objects (or raise the limit) to write again."""
 
 
+class TransactionConflict(SpindleError):
+    """A transaction met another over an object, or found an object it read changed, and
+    was aborted: nothing it did is visible. Running it again may succeed
+    (``@spindle.transactional`` does so, with backoff)."""
+
+
+class TransactionError(SpindleError):
+    """A transaction cannot go on as written: a call that would wait (``Lock.acquire()``,
+    ``Queue.get()``...; use the non-blocking form), a limit passed (time, objects, bytes), or
+    a user-defined object (not yet in transactions). It was aborted: nothing it did is
+    visible. Running it again fails the same way."""
+
+
 class ObjectLost(SpindleError):
     """A user-defined object (``@spindle.shared``) was lost with its host process.
 
@@ -308,6 +321,8 @@ _SIMPLE: Dict[str, Callable[[str], BaseException]] = {
     "PermissionDenied": PermissionDenied,
     "StorageError": StorageError,
     "OutOfMemory": OutOfMemory,
+    "TransactionConflict": TransactionConflict,
+    "TransactionError": TransactionError,
     "Busy": SpindleError,
     # A cluster's shard had no leader for longer than the client waits (see client.py).
     "NotLeader": ServerUnavailable,

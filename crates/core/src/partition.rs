@@ -1314,8 +1314,9 @@ impl Partition {
         let record = obj.is_mutating(method);
         let mut ctx = Ctx::new(caller, token, now, out);
         let step = obj.apply(method, &args, &mut ctx);
-        // A parked call changes its object too (its waiters).
-        if record || matches!(step, Ok(Step::Park { .. })) {
+        // Calls that are not recorded may change the object too (a lock's `acquire`, and a
+        // parked call: its waiters).
+        if record || !objects::is_read(type_name, method) || matches!(step, Ok(Step::Park { .. })) {
             meter.changed(counted, memory::object_size(key, obj.size()));
         }
         if obj.tracks_connections() {

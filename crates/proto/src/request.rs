@@ -278,6 +278,9 @@ impl Request {
 pub struct TxnRef {
     pub number: u64,
     pub age: u64,
+    /// The transaction's first call: a later one of a transaction the server does not know
+    /// (it restarted, or aborted it) must not open it again without its earlier calls.
+    pub first: bool,
 }
 
 /// What a `calls` request asks.
@@ -826,16 +829,22 @@ impl Operands<'_> {
         }
     }
 
-    /// A call's transaction, `[number, age]`, or nil (left out): not in one.
+    /// A call's transaction, `[number, age, first]`, or nil (left out): not in one.
     fn txn(&mut self) -> Result<Option<TxnRef>, RequestError> {
-        let shape = "[number, age] (non-negative integers) or nil";
+        let shape = "[number, age, first] (non-negative integers and a bool) or nil";
         match self.next() {
             Value::Nil => Ok(None),
             Value::Array(items) => match items.as_slice() {
-                [Value::Integer(number), Value::Integer(age)] => match (number.as_u64(), age.as_u64()) {
-                    (Some(number), Some(age)) => Ok(Some(TxnRef { number, age })),
-                    _ => Err(bad(self.id, format!("'{}': txn must be {shape}", self.op))),
-                },
+                [Value::Integer(number), Value::Integer(age), Value::Boolean(first)] => {
+                    match (number.as_u64(), age.as_u64()) {
+                        (Some(number), Some(age)) => Ok(Some(TxnRef {
+                            number,
+                            age,
+                            first: *first,
+                        })),
+                        _ => Err(bad(self.id, format!("'{}': txn must be {shape}", self.op))),
+                    }
+                }
                 _ => Err(bad(self.id, format!("'{}': txn must be {shape}", self.op))),
             },
             other => Err(self.error("txn", shape, &other)),
@@ -1203,13 +1212,20 @@ mod tests {
             s("add"),
             v(vec![1.into()]),
             0.into(),
-            v(vec![2.into(), 1_700_000_000_000_000u64.into()]),
+            v(vec![2.into(), 1_700_000_000_000_000u64.into(), true.into()]),
         ]);
         let mut body = Vec::new();
         rmpv::encode::write_value(&mut body, &in_txn).unwrap();
         assert!(matches!(
             decode_request(&body).unwrap(),
-            Request::Call { txn: Some(TxnRef { number: 2, age: 1_700_000_000_000_000 }), .. }
+            Request::Call {
+                txn: Some(TxnRef {
+                    number: 2,
+                    age: 1_700_000_000_000_000,
+                    first: true
+                }),
+                ..
+            }
         ));
         let commit = v(vec![5.into(), s("commit"), 8.into(), 2.into()]);
         assert_eq!(
@@ -1218,7 +1234,12 @@ mod tests {
         );
         let abort = v(vec![6.into(), s("abort"), 2.into()]);
         assert_eq!(parse_request(abort).unwrap(), Request::Abort { id: 6, txn: 2 });
-        for bad_txn in [s("x"), v(vec![1.into()]), v(vec![(-1).into(), 2.into()])] {
+        for bad_txn in [
+            s("x"),
+            v(vec![1.into(), 2.into()]),
+            v(vec![(-1).into(), 2.into(), true.into()]),
+            v(vec![1.into(), 2.into(), 0.into()]),
+        ] {
             let mut items = vec![3.into(), s("call"), 6.into(), 9.into(), s("Counter"), s("k"), s("add")];
             items.extend([v(vec![]), 0.into(), bad_txn]);
             let err = parse_request(v(items)).unwrap_err();

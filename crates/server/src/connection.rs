@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use spindle_core::objects::user;
 use spindle_core::partition::{Op, UNNAMED_PREFIX};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
-use spindle_proto::{
-    decode_request, encode_reply, split_frame, CallsAction, Request, Split, TxnRef, PROTOCOL_VERSION,
-};
+use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, TxnRef, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
@@ -1230,7 +1228,7 @@ impl Connection {
             thread,
         };
         let token = Token { conn: self.id, req: id };
-        match transactions::call(&self.shared, &caller, token, seq, txn.number, txn.age, op) {
+        match transactions::call(&self.shared, &caller, token, seq, txn, op) {
             Ok(delivery) => self.reply(id, delivery.reply),
             Err(e) => self.reply(id, Err(e)),
         }

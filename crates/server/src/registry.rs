@@ -494,6 +494,7 @@ pub(crate) fn is_control_flow(kind: ErrorKind) -> bool {
             | ErrorKind::Raised
             | ErrorKind::Moved
             | ErrorKind::NotLeader
+            | ErrorKind::TransactionConflict
     )
 }
 

@@ -11,6 +11,7 @@ use std::time::Instant;
 use ahash::{HashMap, HashSet};
 use spindle_core::partition::{Op, TxnCall, TxnId};
 use spindle_core::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
+use spindle_proto::TxnRef;
 
 use crate::config::TransactionLimits;
 use crate::{journal, Shared};
@@ -62,13 +63,14 @@ impl Transactions {
         self.aborted.fetch_add((before - open.len()) as u64, Ordering::Relaxed);
     }
 
-    /// Note a call of transaction `id` on `key` in shard `index`, carrying
-    /// `bytes` of arguments: opens the transaction on its first call. Returns whether this
+    /// Note a call of transaction `id` on `key` in shard `index`, carrying `bytes` of
+    /// arguments: opens the transaction on its `first` call. Returns whether this
     /// is its first call in that shard, and its deadline.
     fn enter(
         &self,
         limits: &TransactionLimits,
         id: &TxnId,
+        first: bool,
         index: usize,
         key: &str,
         bytes: usize,
@@ -76,9 +78,19 @@ impl Transactions {
         let now = Instant::now();
         let mut open = self.lock();
         if !open.contains_key(id) {
+            if !first {
+                return Err(Error::new(
+                    ErrorKind::TransactionConflict,
+                    format!(
+                        "transaction {} is not open here (aborted by an older transaction, past its time limit, or \
+                         the server restarted): it was aborted",
+                        id.number
+                    ),
+                ));
+            }
             // Expired ones count until their session commits, aborts or ends: drop them now.
             let before = open.len();
-            open.retain(|other, o| &*other.client != &*id.client || o.deadline > now);
+            open.retain(|other, o| other.client != id.client || o.deadline > now);
             self.aborted.fetch_add((before - open.len()) as u64, Ordering::Relaxed);
             let of_session = open.keys().filter(|other| other.client == id.client).count();
             if of_session >= limits.per_session {
@@ -139,22 +151,20 @@ impl Transactions {
     }
 }
 
-/// Run call `op` (request `token`, `seq` of its session) of transaction `[number, age]`
-/// on the workspace of its shard. Returns its reply.
-#[allow(clippy::too_many_arguments)]
+/// Run call `op` (request `token`, `seq` of its session) of transaction `txn` on the
+/// workspace of its shard. Returns its reply.
 pub(crate) fn call(
     shared: &Shared,
     caller: &Caller,
     token: Token,
     seq: u64,
-    number: u64,
-    age: u64,
+    txn: TxnRef,
     op: Op,
 ) -> Result<Delivery, Error> {
     refuse_in_cluster(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
-        number,
+        number: txn.number,
     };
     let bytes = match &op {
         Op::Create { args, .. } | Op::Call { args, .. } => args.iter().map(spindle_core::value::approx_size).sum(),
@@ -162,10 +172,12 @@ pub(crate) fn call(
     };
     let index = shared.shards.index_of(op.key());
     let limits = &shared.config.limits.transactions;
-    let (first, deadline) = shared.transactions.enter(limits, &id, index, op.key(), bytes)?;
+    let (first, deadline) = shared
+        .transactions
+        .enter(limits, &id, txn.first, index, op.key(), bytes)?;
     let txn = TxnCall {
         id: &id,
-        age,
+        age: txn.age,
         first,
         deadline,
     };
@@ -179,7 +191,13 @@ pub(crate) fn call(
 /// it touched validates it, then applies it, under their locks held together; the shard
 /// of the session's name records the reply, so a retried commit gets it. Returns the
 /// replies to send (the commit's among them).
-pub(crate) fn commit(shared: &Shared, caller: &Caller, token: Token, seq: u64, number: u64) -> Result<Vec<Delivery>, Error> {
+pub(crate) fn commit(
+    shared: &Shared,
+    caller: &Caller,
+    token: Token,
+    seq: u64,
+    number: u64,
+) -> Result<Vec<Delivery>, Error> {
     refuse_in_cluster(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
@@ -213,11 +231,14 @@ pub(crate) fn commit(shared: &Shared, caller: &Caller, token: Token, seq: u64, n
                     limits.duration.as_secs_f64()
                 ),
             )),
-            (Some(_), false) => states.iter().try_for_each(|(_, s)| {
+            (Some(open), false) => states.iter().try_for_each(|(index, s)| {
                 if !s.serving() {
                     return Err(crate::shards::not_serving());
                 }
-                s.partition.validate(&id)
+                match open.shards.contains(index) {
+                    true => s.partition.validate(&id),
+                    false => Ok(()), // home only: it records the reply
+                }
             }),
         };
         if let Err(e) = checked {
@@ -243,7 +264,10 @@ pub(crate) fn commit(shared: &Shared, caller: &Caller, token: Token, seq: u64, n
             // One shard's records: its own log's usual write.
             0 | 1 => {
                 let (index, records) = parts.pop().unwrap_or((home as u32, Vec::new()));
-                let (_, s) = states.iter_mut().find(|(i, _)| *i == index as usize).expect("a locked shard");
+                let (_, s) = states
+                    .iter_mut()
+                    .find(|(i, _)| *i == index as usize)
+                    .expect("a locked shard");
                 journal::submit(s, records, out)
             }
             _ => journal::submit_group(states, parts, out),

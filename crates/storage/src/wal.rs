@@ -76,8 +76,11 @@ pub fn encode_group(parts: &[(u32, Vec<Vec<u8>>)]) -> Vec<u8> {
     out
 }
 
+/// One partition's records in a group record.
+pub type GroupPart<'a> = (u32, Vec<&'a [u8]>);
+
 /// The parts of a group record's payload; `None` if it is malformed.
-pub fn decode_group(mut payload: &[u8]) -> Option<Vec<(u32, Vec<&[u8]>)>> {
+pub fn decode_group(mut payload: &[u8]) -> Option<Vec<GroupPart<'_>>> {
     fn u32_of(bytes: &mut &[u8]) -> Option<u32> {
         let (n, rest) = bytes.split_at_checked(4)?;
         *bytes = rest;

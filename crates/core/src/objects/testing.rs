@@ -19,7 +19,6 @@ pub fn who(conn: u64) -> Caller {
     }
 }
 
-#[derive(Clone)]
 pub struct Harness {
     pub p: Partition,
     pub now: Instant,
@@ -165,7 +164,6 @@ impl Harness {
     }
 }
 
-#[derive(Clone)]
 /// One bare object driven without a partition, for tests that need the object itself
 /// (its snapshot). Calls that park get no reply here; timers are not run.
 pub struct Solo {
@@ -242,7 +240,6 @@ pub fn tokens(out: &[Delivery]) -> Vec<Token> {
     out.iter().map(|d| d.token).collect()
 }
 
-#[derive(Clone)]
 /// A fixed-seed xorshift generator for randomized tests (no proptest in this workspace).
 pub struct Rng(pub u64);
 

@@ -81,7 +81,15 @@ fn conflict(message: String) -> Error {
 impl Partition {
     /// Run one call of transaction `txn` on its workspace here. Returns its reply: the
     /// transaction's own view, which nobody else sees before it commits.
-    pub fn apply_in(&mut self, txn: TxnCall<'_>, caller: &Caller, token: Token, seq: u64, op: Op, now: Instant) -> Delivery {
+    pub fn apply_in(
+        &mut self,
+        txn: TxnCall<'_>,
+        caller: &Caller,
+        token: Token,
+        seq: u64,
+        op: Op,
+        now: Instant,
+    ) -> Delivery {
         let reply = self.txn_step(txn, caller, seq, op, now);
         if let (Some(ws), true) = (self.txns.get_mut(txn.id), seq != 0) {
             ws.replies.insert(seq, reply.clone());
@@ -171,16 +179,18 @@ impl Partition {
                 let Some(obj) = &mut fork.obj else {
                     return Err(Error::new(
                         ErrorKind::NotFound,
-                        format!("{type_name} '{key}' does not exist (it was deleted, or the session that created it ended)"),
+                        format!(
+                            "{type_name} '{key}' does not exist (it was deleted, or the session that created it ended)"
+                        ),
                     ));
                 };
                 check_type(&key, obj.type_name(), type_name)?;
                 // The fork's waiters are copies: whatever they are told goes nowhere.
                 let mut scratch = Vec::new();
                 let mut ctx = Ctx::new(caller, COMMIT_TOKEN, now, &mut scratch);
-                let mutating = obj.is_mutating(method);
                 if let Step::Reply(v) = obj.apply(method, args, &mut ctx)? {
-                    if mutating {
+                    // Calls that only read need not run again at commit.
+                    if !objects::is_read(type_name, method) {
                         ws.ops.push((caller.clone(), op));
                     }
                     return Ok(v);
@@ -291,22 +301,23 @@ impl Partition {
     }
 
     /// Apply transaction `id`'s calls to the objects (after [`validate`](Self::validate)
-    /// passed, under the same lock), for the committing connection `conn`. Their records
+    /// passed here, under the same lock), for the committing connection `conn`. Their records
     /// become one `commit` record, which also records `reply` for `client`/`seq` when
     /// `seq` is not 0 (the partition that answers a retried commit). Returns the replies of
     /// calls its changes woke.
     pub fn commit(&mut self, id: &TxnId, conn: u64, seq: u64, reply: &Reply, now: Instant) -> Vec<Delivery> {
-        let Some(ws) = self.txns.remove(id) else { return Vec::new() };
-        self.txn_deadlines.remove(&(ws.deadline, id.clone()));
-        for key in ws.forks.keys() {
-            if self.locks.get(key) == Some(id) {
-                self.locks.remove(key);
-            }
-        }
+        // No workspace: the partition that records the reply of a transaction that touched
+        // nothing here.
+        let ops = self
+            .txns
+            .get_mut(id)
+            .map(|ws| std::mem::take(&mut ws.ops))
+            .unwrap_or_default();
+        self.drop_txn(id);
         let before = self.records.len();
         let mut out = Vec::new();
         self.committing = true;
-        for (caller, op) in ws.ops {
+        for (caller, op) in ops {
             // Held locks belong to the connection that commits (the one that made the call
             // may be gone).
             let caller = Caller { conn, ..caller };
@@ -329,11 +340,20 @@ impl Partition {
 
     /// The reply recorded for `client`'s call `seq` here, if any (a retried commit's).
     pub fn recorded(&self, client: &str, seq: u64) -> Option<Reply> {
-        self.logs.get(client).and_then(|log| log.get(seq)).map(|(reply, _)| reply)
+        self.logs
+            .get(client)
+            .and_then(|log| log.get(seq))
+            .map(|(reply, _)| reply)
     }
 
     /// Replay of a `commit` record: its calls, then its reply.
-    pub(super) fn replay_commit(&mut self, client: Option<String>, seq: u64, records: Vec<Vec<u8>>, now: Instant) -> Result<(), String> {
+    pub(super) fn replay_commit(
+        &mut self,
+        client: Option<String>,
+        seq: u64,
+        records: Vec<Vec<u8>>,
+        now: Instant,
+    ) -> Result<(), String> {
         for record in records {
             self.replay(&record, now)?;
         }
@@ -382,4 +402,88 @@ fn user_objects_refused(type_name: &str, key: &str) -> Error {
              yet; built-in objects can"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::objects::testing::who;
+
+    fn id(client: &str, number: u64) -> TxnId {
+        TxnId {
+            client: Arc::from(client),
+            number,
+        }
+    }
+
+    fn add(key: &str, n: i64) -> Op {
+        Op::Call {
+            type_name: "Counter".into(),
+            key: key.into(),
+            method: "add".into(),
+            args: vec![n.into()],
+        }
+    }
+
+    fn get(key: &str) -> Op {
+        Op::Call {
+            type_name: "Counter".into(),
+            key: key.into(),
+            method: "get".into(),
+            args: vec![],
+        }
+    }
+
+    fn counter(p: &mut Partition, key: &str, now: Instant) {
+        let create = Op::Create {
+            type_name: "Counter".into(),
+            key: key.into(),
+            args: vec![],
+            owned: false,
+            persistent: false,
+        };
+        p.apply(&who(9), Token { conn: 9, req: 1 }, 0, 0, create, now);
+    }
+
+    /// Call `op` in transaction `id` of age `age`, its `first` call here or not.
+    fn step(p: &mut Partition, id: &TxnId, age: u64, first: bool, op: Op, now: Instant) -> Reply {
+        let txn = TxnCall {
+            id,
+            age,
+            first,
+            deadline: now + Duration::from_secs(5),
+        };
+        p.apply_in(txn, &who(1), Token { conn: 1, req: 1 }, 0, op, now).reply
+    }
+
+    fn single(p: &mut Partition, op: Op, now: Instant) -> Reply {
+        p.apply(&who(2), Token { conn: 2, req: 1 }, 0, 0, op, now)
+            .remove(0)
+            .reply
+    }
+
+    #[test]
+    fn the_younger_gives_way_and_the_older_takes_from_a_younger() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        counter(&mut p, "c", now);
+        let (old, young) = (id("a", 1), id("b", 2));
+        assert_eq!(step(&mut p, &old, 10, true, add("c", 1), now), Ok(1.into()));
+        let refused = step(&mut p, &young, 20, true, add("c", 5), now).unwrap_err();
+        assert_eq!(refused.kind, ErrorKind::TransactionConflict);
+        assert!(p.validate(&old).is_ok());
+        assert!(p.validate(&young).is_err());
+        // An even older one takes the object, and the one it took it from is aborted.
+        let oldest = id("c", 3);
+        assert_eq!(step(&mut p, &oldest, 5, true, add("c", 100), now), Ok(100.into()));
+        assert_eq!(p.validate(&old).unwrap_err().kind, ErrorKind::TransactionConflict);
+        let later = step(&mut p, &old, 10, false, get("c"), now).unwrap_err();
+        assert_eq!(later.kind, ErrorKind::TransactionConflict);
+        p.validate(&oldest).unwrap();
+        p.commit(&oldest, 1, 0, &Ok(true.into()), now);
+        assert_eq!(single(&mut p, get("c"), now), Ok(100.into()));
+        assert_eq!(p.open_txns(), 0);
+    }
 }

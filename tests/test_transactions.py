@@ -1,0 +1,252 @@
+"""Transactions through the public API (docs/transactions.md): atomic and isolated commits,
+aborts that leave nothing, conflicts and retries, blocking calls refused, limits, clients
+killed mid-transaction, and a bank of persistent accounts whose total never changes while
+the server is killed with `kill -9`."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import spindle
+from conftest import ServerProcess, connected_to, pythonpath_for_tests, stable_port, wait_until
+
+
+def test_a_commit_shows_every_change_at_once_and_none_before(uniq: str) -> None:
+    a, b = spindle.Counter(100, name=f"{uniq}a"), spindle.Counter(0, name=f"{uniq}b")
+    seen = []
+    with spindle.transaction():
+        a.add(-30)
+        b.add(30)
+        # Its own changes, to the transaction; the committed state, to anyone else (another
+        # thread is not in the transaction).
+        assert (a.get(), b.get()) == (70, 30)
+        other = threading.Thread(target=lambda: seen.append((a.get(), b.get())))
+        other.start()
+        other.join()
+    assert seen == [(100, 0)]
+    assert (a.get(), b.get()) == (70, 30)
+
+
+def test_creates_and_deletes_inside_are_part_of_it(uniq: str) -> None:
+    keep = spindle.Dict(name=f"{uniq}d")
+    with spindle.transaction():
+        made = spindle.List([1, 2], name=f"{uniq}l")
+        made.append(3)
+        keep["k"] = "v"
+        spindle.delete(keep)
+        assert f"{uniq}l" not in {name for name, _ in spindle.objects(uniq)}
+    assert spindle.List(name=f"{uniq}l").copy() == [1, 2, 3]
+    assert f"{uniq}d" not in {name for name, _ in spindle.objects(uniq)}
+
+
+def test_an_exception_inside_leaves_nothing_behind(uniq: str) -> None:
+    q = spindle.Queue(name=f"{uniq}q")
+    q.put("job")
+    running = spindle.List(name=f"{uniq}r")
+
+    class Refused(Exception):
+        pass
+
+    with pytest.raises(Refused):
+        with spindle.transaction():
+            running.append(q.get_nowait())
+            raise Refused()
+    assert q.get_nowait() == "job"
+    assert running.copy() == []
+
+
+def test_a_single_call_on_an_object_a_transaction_read_fails_its_commit(uniq: str) -> None:
+    a = spindle.Counter(5, name=f"{uniq}a")
+    b = spindle.Counter(0, name=f"{uniq}b")
+    with pytest.raises(spindle.TransactionConflict, match="changed after the transaction read it"):
+        with spindle.transaction():
+            b.add(a.get())
+            changer = threading.Thread(target=lambda: a.add(1))
+            changer.start()
+            changer.join()
+    assert (a.get(), b.get()) == (6, 0)
+
+
+def test_the_younger_of_two_transactions_on_one_object_conflicts(uniq: str) -> None:
+    c = spindle.Counter(0, name=f"{uniq}c")
+    inside, go = threading.Event(), threading.Event()
+
+    def older() -> None:
+        with spindle.transaction():
+            c.add(1)
+            inside.set()
+            go.wait(10)
+
+    first = threading.Thread(target=older)
+    first.start()
+    assert inside.wait(10)
+    with pytest.raises(spindle.TransactionConflict, match="held by an older transaction"):
+        with spindle.transaction():
+            c.add(10)
+    go.set()
+    first.join()
+    assert c.get() == 1
+
+
+def test_transactional_functions_retry_until_every_transfer_lands(uniq: str) -> None:
+    accounts = [spindle.Counter(100, name=f"{uniq}{i}") for i in range(3)]
+
+    @spindle.transactional
+    def transfer(src: spindle.Counter, dst: spindle.Counter, amount: int) -> bool:
+        if src.get() < amount:
+            return False
+        src.add(-amount)
+        dst.add(amount)
+        return True
+
+    done = queue.Queue()
+
+    def worker(seed: int) -> None:
+        moved = 0
+        for i in range(40):
+            src, dst = accounts[(seed + i) % 3], accounts[(seed + i + 1) % 3]
+            moved += transfer(src, dst, 1)
+        done.put(moved)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(done.get() for _ in threads) == 160  # no account ran dry: all went through
+    assert sum(a.get() for a in accounts) == 300
+
+
+def test_a_transactional_function_inside_another_is_part_of_it(uniq: str) -> None:
+    c = spindle.Counter(0, name=f"{uniq}c")
+
+    @spindle.transactional
+    def inner() -> None:
+        c.add(1)
+
+    @spindle.transactional
+    def outer() -> None:
+        inner()
+        inner()
+        raise KeyError("undo")
+
+    with pytest.raises(KeyError):
+        outer()
+    assert c.get() == 0
+
+
+@pytest.mark.parametrize(
+    "make, block, name",
+    [
+        (lambda k: spindle.Lock(name=k), lambda o: (o.acquire(), o.acquire()), "Lock.acquire()"),
+        (lambda k: spindle.Queue(name=k), lambda o: o.get(), "Queue.get()"),
+        (lambda k: spindle.Event(name=k), lambda o: o.wait(), "Event.wait()"),
+        (lambda k: spindle.Barrier(2, name=k), lambda o: o.wait(), "Barrier.wait()"),
+    ],
+)
+def test_a_call_that_would_wait_is_an_error_naming_it(uniq, make, block, name) -> None:
+    obj = make(f"{uniq}o")
+    with pytest.raises(spindle.TransactionError, match=rf"{name.replace('(', '[(]').replace(')', '[)]')} on '{uniq}o' would wait"):
+        with spindle.transaction():
+            block(obj)
+
+
+def test_non_blocking_forms_work_inside(uniq: str) -> None:
+    lock, q = spindle.Lock(name=f"{uniq}l"), spindle.Queue(name=f"{uniq}q")
+    with spindle.transaction():
+        assert lock.acquire(blocking=False)
+        q.put(1)
+        assert q.get_nowait() == 1
+        q.put(2)
+    assert lock.locked()
+    lock.release()
+    assert q.get_nowait() == 2
+
+
+@spindle.shared
+class Tally:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, n: int) -> int:
+        self.n += n
+        return self.n
+
+
+def test_user_defined_objects_are_refused_clearly(uniq: str) -> None:
+    tally = Tally(name=f"{uniq}t")
+    with pytest.raises(spindle.TransactionError, match="user-defined objects cannot take part"):
+        with spindle.transaction():
+            tally.add(1)
+    assert tally.add(0) == 0
+
+
+def test_limits_of_objects_and_time_are_enforced_and_status_counts(tmp_path: Path) -> None:
+    server = ServerProcess("--max-transaction-objects", "2", "--max-transaction-time", "0.5")
+    try:
+        with connected_to(server):
+            a, b, c = (spindle.Counter(name=f"lim{i}") for i in range(3))
+            with pytest.raises(spindle.TransactionError, match="more than 2 objects"):
+                with spindle.transaction():
+                    a.add(1)
+                    b.add(1)
+                    c.add(1)
+            with pytest.raises(spindle.TransactionConflict, match="time limit"):
+                with spindle.transaction():
+                    a.add(1)
+                    time.sleep(0.7)
+                    b.add(1)
+            with spindle.transaction():
+                a.add(1)
+            assert (a.get(), b.get(), c.get()) == (1, 0, 0)
+            status = spindle.status()
+            assert status["transactions_committed"] == 1
+            assert status["transactions_aborted"] == 2
+            assert status["transactions_open"] == 0
+            shown = subprocess.run(
+                [server.binary, "status", "--address", server.address], capture_output=True, text=True, check=True
+            ).stdout
+            assert "1 committed, 2 aborted, 0 in flight" in shown
+    finally:
+        server.stop()
+
+
+KILLED_MID_TRANSACTION = """
+import os, sys, spindle
+c = spindle.Counter(name=sys.argv[1])
+txn = spindle.transaction()
+txn.__enter__()
+c.add(1000)
+print("inside", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_client_killed_mid_transaction_leaves_nothing_and_frees_its_objects(uniq: str, child_env: dict) -> None:
+    c = spindle.Counter(0, name=f"{uniq}c")
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MID_TRANSACTION, f"{uniq}c"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env,
+    )
+    assert child.stdout.readline().strip() == "inside"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+    # The dead client's transaction is older: this one gives way until the session's end
+    # (or the transaction's time limit) frees the counter, then goes through.
+    @spindle.transactional
+    def bump() -> None:
+        c.add(1)
+
+    bump()
+    assert c.get() == 1
