@@ -5,9 +5,9 @@ the server is killed with `kill -9`."""
 
 from __future__ import annotations
 
-import json
 import os
 import queue
+import random
 import signal
 import subprocess
 import sys
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import spindle
-from conftest import ServerProcess, connected_to, pythonpath_for_tests, stable_port, wait_until
+from conftest import ServerProcess, connected_to, stable_port
 
 
 def test_a_commit_shows_every_change_at_once_and_none_before(uniq: str) -> None:
@@ -191,7 +191,7 @@ def test_user_defined_objects_are_refused_clearly(uniq: str) -> None:
     assert tally.add(0) == 0
 
 
-def test_limits_of_objects_and_time_are_enforced_and_status_counts(tmp_path: Path) -> None:
+def test_limits_of_objects_and_time_are_enforced_and_status_counts() -> None:
     server = ServerProcess("--max-transaction-objects", "2", "--max-transaction-time", "0.5")
     try:
         with connected_to(server):
@@ -250,3 +250,106 @@ def test_a_client_killed_mid_transaction_leaves_nothing_and_frees_its_objects(un
 
     bump()
     assert c.get() == 1
+
+
+# A bank's client: `transfer` processes move random amounts between random accounts, each
+# transfer appending its id to the bank's history in the same transaction; `audit`
+# processes read every balance in read-only transactions and note any snapshot whose total
+# is off or with a negative balance. Arguments: address, role, this client's number.
+BANK = r"""
+import json, os, random, sys
+import spindle, spindle.client
+from load import Progress
+spindle.client.RETRIES = 9  # reconnect for up to ~25 s: a restart takes milliseconds
+address, role, me, stop, progress, out = sys.argv[1:]
+spindle.connect(address, embedded=False)
+accounts = [spindle.Counter(name=f"bank.{i}", persistent=True) for i in range(ACCOUNTS)]
+history = spindle.List(name="bank.history", persistent=True)
+progress = Progress(progress)
+rng = random.Random(me)
+acked, snapshots, bad, unknown = [], 0, [], 0
+
+@spindle.transactional
+def transfer(src, dst, amount, tid):
+    if src.get() < amount:
+        return False
+    src.add(-amount)
+    dst.add(amount)
+    history.append(tid)
+    return True
+
+@spindle.transactional
+def snapshot():
+    return [a.get() for a in accounts]
+
+n = 0
+while not os.path.exists(stop):
+    try:
+        if role == "transfer":
+            n += 1
+            tid = f"{me}-{n}"
+            src, dst = rng.sample(accounts, 2)
+            if transfer(src, dst, rng.randint(1, 30), tid):
+                acked.append(tid)
+        else:
+            balances = snapshot()
+            snapshots += 1
+            if sum(balances) != ACCOUNTS * 100 or min(balances) < 0:
+                bad.append(balances)
+        progress.acknowledged()
+    except (spindle.ServerUnavailable, spindle.TransactionConflict):
+        unknown += 1  # the server stayed down past the retries, or the attempts ran out
+with open(out, "w") as f:
+    json.dump({"acked": acked, "snapshots": snapshots, "bad": bad, "unknown": unknown,
+               "acked_at": progress.times}, f)
+"""
+
+ACCOUNTS = 100
+
+
+def test_a_bank_keeps_its_total_through_kill_9s_and_every_transfer_lands_once(tmp_path: Path) -> None:
+    from load import LoadClients, assert_under_load, kills_under_load
+
+    port = stable_port()
+    args = ("--data-dir", str(tmp_path / "data"), "--session-ttl", "30", "--partitions", "4")
+    server = ServerProcess(*args, port=port)
+    address = f"127.0.0.1:{port}"
+    with connected_to(server):
+        for i in range(ACCOUNTS):
+            spindle.Counter(100, name=f"bank.{i}", persistent=True)
+        spindle.List(name="bank.history", persistent=True)
+
+    def kill_and_restart() -> None:
+        nonlocal server
+        server.kill()  # SIGKILL
+        server = ServerProcess(*args, port=port)
+
+    roles = ["transfer"] * 8 + ["audit"] * 2
+    script = BANK.replace("ACCOUNTS", str(ACCOUNTS))
+    env = dict(os.environ, SPINDLE_ADDRESS=address)
+    try:
+        with LoadClients(script, lambda i: [address, roles[i], str(i)], len(roles), tmp_path, env) as load:
+            began = time.monotonic()
+            window = kills_under_load(load, kill_and_restart, 10, random.Random(7))
+            time.sleep(max(0.0, 20 - (time.monotonic() - began)))  # at least 20 s of transfers
+            results = load.stop()
+        assert_under_load(results, window)
+        server.kill()  # one last crash: what follows is what the log rebuilt
+        server = ServerProcess(*args, port=port)
+        with connected_to(server):
+            balances = [spindle.Counter(name=f"bank.{i}", persistent=True).get() for i in range(ACCOUNTS)]
+            history = spindle.List(name="bank.history", persistent=True).copy()
+    finally:
+        server.kill()
+    print(f"bank: {sum(len(r['acked']) for r in results)} transfers acknowledged, "
+          f"{sum(r['snapshots'] for r in results)} snapshots, {sum(r['unknown'] for r in results)} unknown")
+    assert sum(balances) == ACCOUNTS * 100
+    assert min(balances) >= 0
+    # Every acknowledged transfer is in the history exactly once, and no transfer twice.
+    assert len(history) == len(set(history))
+    acked = [tid for r in results for tid in r["acked"]]
+    assert acked, "no transfer was acknowledged"
+    assert set(acked) <= set(history), f"lost: {sorted(set(acked) - set(history))[:10]}"
+    audits = results[8:]
+    assert all(r["snapshots"] > 0 for r in audits), "an auditor never got a snapshot"
+    assert [r["bad"] for r in audits] == [[], []]
