@@ -61,7 +61,8 @@ pub(crate) struct LimitArgs {
     /// Objects one transaction may touch.
     #[arg(long, default_value_t = TransactionLimits::default().objects, value_name = "N")]
     max_transaction_objects: usize,
-    /// Bytes of arguments one transaction's calls may carry (at most 32MiB), with a unit as
+    /// Bytes of arguments one transaction's calls may carry, and bytes its copies of the
+    /// objects it touched may hold in each shard (at most 32MiB), with a unit as
     /// --max-memory's.
     #[arg(long, default_value = "10MiB", value_name = "SIZE", value_parser = parse_size)]
     max_transaction_bytes: usize,

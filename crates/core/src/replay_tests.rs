@@ -800,3 +800,63 @@ fn evictions_over_max_memory_replay_the_same_under_no_limit() {
     assert_eq!(replayed.persistent_snapshots(), l.p.persistent_snapshots());
     assert_eq!(replayed.memory().used(), l.p.memory().used());
 }
+
+#[test]
+fn a_committed_transaction_is_replayed_whole_with_its_reply_and_an_aborted_one_not_at_all() {
+    use crate::partition::{TxnCall, TxnId};
+
+    let mut l = Live::new();
+    l.create(1, "Counter", "a", vec![100.into()], true);
+    l.create(1, "Queue", "q", vec![], true);
+    let records_before = l.log.len();
+    let txn = |number| TxnId {
+        client: Arc::from("c1"),
+        number,
+    };
+    let caller = Caller {
+        conn: 1,
+        client: Arc::from("c1"),
+        thread: 0,
+    };
+    let mut run = |l: &mut Live, number: u64, first: bool, op: Op| {
+        let call = TxnCall {
+            id: &txn(number),
+            age: number,
+            first,
+            deadline: l.now + Duration::from_secs(5),
+            max_bytes: 1 << 20,
+        };
+        l.p.apply_in(call, &caller, Token { conn: 1, req: 50 }, 0, op, l.now)
+            .reply
+    };
+    assert_eq!(
+        run(&mut l, 7, true, call_op("Counter", "a", "add", vec![(-30).into()])),
+        Ok(70.into())
+    );
+    run(
+        &mut l,
+        7,
+        false,
+        call_op("Queue", "q", "put", vec!["job".into(), false.into(), Value::Nil]),
+    )
+    .unwrap();
+    // An aborted one leaves nothing to replay.
+    run(&mut l, 8, true, call_op("Counter", "b", "add", vec![1.into()])).unwrap_err();
+    l.p.drop_txn(&txn(8));
+    l.p.validate(&txn(7)).unwrap();
+    let out = l.p.commit(&txn(7), 1, 9, &Ok(true.into()), l.now);
+    l.drain(out);
+    assert_eq!(l.log.len(), records_before + 1, "one commit record");
+    l.check();
+    let mut replayed = l.replayed();
+    assert_eq!(replayed.recorded("c1", 9), Some(Ok(true.into())));
+    let get = replayed.apply(
+        &caller,
+        Token { conn: 1, req: 60 },
+        0,
+        0,
+        call_op("Counter", "a", "get", vec![]),
+        l.now,
+    );
+    assert_eq!(get[0].reply, Ok(70.into()));
+}

@@ -180,6 +180,7 @@ pub(crate) fn call(
         age: txn.age,
         first,
         deadline,
+        max_bytes: limits.bytes,
     };
     shared.shards.with(index, |s| {
         s.calls += 1;

@@ -18,7 +18,7 @@ use ahash::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{check_type, moved, storage_error, Body, Partition, Storage};
+use super::{check_type, memory, moved, storage_error, Body, Partition, Storage};
 use crate::objects::{self, user};
 use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{Caller, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
@@ -42,6 +42,8 @@ pub struct TxnCall<'a> {
     pub first: bool,
     /// It is aborted here if it has not committed by then.
     pub deadline: Instant,
+    /// Bytes its copies of objects may hold here.
+    pub max_bytes: usize,
 }
 
 /// A transaction's state in one partition.
@@ -54,6 +56,8 @@ pub(super) struct Workspace {
     ops: Vec<(Caller, Op)>,
     /// Its replies by seq, for retried calls.
     replies: HashMap<u64, Reply>,
+    /// Bytes its copies hold, counted in the server's memory account like objects.
+    bytes: usize,
 }
 
 /// A transaction's copy of one object.
@@ -62,6 +66,8 @@ struct Fork {
     obj: Option<Box<dyn Object>>,
     /// The version the object had when forked (0: absent): commit needs it unchanged.
     base: u64,
+    /// What it is counted for in the memory account.
+    bytes: usize,
 }
 
 /// The token of calls applied at commit: their replies went out already, from the forks.
@@ -119,6 +125,7 @@ impl Partition {
                     forks: HashMap::default(),
                     ops: Vec::new(),
                     replies: HashMap::default(),
+                    bytes: 0,
                 };
                 self.txn_deadlines.insert((txn.deadline, id.clone()));
                 self.txns.insert(id.clone(), ws);
@@ -129,7 +136,7 @@ impl Partition {
             return Err(moved(&key, new_key));
         }
         self.lock_for(id, &key)?;
-        self.fork(id, &key)?;
+        self.fork(id, &key, txn.max_bytes)?;
         let ws = self.txns.get_mut(id).expect("the workspace was made above");
         let fork = ws.forks.get_mut(&key).expect("forked above");
         match op {
@@ -161,13 +168,17 @@ impl Partition {
                         ));
                     }
                 }
-                fork.obj = Some(objects::create(type_name, args)?);
+                let obj = objects::create(type_name, args)?;
+                let size = obj.size();
+                fork.obj = Some(obj);
                 ws.ops.push((caller.clone(), op));
+                self.resize_fork(id, &key, size);
                 Ok(Value::Boolean(true))
             }
             Op::Delete { .. } => {
                 let existed = fork.obj.take().is_some();
                 ws.ops.push((caller.clone(), op));
+                self.resize_fork(id, &key, 0);
                 Ok(Value::Boolean(existed))
             }
             Op::Call {
@@ -191,7 +202,9 @@ impl Partition {
                 if let Step::Reply(v) = obj.apply(method, args, &mut ctx)? {
                     // Calls that only read need not run again at commit.
                     if !objects::is_read(type_name, method) {
+                        let size = obj.size();
                         ws.ops.push((caller.clone(), op));
+                        self.resize_fork(id, &key, size);
                     }
                     return Ok(v);
                 }
@@ -227,20 +240,52 @@ impl Partition {
         Ok(())
     }
 
-    /// Give transaction `id` its copy of `key` unless it has one.
-    fn fork(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
+    /// Give transaction `id` its copy of `key` unless it has one. A copy counts in the
+    /// server's memory account (refused over `--max-memory`) and in the transaction's
+    /// `max_bytes` here.
+    fn fork(&mut self, id: &TxnId, key: &str, max_bytes: usize) -> Result<(), Error> {
         if self.txns[id].forks.contains_key(key) {
             return Ok(());
         }
         let obj = match self.objects.get(key).map(|e| &e.body) {
-            Some(Body::Builtin(obj)) => Some(obj.fork()),
+            Some(Body::Builtin(obj)) => {
+                let size = obj.size();
+                let held = self.txns[id].bytes;
+                if held + size > max_bytes {
+                    return Err(Error::new(
+                        ErrorKind::TransactionError,
+                        format!(
+                            "transaction {} would hold {} bytes of copies of objects in this shard with '{key}', \
+                             more than --max-transaction-bytes ({max_bytes}): make it in smaller transactions",
+                            id.number,
+                            held + size
+                        ),
+                    ));
+                }
+                self.objects.memory().check()?;
+                Some(obj.fork())
+            }
             Some(Body::User(u)) => return Err(user_objects_refused(&u.type_name, key)),
             None => None,
         };
+        let size = obj.as_ref().map_or(0, |o| o.size());
         let base = self.objects.version(key);
         let ws = self.txns.get_mut(id).expect("the workspace exists");
-        ws.forks.insert(key.to_string(), Fork { obj, base });
+        ws.forks.insert(key.to_string(), Fork { obj, base, bytes: 0 });
+        self.resize_fork(id, key, size);
         Ok(())
+    }
+
+    /// The copy of `key` of transaction `id` now holds `size` bytes.
+    fn resize_fork(&mut self, id: &TxnId, key: &str, size: usize) {
+        let memory = self.objects.memory().clone();
+        let Some(ws) = self.txns.get_mut(id) else { return };
+        let Some(fork) = ws.forks.get_mut(key) else { return };
+        let size = memory::object_size(key, size);
+        memory.add(size, false);
+        memory.sub(fork.bytes, false);
+        ws.bytes = ws.bytes + size - fork.bytes;
+        fork.bytes = size;
     }
 
     /// Forget transaction `id` here: its workspace and its objects go (an abort, or a
@@ -248,6 +293,7 @@ impl Partition {
     pub fn drop_txn(&mut self, id: &TxnId) {
         let Some(ws) = self.txns.remove(id) else { return };
         self.txn_deadlines.remove(&(ws.deadline, id.clone()));
+        self.objects.memory().sub(ws.bytes, false);
         for key in ws.forks.keys() {
             if self.locks.get(key) == Some(id) {
                 self.locks.remove(key);
@@ -454,6 +500,7 @@ mod tests {
             age,
             first,
             deadline: now + Duration::from_secs(5),
+            max_bytes: 1 << 20,
         };
         p.apply_in(txn, &who(1), Token { conn: 1, req: 1 }, 0, op, now).reply
     }
@@ -470,7 +517,10 @@ mod tests {
         let mut p = Partition::new();
         counter(&mut p, "c", now);
         let (old, young) = (id("a", 1), id("b", 2));
+        let idle = p.memory().used();
         assert_eq!(step(&mut p, &old, 10, true, add("c", 1), now), Ok(1.into()));
+        // A copy counts in the memory account, until its transaction ends.
+        assert!(p.memory().used() > idle);
         let refused = step(&mut p, &young, 20, true, add("c", 5), now).unwrap_err();
         assert_eq!(refused.kind, ErrorKind::TransactionConflict);
         assert!(p.validate(&old).is_ok());
@@ -485,5 +535,6 @@ mod tests {
         p.commit(&oldest, 1, 0, &Ok(true.into()), now);
         assert_eq!(single(&mut p, get("c"), now), Ok(100.into()));
         assert_eq!(p.open_txns(), 0);
+        assert_eq!(p.memory().used(), idle);
     }
 }
