@@ -3,13 +3,8 @@ tests/serializability against the session's server, its history checked after El
 
 from __future__ import annotations
 
-import pytest
-
-import spindle
 from serializability.checker import load
 from serializability.workload import run
-
-pytestmark = pytest.mark.skipif(not hasattr(spindle, "transaction"), reason="no transactions in the SDK")
 
 
 def test_list_append_transactions_are_strictly_serializable(server, tmp_path) -> None:
