@@ -187,6 +187,22 @@ def test_internal_read_misses_own_append():
     assert only(report, "internal") == (1,)
 
 
+def test_internal_read_of_own_later_append():
+    report = check([txn("ok", 0, 1, ("r", "x", [1]), ("append", "x", 1))])
+    assert report.names() == {"internal"}
+
+
+def test_appends_out_of_their_transaction_order():
+    report = check([
+        txn("ok", 0, 1, ("append", "x", 1), ("append", "x", 2)),
+        txn("ok", 2, 3, ("r", "x", [2, 1, 3])),
+        txn("ok", 0, 1, ("append", "x", 3)),
+    ])
+    assert report.names() == {"incompatible-order"}
+    assert only(report, "incompatible-order") == (2, 1)
+    assert "with 2 before 1, but T1 appended 1 first" in report.anomalies[0].explanation
+
+
 def test_internal_reads_disagree():
     report = check([
         txn("ok", 0, 1, ("append", "x", 1)),
@@ -270,6 +286,15 @@ def test_unknown_transaction_that_committed():
         txn("ok", 9, 10, ("r", "x", [1, 2])),  # it took effect after it gave up: allowed
     ])
     assert report.valid, report.format()
+
+
+def test_unknown_transaction_seen_in_part():
+    # T2 saw T1's append to x, so T1 committed, and with it its append to y.
+    report = check([
+        txn("info", 0, None, ("append", "x", 1), ("append", "y", 1)),
+        txn("ok", 0, 1, ("r", "x", [1]), ("r", "y", [])),
+    ])
+    assert report.names() == {"G-single"}
 
 
 def test_unknown_transaction_cannot_precede_its_invocation():
@@ -396,3 +421,75 @@ def test_a_stale_read_before_an_append_is_rejected(data):
     report = check(history)
     assert "G-single" in report.names(), report.format()
     assert report.names() <= {"G-single", "G1b", "lost-update"}, report.format()
+
+
+@st.composite
+def faulty_histories(draw) -> List[Dict[str, Any]]:
+    """Up to five attempts on one or two lists, run one at a time in memory, with faults: a
+    read may return an older prefix or two elements swapped, an aborted attempt may take
+    effect, and times need not follow the order of execution."""
+    keys = draw(st.integers(1, 2))
+    lists: Dict[int, List[int]] = {key: [] for key in range(keys)}
+    values = itertools.count(1)
+    history = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["ok", "ok", "fail", "info", "lost", "aborted but seen"]))
+        if kind in ("ok", "info", "aborted but seen"):
+            state = lists
+        else:
+            state = {key: list(items) for key, items in lists.items()}
+        ops = []
+        for name, key in draw(st.lists(st.tuples(st.sampled_from(["append", "r"]),
+                                                 st.integers(0, keys - 1)), min_size=1, max_size=3)):
+            if name == "append":
+                value = next(values)
+                state[key].append(value)
+                ops.append(("append", key, value))
+                continue
+            seen = list(state[key])
+            fault = draw(st.sampled_from(["none", "none", "stale", "swapped"]))
+            if fault == "stale":
+                seen = seen[:draw(st.integers(0, len(seen)))]
+            elif fault == "swapped" and len(seen) > 1:
+                i = draw(st.integers(0, len(seen) - 2))
+                seen[i], seen[i + 1] = seen[i + 1], seen[i]
+            ops.append(("r", key, seen if kind in ("ok", "fail") else None))
+        kind = {"lost": "info", "aborted but seen": "fail"}.get(kind, kind)
+        invoke = draw(st.integers(0, 6))
+        history.append(txn(kind, invoke, invoke + draw(st.integers(0, 3)), *ops))
+    return history
+
+
+def strictly_serializable(history: List[Dict[str, Any]]) -> bool:
+    """By brute force: is there an order of every ok attempt and any info ones, each after
+    the ok ones that completed before it was invoked, in which each ok one reads what it
+    would have read?"""
+    ok = [i for i, record in enumerate(history) if record["type"] == "ok"]
+    candidates = ok + [i for i, record in enumerate(history) if record["type"] == "info"]
+
+    def extend(placed: frozenset, lists: Dict[Any, List[Any]]) -> bool:
+        if placed.issuperset(ok):
+            return True
+        for i in candidates:
+            record = history[i]
+            if i in placed or any(j not in placed and history[j]["complete"] < record["invoke"] for j in ok):
+                continue
+            state = {key: list(items) for key, items in lists.items()}
+            for name, key, value in record["ops"]:
+                if name == "append":
+                    state.setdefault(key, []).append(value)
+                elif record["type"] == "ok" and value != state.get(key, []):
+                    break
+            else:
+                if extend(placed | {i}, state):
+                    return True
+        return False
+
+    return extend(frozenset(), {})
+
+
+@settings(max_examples=400, deadline=None)
+@given(faulty_histories())
+def test_the_checker_agrees_with_brute_force(history):
+    report = check(history)
+    assert report.valid == strictly_serializable(history), report.format()

@@ -279,14 +279,20 @@ class Checker:
         self.reads: Dict[Any, List[Tuple[int, List[Any], bool]]] = defaultdict(list)
         self.order: Dict[Any, List[Any]] = {}
         self.position: Dict[Any, Dict[Any, int]] = {}
+        self.compatible: Dict[Any, List[Tuple[int, List[Any], bool]]] = {}
+        # The info transactions that committed: some read observed one of their appends.
+        self.committed: Set[int] = set()
         self.unobserved: Dict[Any, Set[int]] = {}
         self.out: List[Dict[int, int]] = [{} for _ in transactions]
 
     def run(self) -> Report:
         for index, txn in enumerate(self.transactions):
             self.index(index, txn)
-        for key in list(self.reads.keys() | self.writer.keys()):
-            self.infer_key(key)
+        keys = list(dict.fromkeys(itertools.chain(self.writer, self.reads)))  # in history order
+        for key in keys:
+            self.order_key(key)
+        for key in keys:
+            self.link_key(key)
         self.add_realtime_edges()
         self.find_cycles()
         counts = Counter(txn.type for txn in self.transactions)
@@ -344,16 +350,22 @@ class Checker:
                 txn.external_reads[key] = value
             self.reads[key].append((position, value, external))
             known[key] = value
+        for key, read in txn.external_reads.items():
+            future = set(txn.appends.get(key, ())).intersection(read)
+            if future:
+                self.report("internal", [position],
+                            f"{txn.name} read {key!r} = {show(read)}, holding its own later append of "
+                            f"{', '.join(map(repr, sorted(future, key=read.index)))}\n  {txn.describe()}")
 
     # --- one key at a time -----------------------------------------------------------------
 
-    def infer_key(self, key: Any) -> None:
+    def order_key(self, key: Any) -> None:
+        """The key's version order, and the reads that disagree with it."""
         reads = self.reads.get(key, [])
-        writer = self.writer.get(key, {})
         longest = max((read for _, read, _ in reads), key=len, default=[])
         self.order[key] = longest
         position = self.position[key] = {value: i for i, value in enumerate(longest)}
-        compatible = []
+        compatible = self.compatible[key] = []
         incompatible = []
         for p, read, external in reads:
             if len(read) <= len(longest) and read == longest[:len(read)]:
@@ -365,7 +377,24 @@ class Checker:
             self.report_incompatible(key, longest, reads, incompatible)
         for p, read in incompatible:
             self.check_values(key, p, read, [i for i, value in enumerate(read) if value not in position])
+        # A transaction's appends are in the order it made them, and info ones that a read
+        # observed committed.
+        appended_last: Dict[int, int] = {}
+        for value in longest:
+            w = self.writer[key].get(value)
+            if w is None:
+                continue
+            if self.transactions[w].type == "info":
+                self.committed.add(w)
+            own = self.transactions[w].appends[key]
+            if appended_last.get(w, -1) > own.index(value):
+                self.report_misordered_appends(key, w, value, own[appended_last[w]], compatible)
+            appended_last[w] = max(appended_last.get(w, -1), own.index(value))
 
+    def link_key(self, key: Any) -> None:
+        """The key's edges, and its lost updates."""
+        longest, position, compatible = self.order[key], self.position[key], self.compatible[key]
+        writer = self.writer.get(key, {})
         # The transactions that appended each element, where they may have committed.
         writers = [writer.get(value, -1) for value in longest]
         node_writers = [w if w >= 0 and self.is_node(w) else -1 for w in writers]
@@ -382,8 +411,8 @@ class Checker:
                 previous = w
         last_writer = previous
 
-        unobserved = sorted({w for value, w in writer.items()
-                             if value not in position and self.transactions[w].type == "ok"})
+        unobserved = sorted({w for value, w in writer.items() if value not in position
+                             and (self.transactions[w].type == "ok" or w in self.committed)})
         self.unobserved[key] = set(unobserved)
         latest_readers = []
         versions_appended_to: Dict[int, List[int]] = defaultdict(list)
@@ -424,18 +453,26 @@ class Checker:
                     f"{show(longest)}: neither is a prefix of the other{more}\n"
                     f"  {reader.describe()}\n  {other.describe()}")
 
+    def report_misordered_appends(self, key: Any, writer: int, value: Any, earlier: Any,
+                                  reads: List[Tuple[int, List[Any], bool]]) -> None:
+        position = self.position[key][value]
+        reader, read = next((p, read) for p, read, _ in reads if len(read) > position)
+        self.report("incompatible-order", [reader, writer],
+                    f"{self.transactions[reader].name} read {key!r} = {show(read[:position + 1])}..., "
+                    f"with {earlier!r} before {value!r}, but {self.transactions[writer].name} appended "
+                    f"{value!r} first\n  {self.transactions[reader].describe()}\n"
+                    f"  {self.transactions[writer].describe()}")
+
     def check_observed_writers(self, key: Any, longest: List[Any],
                                reads: List[Tuple[int, List[Any], bool]]) -> None:
         """G1a and garbage reads among the elements of the version order: each reported
-        with the first transaction that read it."""
+        with the first transaction of the history that read it."""
         writer = self.writer.get(key, {})
         for i, value in enumerate(longest):
             w = writer.get(value)
             if w is not None and self.transactions[w].type != "fail":
                 continue
-            reader = min((p for p, read, _ in reads if len(read) > i),
-                         key=lambda p: self.transactions[p].line)
-            read = next(read for p, read, _ in reads if p == reader and len(read) > i)
+            reader, read = next((p, read) for p, read, _ in reads if len(read) > i)
             self.check_values(key, reader, read, [i])
 
     def check_values(self, key: Any, reader: int, read: List[Any], indexes: Iterable[int]) -> None:
@@ -468,14 +505,15 @@ class Checker:
                         f"  {self.transactions[w].describe()}")
 
     def report_lost_update(self, key: Any, version: List[Any], positions: List[int]) -> None:
-        names = " and ".join(self.transactions[p].name for p in positions)
+        names = [self.transactions[p].name for p in positions]
         appended = "; ".join(f"{self.transactions[p].name} appended "
                              f"{', '.join(map(repr, self.transactions[p].appends[key]))}"
                              for p in positions)
         details = "".join(f"\n  {self.transactions[p].describe()}" for p in positions)
         self.report("lost-update", positions,
-                    f"{names} all read {key!r} = {show(version)} and appended to it ({appended}): "
-                    f"each committed without the others' appends{details}")
+                    f"{', '.join(names[:-1])} and {names[-1]} read {key!r} = {show(version)} and "
+                    f"appended to it ({appended}): only the first of them to commit read the latest "
+                    f"version{details}")
 
     # --- the graph -------------------------------------------------------------------------
 
@@ -688,7 +726,8 @@ class Checker:
                 following = self.follower(key, read[-1] if read else None, target)
                 if following == UNOBSERVED:
                     return (f"{t1.name} read {key!r} = {show(read)}, the longest read of it, without "
-                            f"{t2.name}'s committed append of {', '.join(map(repr, t2.appends[key]))}, "
+                            f"{t2.name}'s committed append of "
+                            f"{', '.join(repr(v) for v in t2.appends[key] if v not in self.position[key])}, "
                             f"which no read observed")
                 if following is not None:
                     where = f"right after {read[-1]!r}" if read else "first"
