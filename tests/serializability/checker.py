@@ -37,7 +37,9 @@ Transaction ``T<n>`` in a report is the attempt on line ``n`` of the history.
 What is checked
 ---------------
 Version orders: per key, the longest read of a committed transaction is the version order;
-a read that is not a prefix of it is ``incompatible-order``. From the reads follow the edges
+a read that is not a prefix of it, or an order in which a transaction's appends are not in
+the order it made them, is ``incompatible-order``. An ``info`` transaction with an append
+in a version order committed, all its appends with it. From the reads follow the edges
 between committed (``ok``) and possibly committed (``info``) transactions:
 
 - ``ww``: T2 appended the element right after one T1 appended, in the version order;
@@ -55,10 +57,15 @@ cycle, searched with the fewest ``rw`` edges and named by its edges: ``G0`` (ww 
 when the cycle needs ``rt`` edges (serializable, but not strictly). Components without a
 cycle of dependency edges alone are searched with ``rt`` edges as well.
 
+On histories of this format the verdict is exact: a history passes if and only if some order
+of its ``ok`` transactions and of some ``info`` ones, consistent with real time, gives every
+``ok`` read what it observed (the tests compare it with a brute-force search).
+
 Besides cycles: ``G1a`` (a read observes an append of a failed transaction), ``G1b`` (a read
 ends at a transaction's intermediate append to the key), ``garbage-read`` (a read observes a
 value nobody appended), ``duplicate-elements`` (a value twice in one read), ``internal`` (a
-read disagrees with the transaction's own earlier reads and appends) and ``lost-update``
+read disagrees with the transaction's own earlier reads and appends, or holds one of its later
+appends) and ``lost-update``
 (two committed transactions read the same version of a key and both appended to it; it also
 shows as a G-single or G2 cycle).
 
