@@ -101,6 +101,7 @@ LABEL_PREFERENCE = (WW, WR, RT, RW)
 SINGLE_RW_WORK = 200_000
 SHOWN_ELEMENTS = 6  # of a long read in a report
 UNOBSERVED = ()  # what follows the last observed element: the appends no read observed
+Hops = List[Tuple[int, int, int]]  # a path: (from, to, label) of each edge
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ class Report:
         """Human-readable; at most ``limit`` anomalies of each name in full."""
         total = sum(self.counts.values())
         kinds = ", ".join(f"{self.counts[t]} {t}" for t in ("ok", "fail", "info"))
-        verdict = "strictly serializable" if self.valid else plural(len(self.anomalies), "anomaly", "anomalies")
+        verdict = ("strictly serializable" if self.valid
+                   else plural(len(self.anomalies), "anomaly", "anomalies"))
         lines = [f"{plural(total, 'transaction', 'transactions')} ({kinds}): {verdict}"]
         by_name = Counter(anomaly.name for anomaly in self.anomalies)
         lines += [f"  {name}: {count}" for name, count in sorted(by_name.items())]
@@ -140,7 +142,7 @@ class Report:
             if limit is not None and shown[anomaly.name] > limit:
                 continue
             lines += ["", anomaly.explanation]
-        hidden = sum(max(0, count - limit) for count in by_name.values()) if limit is not None else 0
+        hidden = 0 if limit is None else sum(max(0, count - limit) for count in by_name.values())
         if hidden:
             lines += ["", f"({plural(hidden, 'more anomaly', 'more anomalies')} not shown)"]
         return "\n".join(lines)
@@ -255,8 +257,9 @@ def check(records: Iterable[Dict[str, Any]]) -> Report:
     documentation); a record's line number is its ``"line"`` entry, else its position from 1.
     Raises ``ValueError`` for a malformed history."""
     with collection_paused():
-        return Checker([parse(record, record.get("line", number) if isinstance(record, dict) else number)
-                        for number, record in enumerate(records, 1)]).run()
+        transactions = [parse(record, record.get("line", number) if isinstance(record, dict) else number)
+                        for number, record in enumerate(records, 1)]
+        return Checker(transactions).run()
 
 
 @contextlib.contextmanager
@@ -333,7 +336,7 @@ class Checker:
             try:
                 distinct = len(set(value))
             except TypeError:
-                raise ValueError(f"line {txn.line}: a read must hold JSON scalars: {value!r}") from None
+                raise ValueError(f"line {txn.line}: a read must hold scalars: {value!r}") from None
             if distinct != len(value):
                 duplicates = [v for v, n in Counter(value).items() if n > 1]
                 self.report("duplicate-elements", [position],
@@ -358,11 +361,11 @@ class Checker:
             self.reads[key].append((position, value, external))
             known[key] = value
         for key, read in txn.external_reads.items():
-            future = set(txn.appends.get(key, ())).intersection(read)
+            future = sorted(set(txn.appends.get(key, ())).intersection(read), key=read.index)
             if future:
                 self.report("internal", [position],
-                            f"{txn.name} read {key!r} = {show(read)}, holding its own later append of "
-                            f"{', '.join(map(repr, sorted(future, key=read.index)))}\n  {txn.describe()}")
+                            f"{txn.name} read {key!r} = {show(read)}, holding its own later "
+                            f"append of {', '.join(map(repr, future))}\n  {txn.describe()}")
 
     # --- one key at a time -----------------------------------------------------------------
 
@@ -383,7 +386,7 @@ class Checker:
         if incompatible:
             self.report_incompatible(key, longest, reads, incompatible)
         for p, read in incompatible:
-            self.check_values(key, p, read, [i for i, value in enumerate(read) if value not in position])
+            self.check_values(key, p, read, [i for i, v in enumerate(read) if v not in position])
         # A transaction's appends are in the order it made them, and info ones that a read
         # observed committed.
         appended_last: Dict[int, int] = {}
@@ -448,16 +451,19 @@ class Checker:
             if len(positions) > 1:
                 self.report_lost_update(key, longest[:length], positions)
 
-    def report_incompatible(self, key: Any, longest: List[Any], reads: List[Tuple[int, List[Any], bool]],
+    def report_incompatible(self, key: Any, longest: List[Any],
+                            reads: List[Tuple[int, List[Any], bool]],
                             incompatible: List[Tuple[int, List[Any]]]) -> None:
         p, read = incompatible[0]
-        reader = self.transactions[p]
         q = next(q for q, r, _ in reads if r is longest)
-        other = self.transactions[q]
-        more = f" ({len(incompatible) - 1} more reads disagree with it)" if len(incompatible) > 1 else ""
+        reader, other = self.transactions[p], self.transactions[q]
+        differ = next(i for i, (a, b) in enumerate(zip(read, longest)) if a != b)
+        others = len(incompatible) - 1
+        more = f" ({plural(others, 'more read disagrees', 'more reads disagree')})" if others else ""
         self.report("incompatible-order", [q, p],
                     f"{reader.name} read {key!r} = {show(read)} and {other.name} read {key!r} = "
-                    f"{show(longest)}: neither is a prefix of the other{more}\n"
+                    f"{show(longest)}, which differ at index {differ} ({read[differ]!r} and "
+                    f"{longest[differ]!r}){more}\n"
                     f"  {reader.describe()}\n  {other.describe()}")
 
     def report_misordered_appends(self, key: Any, writer: int, value: Any, earlier: Any,
@@ -595,7 +601,8 @@ class Checker:
     # --- cycles ----------------------------------------------------------------------------
 
     def find_cycles(self) -> None:
-        for component in strongly_connected_components(range(len(self.out)), self.successors(DEPENDENCIES | RT)):
+        everything = self.successors(DEPENDENCIES | RT)
+        for component in strongly_connected_components(range(len(self.out)), everything):
             members = set(component)
             inner = strongly_connected_components(component, self.successors(DEPENDENCIES, members))
             if inner:
@@ -604,7 +611,7 @@ class Checker:
             else:
                 self.report_cycle(self.classify(members, RT))
 
-    def classify(self, members: Set[int], extra: int) -> List[Tuple[int, int, int]]:
+    def classify(self, members: Set[int], extra: int) -> Hops:
         """A short cycle in a strongly connected component, with as few rw edges as the
         searches find: ww alone, then ww and wr, then one rw, then any number."""
         for allowed in (WW | extra, WW | WR | extra):
@@ -618,15 +625,16 @@ class Checker:
         assert cycle, "a strongly connected component has a cycle"
         return cycle
 
-    def cycle_within(self, members: Set[int], allowed: int, rw_cost: int) -> Optional[List[Tuple[int, int, int]]]:
-        components = strongly_connected_components(sorted(members), self.successors(allowed, members))
+    def cycle_within(self, members: Set[int], allowed: int, rw_cost: int) -> Optional[Hops]:
+        allowed_edges = self.successors(allowed, members)
+        components = strongly_connected_components(sorted(members), allowed_edges)
         if not components:
             return None
         smallest = min(components, key=len)
         start = min(node for node in smallest if node < len(self.transactions))
         return self.shortest_path(start, start, set(smallest), allowed, rw_cost)
 
-    def single_rw_cycle(self, members: Set[int], allowed: int) -> Optional[List[Tuple[int, int, int]]]:
+    def single_rw_cycle(self, members: Set[int], allowed: int) -> Optional[Hops]:
         rw_edges = ((a, x) for a in sorted(members) for x, label in self.out[a].items()
                     if x in members and label & RW and not label & allowed)
         for a, x in itertools.islice(rw_edges, max(1, SINGLE_RW_WORK // len(members))):
@@ -636,7 +644,7 @@ class Checker:
         return None
 
     def shortest_path(self, source: int, target: int, members: Set[int], allowed: int,
-                      rw_cost: int) -> Optional[List[Tuple[int, int, int]]]:
+                      rw_cost: int) -> Optional[Hops]:
         """The cheapest path from source to target (a cycle when they are equal) as its hops
         (from, to, label); an edge costs 1, rw_cost when only rw allows it, 0 when unlabelled."""
         cost = {source: 0}
@@ -678,7 +686,7 @@ class Checker:
         hops.reverse()
         return hops
 
-    def report_cycle(self, hops: List[Tuple[int, int, int]]) -> None:
+    def report_cycle(self, hops: Hops) -> None:
         # Unlabelled hops leave virtual nodes: they continue the edge that entered them.
         edges: List[List[int]] = []
         for source, target, label in hops:
@@ -700,19 +708,22 @@ class Checker:
         lines.append("  Then:")
         for i, (source, target, label) in enumerate(edges):
             however = "However, " if i == len(edges) - 1 else ""
-            lines.append(f"    - {however}{self.transactions[source].name} < {self.transactions[target].name}"
-                         f" ({EDGE_NAMES[label]}): {self.explain(source, target, label)}")
+            before, after = self.transactions[source].name, self.transactions[target].name
+            lines.append(f"    - {however}{before} < {after} ({EDGE_NAMES[label]}): "
+                         f"{self.explain(source, target, label)}")
         lines[-1] += ": a contradiction."
         self.report(name, positions, "\n".join(lines))
 
     def explain(self, source: int, target: int, label: int) -> str:
         t1, t2 = self.transactions[source], self.transactions[target]
         if label == RT:
-            return f"{t1.name} completed at {t1.complete:.6f}, before {t2.name} was invoked at {t2.invoke:.6f}"
+            return (f"{t1.name} completed at {t1.complete:.6f}, before {t2.name} was invoked at "
+                    f"{t2.invoke:.6f}")
         if label == WR:
             for key, read in t2.external_reads.items():
                 if read and self.writer[key].get(read[-1]) == source:
-                    return f"{t2.name} read {key!r} = {show(read)}, ending with {t1.name}'s append of {read[-1]!r}"
+                    return (f"{t2.name} read {key!r} = {show(read)}, ending with {t1.name}'s "
+                            f"append of {read[-1]!r}")
         if label == WW:
             for key, values in t1.appends.items():
                 for value in values:
@@ -732,9 +743,9 @@ class Checker:
                     continue
                 following = self.follower(key, read[-1] if read else None, target)
                 if following == UNOBSERVED:
+                    unseen = [v for v in t2.appends[key] if v not in self.position[key]]
                     return (f"{t1.name} read {key!r} = {show(read)}, the longest read of it, without "
-                            f"{t2.name}'s committed append of "
-                            f"{', '.join(repr(v) for v in t2.appends[key] if v not in self.position[key])}, "
+                            f"{t2.name}'s committed append of {', '.join(map(repr, unseen))}, "
                             f"which no read observed")
                 if following is not None:
                     where = f"right after {read[-1]!r}" if read else "first"
