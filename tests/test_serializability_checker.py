@@ -48,6 +48,19 @@ def test_g0_write_cycle():
     assert "T1 appended 1 to 'x', and T2 appended 2 right after it" in report.anomalies[0].explanation
 
 
+def test_one_short_cycle_per_component():
+    # T1 and T2 order each other, and T3 lies on a longer cycle through both.
+    report = check([
+        txn("ok", 0, 1, ("append", "x", 1), ("append", "y", 2), ("append", "w", 2)),
+        txn("ok", 0, 1, ("append", "x", 2), ("append", "y", 1), ("append", "z", 1)),
+        txn("ok", 0, 1, ("append", "z", 2), ("append", "w", 1)),
+        txn("ok", 2, 3, *[("r", key, [1, 2]) for key in "xyzw"]),
+    ])
+    assert report.names() == {"G0"}
+    assert sorted(only(report, "G0")) == [1, 2]
+    assert "a cycle of 2 transactions, among 3 transactions" in report.anomalies[0].explanation
+
+
 def test_g1a_aborted_read():
     report = check([
         txn("fail", 0, 1, ("append", "x", 1)),

@@ -607,9 +607,9 @@ class Checker:
             inner = strongly_connected_components(component, self.successors(DEPENDENCIES, members))
             if inner:
                 for part in inner:
-                    self.report_cycle(self.classify(set(part), 0))
+                    self.report_cycle(self.classify(set(part), 0), part)
             else:
-                self.report_cycle(self.classify(members, RT))
+                self.report_cycle(self.classify(members, RT), component)
 
     def classify(self, members: Set[int], extra: int) -> Hops:
         """A short cycle in a strongly connected component, with as few rw edges as the
@@ -686,7 +686,7 @@ class Checker:
         hops.reverse()
         return hops
 
-    def report_cycle(self, hops: Hops) -> None:
+    def report_cycle(self, hops: Hops, component: List[int]) -> None:
         # Unlabelled hops leave virtual nodes: they continue the edge that entered them.
         edges: List[List[int]] = []
         for source, target, label in hops:
@@ -704,6 +704,9 @@ class Checker:
             name += "-realtime"
         positions = [source for source, _, _ in edges]
         lines = [f"a cycle of {len(edges)} transactions"]
+        size = sum(1 for node in component if node < len(self.transactions))
+        if size > len(edges):
+            lines[0] += f", among {size} transactions that all depend on each other"
         lines += [f"  {self.transactions[p].describe()}" for p in positions]
         lines.append("  Then:")
         for i, (source, target, label) in enumerate(edges):
