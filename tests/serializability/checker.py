@@ -199,7 +199,8 @@ def load(path: str) -> List[Dict[str, Any]]:
                 raise ValueError(f"line {number}: not JSON: {error}") from None
             if not isinstance(record, dict):
                 raise ValueError(f"line {number}: not a JSON object")
-            records.append({**record, "line": number})
+            record["line"] = number
+            records.append(record)
         return records
 
 
