@@ -85,7 +85,7 @@ import json
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 __all__ = ["Anomaly", "Report", "check", "load", "main"]
 
@@ -591,7 +591,9 @@ class Checker:
             if barrier >= 0:
                 self.add_edge(barrier, position, 0)
 
-    def successors(self, allowed: int, members: Optional[Set[int]] = None):
+    def successors(self, allowed: int, members: Optional[Set[int]] = None) -> Callable[[int], List[int]]:
+        """A node's successors through edges of the allowed types (and unlabelled ones),
+        among members."""
         out = self.out
 
         def of(node: int) -> List[int]:
@@ -770,7 +772,8 @@ class Checker:
         return UNOBSERVED if target in self.unobserved[key] else None
 
 
-def strongly_connected_components(nodes: Iterable[int], successors) -> List[List[int]]:
+def strongly_connected_components(nodes: Iterable[int],
+                                  successors: Callable[[int], List[int]]) -> List[List[int]]:
     """Tarjan's algorithm, iterative: the components of more than one node."""
     index: Dict[int, int] = {}
     low: Dict[int, int] = {}
