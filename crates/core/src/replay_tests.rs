@@ -818,7 +818,7 @@ fn a_committed_transaction_is_replayed_whole_with_its_reply_and_an_aborted_one_n
         client: Arc::from("c1"),
         thread: 0,
     };
-    let mut run = |l: &mut Live, number: u64, first: bool, op: Op| {
+    let run = |l: &mut Live, number: u64, first: bool, op: Op| {
         let call = TxnCall {
             id: &txn(number),
             age: number,
