@@ -240,6 +240,7 @@ impl Server {
             }
         }
         info!("stopped accepting connections");
+        hosts::stopping(&shared);
         // The server's cgroups go with it (`Shared` may outlive this: tasks hold it).
         for _ in 0..100 {
             if shared.containment.remove_all() {
