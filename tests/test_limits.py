@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Iterator, List
 
+import cloudpickle
 import msgpack
 import pytest
 
@@ -608,3 +609,58 @@ def test_memory_used_is_recovered_with_persistent_objects(bounded, tmp_path):
         after = spindle.status()
         assert after["memory_used"] == before and after["max_memory"] == 64 * MiB
         assert len(spindle.Dict(name="kept", persistent=True)) == 50
+
+
+def wait_for_gate() -> bool:
+    """A function that holds its worker until the test opens the gate."""
+    return spindle.Event(name="gate").wait(60)
+
+
+def size_of(data: bytes) -> int:
+    return len(data)
+
+
+def test_queued_invocations_count_against_max_memory(bounded):
+    """Invocations queued behind a busy pool hold their payloads in the server: 20 of 1 MiB
+    under a --max-memory of 8 MiB. Counted with the objects, the ones past the limit are
+    refused; the count goes down as queued ones are cancelled or run."""
+    server = start(bounded, "--max-memory", str(8 * MiB), "--max-workers", "1")
+    with connected_to(server):
+        gate = spindle.Event(name="gate")
+        conn = greeted(server)
+
+        def used() -> int:
+            return conn.roundtrip(frame([4, "status"]), 4)[2]["memory_used"]
+
+        def replies(ids: set) -> dict:
+            got = {}
+            while not ids <= got.keys():
+                reply = read_frame(conn.sock)
+                got[reply[0]] = reply
+            return got
+        before = used()
+        conn.sock.sendall(frame([100, "invoke", "python", cloudpickle.dumps((wait_for_gate, (), {})), {}]))
+        big = cloudpickle.dumps((size_of, (b"p" * MiB,), {}))
+        conn.sock.sendall(b"".join(frame([200 + i, "invoke", "python", big, {}]) for i in range(20))
+                          + frame([7, "ping"]))
+        refused = []
+        while (reply := read_frame(conn.sock))[0] != 7:
+            assert reply[1] == 1 and reply[2][0] == "OutOfMemory", reply
+            assert "--max-memory" in reply[2][1], reply
+            refused.append(reply[0])
+        assert 10 <= len(refused) <= 13, f"{20 - len(refused)} invocations queued"
+        assert used() > 8 * MiB
+        # While they wait, objects may not grow either: one account.
+        with pytest.raises(spindle.OutOfMemory):
+            gate.set()
+        # Cancelled, four make room.
+        queued = sorted(set(range(200, 220)) - set(refused))
+        conn.sock.sendall(b"".join(frame([300 + i, "cancel", queued[i]]) for i in range(4)))
+        got = replies({300, 301, 302, 303, *queued[:4]})
+        assert all(got[queued[i]][2][0] == "Cancelled" for i in range(4)), got
+        assert used() < 8 * MiB
+        gate.set()
+        got = replies({100, *queued[4:]})
+        assert all(reply[1] == 0 and reply[2]["ok"] for reply in got.values()), got
+        assert wait_until(lambda: used() == before, 10), (used(), before)
+        conn.close()
