@@ -101,8 +101,8 @@ def bounded() -> Iterator[List]:
         item.stop()
 
 
-def start(bounded: List, *args: str) -> ServerProcess:
-    server = ServerProcess(*args, stderr=subprocess.PIPE)
+def start(bounded: List, *args: str, prefix: List[str] = []) -> ServerProcess:
+    server = ServerProcess(*args, stderr=subprocess.PIPE, prefix=prefix)
     # Drain the log, keeping it for the test to read.
     server.log = []
     threading.Thread(target=lambda: server.log.extend(server.process.stderr), daemon=True).start()
@@ -469,6 +469,40 @@ def test_a_flood_of_bad_calls_and_of_calls_over_max_memory_is_logged_in_a_few_li
     bad, refused = logged(server, "must be an integer"), logged(server, "over --max-memory")
     assert 1 <= bad <= 2 and 1 <= refused <= 2, f"{bad} and {refused} lines logged"
     conn.close()
+
+
+def test_a_flood_of_failed_calls_answered_later_is_logged_in_a_few_lines(bounded):
+    """Errors answered to a client after its call left its connection (a woken waiter's, an
+    object host's or a function's result) are summarized as its own are; what was held back
+    is said when the server stops."""
+    server = start(bounded, "--max-frame-values", "5000")
+    with connected_to(server):
+        numbers = Numbers()
+        numbers.extend(6000)
+        for _ in range(200):
+            with pytest.raises(ValueError, match="--max-frame-values"):
+                numbers.all()
+    server.stop()
+    assert wait_until(lambda: logged(server, "suppressed 199 similar lines of ValueError errors"), 10), \
+        "".join(server.log)
+    lines = logged(server, "--max-frame-values")
+    assert 1 <= lines <= 2, f"{lines} lines logged"
+
+
+def test_a_server_out_of_descriptors_logs_its_failed_accepts_in_a_few_lines(bounded):
+    """Clients holding every descriptor the server may open make each accept fail, retried
+    every 50 ms: logged once, with the count of the others when the server stops."""
+    server = start(bounded, "--max-connections", "1000", prefix=["prlimit", "--nofile=96", "--"])
+    held = [open_raw(server.address) for _ in range(150)]
+    try:
+        time.sleep(1)
+    finally:
+        for sock in held:
+            sock.close()
+    server.stop()
+    assert wait_until(lambda: logged(server, "similar lines of failed accepts"), 10), "".join(server.log)
+    lines = logged(server, "accept failed")
+    assert 1 <= lines <= 2, f"{lines} lines logged"
 
 
 def test_past_max_memory_writes_are_refused_and_reads_and_deletes_still_run(bounded):
