@@ -115,7 +115,12 @@ impl Audit {
             .collect();
         held.sort_unstable_by_key(|((peer, _), _)| *peer);
         for ((peer, kind), n) in held {
-            warn!(%peer, "suppressed {n} similar lines of {} since the last logged", kind.describe());
+            let what = kind.describe();
+            match kind {
+                // At the level of the lines held back.
+                Kind::Failed(_) => info!(%peer, "suppressed {n} similar lines of {what} since the last logged"),
+                _ => warn!(%peer, "suppressed {n} similar lines of {what} since the last logged"),
+            }
         }
     }
 
