@@ -166,7 +166,7 @@ def test_a_connection_that_never_says_hello_is_closed_and_one_that_did_stays():
 def test_bad_limits_are_refused_at_start():
     for args in (["--hello-timeout", "0"], ["--hello-timeout=-1"], ["--max-connections", "0"],
                  ["--frame-timeout", "0"], ["--client-timeout=-1"], ["--max-frame-values", "0"],
-                 ["--max-calls-in-flight", "0"],
+                 ["--max-calls-in-flight", "0"], ["--max-call-output", "ten"],
                  ["--output-hard-limit", "10", "--output-limit", "20"]):
         out = subprocess.run([server_binary(), "server", "--port", "0", *args], capture_output=True, text=True,
                              timeout=30, stdin=subprocess.DEVNULL)
@@ -698,3 +698,32 @@ def test_queued_invocations_count_against_max_memory(bounded):
         assert all(reply[1] == 0 and reply[2]["ok"] for reply in got.values()), got
         assert wait_until(lambda: used() == before, 10), (used(), before)
         conn.close()
+
+
+def chatter(lines: int) -> int:
+    for i in range(lines):
+        print(f"line {i:06d}")
+    return lines
+
+
+def test_a_call_printing_past_max_call_output_keeps_its_first_part(bounded):
+    """240 kB printed under a --max-call-output of 10 kB: the first 10 kB are kept, then
+    the cut is said once, in the report and in the output sent as it comes."""
+    server = start(bounded, "--max-call-output", "10000")
+    marker = b"\n[output truncated at 10000 bytes]\n"
+    conn = greeted(server)
+    payload = cloudpickle.dumps((chatter, (20000,), {}))
+    report = conn.roundtrip(frame([10, "invoke", "python", payload, {}]), 10)[2]
+    assert report["ok"], report
+    stdout = report["stdout"]
+    assert stdout.startswith(b"line 000000\n") and stdout.endswith(marker), stdout[-100:]
+    assert len(stdout) == 10000 + len(marker) and stdout.count(b"truncated") == 1
+    assert report["truncated"] == 20000 * 12 - 10000
+    # Sent as it comes: the same first part, and the cut said once.
+    conn.sock.sendall(frame([11, "invoke", "python", payload, {"live": True}]))
+    live = b""
+    while (reply := read_frame(conn.sock))[1] == 2:
+        live += reply[2].get("stdout", b"")
+    assert reply[1] == 0 and reply[2]["ok"], reply
+    assert live == stdout, live[-100:]
+    conn.close()
