@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Iterator, List
 
+import cloudpickle
 import msgpack
 import pytest
 
@@ -100,8 +101,8 @@ def bounded() -> Iterator[List]:
         item.stop()
 
 
-def start(bounded: List, *args: str) -> ServerProcess:
-    server = ServerProcess(*args, stderr=subprocess.PIPE)
+def start(bounded: List, *args: str, prefix: List[str] = []) -> ServerProcess:
+    server = ServerProcess(*args, stderr=subprocess.PIPE, prefix=prefix)
     # Drain the log, keeping it for the test to read.
     server.log = []
     threading.Thread(target=lambda: server.log.extend(server.process.stderr), daemon=True).start()
@@ -165,7 +166,7 @@ def test_a_connection_that_never_says_hello_is_closed_and_one_that_did_stays():
 def test_bad_limits_are_refused_at_start():
     for args in (["--hello-timeout", "0"], ["--hello-timeout=-1"], ["--max-connections", "0"],
                  ["--frame-timeout", "0"], ["--client-timeout=-1"], ["--max-frame-values", "0"],
-                 ["--max-calls-in-flight", "0"],
+                 ["--max-calls-in-flight", "0"], ["--max-call-output", "ten"],
                  ["--output-hard-limit", "10", "--output-limit", "20"]):
         out = subprocess.run([server_binary(), "server", "--port", "0", *args], capture_output=True, text=True,
                              timeout=30, stdin=subprocess.DEVNULL)
@@ -470,6 +471,40 @@ def test_a_flood_of_bad_calls_and_of_calls_over_max_memory_is_logged_in_a_few_li
     conn.close()
 
 
+def test_a_flood_of_failed_calls_answered_later_is_logged_in_a_few_lines(bounded):
+    """Errors answered to a client after its call left its connection (a woken waiter's, an
+    object host's or a function's result) are summarized as its own are; what was held back
+    is said when the server stops."""
+    server = start(bounded, "--max-frame-values", "5000")
+    with connected_to(server):
+        numbers = Numbers()
+        numbers.extend(6000)
+        for _ in range(200):
+            with pytest.raises(ValueError, match="--max-frame-values"):
+                numbers.all()
+    server.stop()
+    assert wait_until(lambda: logged(server, "suppressed 199 similar lines of ValueError errors"), 10), \
+        "".join(server.log)
+    lines = logged(server, "--max-frame-values")
+    assert 1 <= lines <= 2, f"{lines} lines logged"
+
+
+def test_a_server_out_of_descriptors_logs_its_failed_accepts_in_a_few_lines(bounded):
+    """Clients holding every descriptor the server may open make each accept fail, retried
+    every 50 ms: logged once, with the count of the others when the server stops."""
+    server = start(bounded, "--max-connections", "1000", prefix=["prlimit", "--nofile=96", "--"])
+    held = [open_raw(server.address) for _ in range(150)]
+    try:
+        time.sleep(1)
+    finally:
+        for sock in held:
+            sock.close()
+    server.stop()
+    assert wait_until(lambda: logged(server, "similar lines of failed accepts"), 10), "".join(server.log)
+    lines = logged(server, "accept failed")
+    assert 1 <= lines <= 2, f"{lines} lines logged"
+
+
 def test_past_max_memory_writes_are_refused_and_reads_and_deletes_still_run(bounded):
     server = start(bounded, "--max-memory", str(4 * MiB))
     with connected_to(server):
@@ -608,3 +643,87 @@ def test_memory_used_is_recovered_with_persistent_objects(bounded, tmp_path):
         after = spindle.status()
         assert after["memory_used"] == before and after["max_memory"] == 64 * MiB
         assert len(spindle.Dict(name="kept", persistent=True)) == 50
+
+
+def wait_for_gate() -> bool:
+    """A function that holds its worker until the test opens the gate."""
+    return spindle.Event(name="gate").wait(60)
+
+
+def size_of(data: bytes) -> int:
+    return len(data)
+
+
+def test_queued_invocations_count_against_max_memory(bounded):
+    """Invocations queued behind a busy pool hold their payloads in the server: 20 of 1 MiB
+    under a --max-memory of 8 MiB. Counted with the objects, the ones past the limit are
+    refused; the count goes down as queued ones are cancelled or run."""
+    server = start(bounded, "--max-memory", str(8 * MiB), "--max-workers", "1")
+    with connected_to(server):
+        gate = spindle.Event(name="gate")
+        conn = greeted(server)
+
+        def used() -> int:
+            return conn.roundtrip(frame([4, "status"]), 4)[2]["memory_used"]
+
+        def replies(ids: set) -> dict:
+            got = {}
+            while not ids <= got.keys():
+                reply = read_frame(conn.sock)
+                got[reply[0]] = reply
+            return got
+        before = used()
+        conn.sock.sendall(frame([100, "invoke", "python", cloudpickle.dumps((wait_for_gate, (), {})), {}]))
+        big = cloudpickle.dumps((size_of, (b"p" * MiB,), {}))
+        conn.sock.sendall(b"".join(frame([200 + i, "invoke", "python", big, {}]) for i in range(20))
+                          + frame([7, "ping"]))
+        refused = []
+        while (reply := read_frame(conn.sock))[0] != 7:
+            assert reply[1] == 1 and reply[2][0] == "OutOfMemory", reply
+            assert "--max-memory" in reply[2][1], reply
+            refused.append(reply[0])
+        assert 10 <= len(refused) <= 13, f"{20 - len(refused)} invocations queued"
+        assert used() > 8 * MiB
+        # While they wait, objects may not grow either: one account.
+        with pytest.raises(spindle.OutOfMemory):
+            gate.set()
+        # Cancelled, four make room.
+        queued = sorted(set(range(200, 220)) - set(refused))
+        conn.sock.sendall(b"".join(frame([300 + i, "cancel", queued[i]]) for i in range(4)))
+        got = replies({300, 301, 302, 303, *queued[:4]})
+        assert all(got[queued[i]][2][0] == "Cancelled" for i in range(4)), got
+        assert used() < 8 * MiB
+        gate.set()
+        got = replies({100, *queued[4:]})
+        assert all(reply[1] == 0 and reply[2]["ok"] for reply in got.values()), got
+        assert wait_until(lambda: used() == before, 10), (used(), before)
+        conn.close()
+
+
+def chatter(lines: int) -> int:
+    for i in range(lines):
+        print(f"line {i:06d}")
+    return lines
+
+
+def test_a_call_printing_past_max_call_output_keeps_its_first_part(bounded):
+    """240 kB printed under a --max-call-output of 10 kB: the first 10 kB are kept, then
+    the cut is said once, in the report and in the output sent as it comes."""
+    server = start(bounded, "--max-call-output", "10000")
+    marker = b"\n[output truncated at 10000 bytes]\n"
+    conn = greeted(server)
+    payload = cloudpickle.dumps((chatter, (20000,), {}))
+    report = conn.roundtrip(frame([10, "invoke", "python", payload, {}]), 10)[2]
+    assert report["ok"], report
+    stdout = report["stdout"]
+    assert stdout.startswith(b"line 000000\n") and stdout.endswith(marker), stdout[-100:]
+    assert len(stdout) == 10000 + len(marker) and stdout.count(b"truncated") == 1
+    assert report["truncated"] == 20000 * 12 - 10000
+    # Sent as it comes: the same first part, and the cut said once.
+    conn.sock.sendall(frame([11, "invoke", "python", payload, {"live": True}]))
+    live = b""
+    while (reply := read_frame(conn.sock))[1] == 2:
+        live += reply[2].get("stdout", b"")
+    assert reply[1] == 0 and reply[2]["ok"], reply
+    assert live == stdout, live[-100:]
+    conn.close()

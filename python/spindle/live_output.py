@@ -7,6 +7,11 @@ It reads the worker's capture files (worker.py ``Capture``) from where it last s
 few times a second from a thread of its own, so output written by C code and subprocesses
 goes too, and the task never waits on the network to print. At most ``limit`` bytes per
 stream and task are sent: the files hold the rest (disk, not memory), as before.
+
+The files themselves hold at most ``cap`` bytes per stream and task (the server's
+``--max-call-output``, 0 for none): past it, each look cuts what came since, keeping one byte
+more to show that there was more, and the output sent says ``[output truncated at N bytes]``
+after its first ``cap`` bytes.
 """
 
 from __future__ import annotations
@@ -20,16 +25,26 @@ INTERVAL = 0.05  # seconds between two looks at the files while a task runs
 CHUNK = 64 << 10  # bytes per frame
 
 
-class LiveOutput:
-    """Sends the running task's new output with ``send(task_id, stream_name, bytes)``."""
+def truncation_marker(cap: int) -> bytes:
+    """What follows the first ``cap`` bytes of a stream cut there."""
+    return f"\n[output truncated at {cap} bytes]\n".encode()
 
-    def __init__(self, files: List[int], limit: int, send: Callable[[int, str, bytes], None]) -> None:
+
+class LiveOutput:
+    """Sends the running task's new output with ``send(task_id, stream_name, bytes)``, and
+    keeps its files within ``cap`` bytes each."""
+
+    def __init__(self, files: List[int], limit: int, send: Callable[[int, str, bytes], None],
+                 cap: int = 0) -> None:
         self._files = files
         self._limit = limit
+        self._cap = cap
         self._send = send
         self._lock = threading.Lock()  # one reader of the files at a time
         self._task: Optional[int] = None
         self._sent = [0, 0]
+        # Bytes of each stream cut past the cap since the task started.
+        self.dropped = [0, 0]
         self._running = threading.Event()
         thread = threading.Thread(target=self._loop, name="spindle-output", daemon=True)
         thread.start()
@@ -39,6 +54,7 @@ class LiveOutput:
         with self._lock:
             self._task = task_id
             self._sent = [0, 0]
+            self.dropped = [0, 0]
         self._running.set()
 
     def finish(self) -> None:
@@ -64,11 +80,19 @@ class LiveOutput:
     def _pump(self) -> None:
         task = self._task
         assert task is not None
+        cap = self._cap
         for i, (fd, name) in enumerate(zip(self._files, ("stdout", "stderr"))):
-            end = min(os.fstat(fd).st_size, self._limit)
+            size = os.fstat(fd).st_size
+            if cap and size > cap + 1:
+                os.ftruncate(fd, cap + 1)  # writers append at the new end
+                self.dropped[i] += size - (cap + 1)
+            end = min(size, self._limit, cap or size)
             while self._sent[i] < end:
                 data = os.pread(fd, min(CHUNK, end - self._sent[i]), self._sent[i])
                 if not data:
                     break
                 self._sent[i] += len(data)
                 self._send(task, name, data)
+            if cap and size > cap and self._sent[i] == cap:
+                self._sent[i] += 1  # past the byte kept to show there was more: said once
+                self._send(task, name, truncation_marker(cap))

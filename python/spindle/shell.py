@@ -67,7 +67,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 # The variable marking the processes of one task (see _kill_leftovers).
 TASK_MARK = "SPINDLE_SHELL_TASK"
 # Worker variables a command does not need (the id is a one-time secret already used).
-_PRIVATE_ENV = ("SPINDLE_WORKER_ID", "SPINDLE_CAPTURE", "SPINDLE_MAX_FRAME", "SPINDLE_COMMANDS")
+_PRIVATE_ENV = ("SPINDLE_WORKER_ID", "SPINDLE_CAPTURE", "SPINDLE_MAX_FRAME", "SPINDLE_COMMANDS",
+                "SPINDLE_MAX_CALL_OUTPUT")
 
 _helpers: Optional[ThreadPoolExecutor] = None
 

@@ -12,7 +12,9 @@ function uses reach the same server as its caller's.
 Output capture works at the file-descriptor level: fds 1 and 2 point, for the worker's whole
 life, at two unlinked append-only temporary files. After each task the worker reads at most
 ``OUTPUT_LIMIT`` bytes of each and empties them, so output written by C code and by
-subprocesses is captured too, and a function printing gigabytes costs disk, not memory.
+subprocesses is captured too, and a function printing gigabytes costs disk, not memory: at
+most ``MAX_CALL_OUTPUT`` bytes of it (the server's ``--max-call-output``), cut as it comes
+(live_output.py).
 The gateway opens these files itself and says so with ``SPINDLE_CAPTURE=fds``: then it can
 read what a call wrote before its worker died, for the ``WorkerCrashed`` report.
 
@@ -43,9 +45,11 @@ from spindle import client as _client_mod
 from spindle import lost_updates
 from spindle.client import Connection, parse_address
 from spindle.compute.invoker import Scoped
-from spindle.live_output import LiveOutput
+from spindle.live_output import LiveOutput, truncation_marker
 
 OUTPUT_LIMIT = 1 << 20  # bytes kept per stream and task (docs/protocol.md)
+# Bytes of a task's output the capture files hold per stream (0: no cap).
+MAX_CALL_OUTPUT = int(os.environ.get("SPINDLE_MAX_CALL_OUTPUT", 0))
 # The largest report frame the server reads, and what a report needs besides result and
 # output (keys, numbers, framing).
 MAX_FRAME = int(os.environ.get("SPINDLE_MAX_FRAME", 64 << 20))
@@ -123,14 +127,18 @@ class Capture:
         if self.live is not None:
             self.live.finish()
         out: List[bytes] = []
-        cut = 0
+        cut = sum(self.live.dropped) if self.live is not None else 0
+        cap = MAX_CALL_OUTPUT
         for fd in self.files:
             size = os.fstat(fd).st_size
             if size == 0:
                 out.append(b"")
                 continue
-            keep = min(size, OUTPUT_LIMIT)
-            out.append(os.pread(fd, keep, 0))
+            keep = min(size, OUTPUT_LIMIT, cap or size)
+            data = os.pread(fd, keep, 0)
+            if cap and size > cap and keep == cap:
+                data += truncation_marker(cap)
+            out.append(data)
             cut += size - keep
             os.ftruncate(fd, 0)
         return out[0], out[1], cut
@@ -312,7 +320,7 @@ def serve(address: str, worker_id: str) -> None:
         body = _pack([task_id, 2, {stream: data}])
         sendall(len(body).to_bytes(4, "big") + body)
 
-    live = capture.live = LiveOutput(capture.files, OUTPUT_LIMIT, send_output)
+    live = capture.live = LiveOutput(capture.files, OUTPUT_LIMIT, send_output, MAX_CALL_OUTPUT)
     while True:
         try:
             body = read_body()

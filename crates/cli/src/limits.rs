@@ -126,7 +126,7 @@ impl LimitArgs {
 
 /// A size in bytes: a whole number with an optional unit (binary `KiB`, `MiB`, `GiB`, `TiB`,
 /// decimal `KB`, `MB`, `GB`, `TB`, any case, or `B`), or `unlimited` (0, as is `0`).
-fn parse_size(text: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(text: &str) -> Result<usize, String> {
     let text = text.trim();
     if text.eq_ignore_ascii_case("unlimited") {
         return Ok(0);

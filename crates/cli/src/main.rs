@@ -276,6 +276,11 @@ pub(crate) struct FunctionArgs {
     /// Most processes in one worker's or object host's cgroup (with cgroups).
     #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u64).range(8..))]
     pids_limit: u64,
+    /// Bytes of a function call's stdout, and as many of its stderr, kept on disk while it
+    /// runs: past them the rest is cut, and its output says "[output truncated at N bytes]".
+    /// A size with a unit as --max-memory's, or "unlimited".
+    #[arg(long, default_value = "64MiB", value_name = "SIZE", value_parser = limits::parse_size)]
+    max_call_output: usize,
 }
 
 impl FunctionArgs {
@@ -297,6 +302,7 @@ impl FunctionArgs {
                 .map_err(|e| format!("--fs: {e}"))?,
             cgroups: !self.no_cgroups,
             pids_limit: self.pids_limit,
+            max_call_output: self.max_call_output as u64,
         })
     }
 }

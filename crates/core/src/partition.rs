@@ -29,7 +29,7 @@ mod object_map;
 mod snapshot;
 mod transaction;
 
-pub use memory::Memory;
+pub use memory::{Charge, Memory};
 pub use transaction::{TxnCall, TxnId};
 
 /// How many recorded replies each client keeps per partition. A client never retries a call

@@ -246,6 +246,9 @@ pub struct FunctionsConfig {
     pub cgroups: bool,
     /// Most processes in one worker's or host's cgroup (`pids.max`).
     pub pids_limit: u64,
+    /// Bytes of a call's stdout, and as many of its stderr, its worker keeps on disk while
+    /// it runs (0: no limit); past them, the rest is cut as it comes.
+    pub max_call_output: u64,
 }
 
 impl Default for Config {
@@ -269,6 +272,10 @@ impl Default for Config {
     }
 }
 
+/// `--max-call-output`'s default: far more than anyone reads of a call's output (its report
+/// carries 1 MiB of each stream), far less than a disk.
+pub const DEFAULT_MAX_CALL_OUTPUT: u64 = 64 << 20;
+
 impl Default for FunctionsConfig {
     fn default() -> Self {
         FunctionsConfig {
@@ -281,6 +288,7 @@ impl Default for FunctionsConfig {
             fs: default_fs(),
             cgroups: true,
             pids_limit: 4096,
+            max_call_output: DEFAULT_MAX_CALL_OUTPUT,
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::acl::{Change, Permission, Principal};
 use crate::cluster::{moves, MetadataChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
-use crate::registry::{self, log_error_reply, Outbox, Sink};
+use crate::registry::{self, Outbox, Sink};
 use crate::{pickles, sessions, status, transactions, Shared};
 
 /// Read buffer of an idle connection; it grows for large frames and shrinks back after.
@@ -231,7 +231,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
         None => {
             let (reader, writer) = stream.into_split();
             let writer = Arc::new(writer);
-            let outbox = Outbox::new(Some(writer.clone()), shared.config.limits.output_hard);
+            let outbox = Outbox::new(Some(writer.clone()), shared.config.limits.output_hard, peer.ip());
             run(shared, reader, outbox, Sink::Socket(writer), peer, open).await
         }
         Some(tls) => {
@@ -250,7 +250,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, stream: TcpStream, peer: SocketAd
                 return;
             };
             let (reader, writer) = tokio::io::split(stream);
-            let outbox = Outbox::new(None, shared.config.limits.output_hard);
+            let outbox = Outbox::new(None, shared.config.limits.output_hard, peer.ip());
             run(shared, reader, outbox, Sink::Stream(Box::new(writer)), peer, open).await
         }
     }
@@ -1298,34 +1298,8 @@ impl Connection {
     }
 
     fn reply(&mut self, id: u64, reply: Reply) {
-        match &reply {
-            Err(e) if matches!(e.kind, ErrorKind::Unauthorized | ErrorKind::PermissionDenied) => {
-                self.shared.audit.refused(self.peer.ip(), &e.message)
-            }
-            // A client's own fault: as many as it likes to send, so summarized.
-            Err(e)
-                if matches!(
-                    e.kind,
-                    ErrorKind::ProtocolError | ErrorKind::FrameTooLarge | ErrorKind::NoSession
-                ) =>
-            {
-                let line = format!(
-                    "{}: {} (connection {}, request {id})",
-                    e.kind.as_str(),
-                    e.message,
-                    self.id
-                );
-                self.shared.audit.fault(self.peer.ip(), &line)
-            }
-            Err(e) if registry::is_control_flow(e.kind) => log_error_reply(self.id, id, e, 0),
-            // Bad calls, and calls refused at a limit (`--max-memory`): as many as a client
-            // likes to make, so summarized too.
-            Err(e) => {
-                if let Some(suppressed) = self.shared.audit.failed(self.peer.ip(), e.kind) {
-                    log_error_reply(self.id, id, e, suppressed)
-                }
-            }
-            Ok(_) => {}
+        if let Err(e) = &reply {
+            self.shared.audit.error_reply(Some(self.peer.ip()), self.id, id, e);
         }
         self.answered += 1;
         encode_reply(id, &reply, &mut self.replies);

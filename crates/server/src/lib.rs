@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::info;
 
 pub use cluster::{ClusterConfig, DEFAULT_DEAD_AFTER, DEFAULT_REPLICATION_FACTOR};
 pub use config::Config;
@@ -64,8 +64,8 @@ pub(crate) struct Shared {
     pub(crate) sessions: sessions::Sessions,
     pub(crate) stats: status::Stats,
     pub(crate) transactions: transactions::Transactions,
-    /// Refused requests and protocol faults, logged once a minute per client.
-    pub(crate) audit: audit::Audit,
+    /// Refused requests, protocol faults and failed calls, logged once a minute per client.
+    pub(crate) audit: Arc<audit::Audit>,
     /// Credentials, users and roles.
     pub(crate) access: Arc<access::Access>,
     pub(crate) gateway: gateway::Gateway,
@@ -145,6 +145,7 @@ impl Server {
             }
             _ => (None, Vec::new(), Vec::new()),
         };
+        let audit = Arc::new(audit::Audit::default());
         let shared = Arc::new(Shared {
             access,
             cluster,
@@ -154,11 +155,11 @@ impl Server {
                 config.limits.reply_log_limits(config.partitions),
                 spindle_core::partition::Memory::new(config.limits.max_memory),
             ),
-            registry: registry::Registry::new(),
+            registry: registry::Registry::new(audit.clone()),
             sessions: sessions::Sessions::new(),
             stats: status::Stats::new(),
             transactions: transactions::Transactions::default(),
-            audit: audit::Audit::default(),
+            audit,
             gateway: gateway::Gateway::new(config.functions.clone()),
             hosts: hosts::Hosts::new(&config),
             worker_address: reachable.to_string(),
@@ -233,13 +234,15 @@ impl Server {
                     Err(e) => {
                         // Usually out of file descriptors: back off instead of spinning,
                         // and keep serving the connections already open.
-                        warn!("accept failed: {e}");
+                        shared.audit.accept_failed(&e);
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
             }
         }
         info!("stopped accepting connections");
+        hosts::stopping(&shared);
+        shared.audit.flush();
         // The server's cgroups go with it (`Shared` may outlive this: tasks hold it).
         for _ in 0..100 {
             if shared.containment.remove_all() {

@@ -14,10 +14,13 @@
 use ahash::HashMap;
 use std::collections::VecDeque;
 use std::io;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use spindle_core::{ConnId, Delivery, Error, ErrorKind};
+use spindle_core::{ConnId, Delivery};
+
+use crate::audit::Audit;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Notify;
@@ -37,6 +40,8 @@ pub(crate) struct Outbox {
     /// Replies others sent here (see [`Registry::deliver`]): with the ones its reader sent,
     /// they tell whether the connection has a request in flight.
     delivered: AtomicU64,
+    /// The client's address, for the log of the errors others' calls answer it.
+    peer: IpAddr,
 }
 
 #[derive(Default)]
@@ -108,8 +113,8 @@ enum Drain {
 impl Outbox {
     /// An outbox whose frames go to `socket` directly when it is free; without one, every
     /// frame goes through the writer task.
-    /// More than `hard_limit` bytes queued kills it.
-    pub(crate) fn new(socket: Option<Arc<OwnedWriteHalf>>, hard_limit: usize) -> Self {
+    /// More than `hard_limit` bytes queued kills it. `peer`: the client's address.
+    pub(crate) fn new(socket: Option<Arc<OwnedWriteHalf>>, hard_limit: usize, peer: IpAddr) -> Self {
         Outbox {
             state: Mutex::new(OutboxState {
                 socket,
@@ -120,6 +125,7 @@ impl Outbox {
             died: Notify::new(),
             hard_limit,
             delivered: AtomicU64::new(0),
+            peer,
         }
     }
 
@@ -392,12 +398,15 @@ fn try_write_all(socket: &OwnedWriteHalf, bytes: &[u8]) -> io::Result<usize> {
 pub(crate) struct Registry {
     outboxes: RwLock<HashMap<ConnId, Arc<Outbox>>>,
     next_id: AtomicU64,
+    /// Where the errors delivered are logged.
+    audit: Arc<Audit>,
 }
 
 impl Registry {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(audit: Arc<Audit>) -> Self {
         Registry {
             outboxes: RwLock::new(HashMap::default()),
+            audit,
             // Connection 0 is the partitions' "system" caller; real ones start at 1.
             next_id: AtomicU64::new(1),
         }
@@ -447,9 +456,6 @@ impl Registry {
         let mut frames = Vec::new();
         let mut to: Option<(ConnId, &Arc<Outbox>)> = None;
         for d in deliveries {
-            if let Err(e) = &d.reply {
-                log_error_reply(d.token.conn, d.token.req, e, 0);
-            }
             if to.is_none_or(|(conn, _)| conn != d.token.conn) {
                 if let Some((_, outbox)) = to.take() {
                     outbox.push_delivered(&mut frames);
@@ -457,6 +463,9 @@ impl Registry {
                 match outboxes.get(&d.token.conn) {
                     Some(outbox) => to = Some((d.token.conn, outbox)),
                     None => {
+                        if let Err(e) = &d.reply {
+                            self.audit.error_reply(None, d.token.conn, d.token.req, e);
+                        }
                         tracing::debug!(
                             conn = d.token.conn,
                             id = d.token.req,
@@ -466,6 +475,9 @@ impl Registry {
                     }
                 }
             }
+            if let (Err(e), Some((conn, outbox))) = (&d.reply, to) {
+                self.audit.error_reply(Some(outbox.peer), conn, d.token.req, e);
+            }
             if let Some((_, outbox)) = to {
                 outbox.delivered.fetch_add(1, Ordering::Relaxed);
             }
@@ -474,46 +486,6 @@ impl Registry {
         if let Some((_, outbox)) = to {
             outbox.push_delivered(&mut frames);
         }
-    }
-}
-
-/// Outcomes that are ordinary control flow (an empty queue, a timed-out wait, a missing key,
-/// an exception a user-defined method raised), logged at debug, so a busy server's log is
-/// not flooded by `get_nowait`.
-pub(crate) fn is_control_flow(kind: ErrorKind) -> bool {
-    matches!(
-        kind,
-        ErrorKind::Empty
-            | ErrorKind::Full
-            | ErrorKind::Timeout
-            | ErrorKind::KeyError
-            | ErrorKind::IndexError
-            | ErrorKind::BrokenBarrier
-            | ErrorKind::Cancelled
-            | ErrorKind::FutureException
-            | ErrorKind::Raised
-            | ErrorKind::Moved
-            | ErrorKind::NotLeader
-            | ErrorKind::TransactionConflict
-    )
-}
-
-/// One log line per error reply: client faults at warn, failures a caller should look into
-/// at info, control flow at debug; `suppressed`: similar lines held back before this one
-/// (see `Audit::failed`).
-pub(crate) fn log_error_reply(conn: ConnId, id: u64, e: &Error, suppressed: u64) {
-    let kind = e.kind.as_str();
-    let message = match suppressed {
-        0 => e.message.clone(),
-        n => format!("{} (suppressed {n} similar in the last minute)", e.message),
-    };
-    match e.kind {
-        ErrorKind::ProtocolError | ErrorKind::FrameTooLarge | ErrorKind::NoSession | ErrorKind::Unauthorized => {
-            tracing::warn!(conn, id, kind, "{message}")
-        }
-        ErrorKind::Internal => tracing::error!(conn, id, kind, "{message}"),
-        kind if is_control_flow(kind) => tracing::debug!(conn, id, kind = kind.as_str(), "{message}"),
-        _ => tracing::info!(conn, id, kind, "{message}"),
     }
 }
 
@@ -584,7 +556,7 @@ mod tests {
         let (ours, (theirs, _)) = (ours.unwrap(), theirs.unwrap());
         let (_, write) = ours.into_split();
         let write = Arc::new(write);
-        let outbox = Arc::new(Outbox::new(Some(write.clone()), usize::MAX));
+        let outbox = Arc::new(Outbox::new(Some(write.clone()), usize::MAX, [127, 0, 0, 1].into()));
         let polls = Arc::new(Polls::default());
         let writer = tokio::spawn(Counted {
             inner: Box::pin(write_loop(Sink::Socket(write), outbox.clone(), 1)),

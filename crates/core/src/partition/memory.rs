@@ -1,6 +1,8 @@
 //! `--max-memory`: the bytes all partitions' objects hold, against the limit (Redis's
 //! `maxmemory`: over it, caches evict their least recently used entries, then calls that may
-//! grow an object are refused; see `Partition::make_room`).
+//! grow an object are refused; see `Partition::make_room`). Bytes the server holds for
+//! clients outside the objects (queued function invocations' payloads) are counted in the
+//! same account, as a [`Charge`] each.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -62,6 +64,29 @@ impl Memory {
         self.limit != 0 && self.used() > self.limit
     }
 
+    /// Count `n` bytes held for a client outside the objects (a queued invocation's payload)
+    /// until the returned charge is dropped. Refused with `OutOfMemory` while what caches
+    /// cannot give back holds more than the limit (caches evict for it at the next call that
+    /// may grow an object); like a call, one charge may pass the limit by its own size.
+    pub fn charge(&self, n: usize) -> Result<Charge, Error> {
+        let kept = self.used().saturating_sub(self.cached());
+        if self.limit != 0 && kept > self.limit {
+            return Err(Error::new(
+                ErrorKind::OutOfMemory,
+                format!(
+                    "objects and queued invocations hold {kept} bytes, over --max-memory {}: \
+                     wait for calls to end, delete objects or raise the limit",
+                    self.limit
+                ),
+            ));
+        }
+        self.add(n, false);
+        Ok(Charge {
+            memory: self.clone(),
+            bytes: n,
+        })
+    }
+
     pub(super) fn add(&self, n: usize, cache: bool) {
         self.counts.used.fetch_add(n, Ordering::Relaxed);
         if cache {
@@ -90,6 +115,19 @@ impl Memory {
                 self.limit
             ),
         ))
+    }
+}
+
+/// Bytes counted in a [`Memory`] account (see [`Memory::charge`]) until dropped.
+#[derive(Debug, Default)]
+pub struct Charge {
+    memory: Memory,
+    bytes: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.memory.sub(self.bytes, false);
     }
 }
 
@@ -173,6 +211,42 @@ mod tests {
         h.withdraw(withdrawn, "q");
         h.disconnect(3);
         assert_eq!(memory.used(), empty);
+    }
+
+    #[test]
+    fn charges_count_until_dropped_and_are_refused_over_the_limit() {
+        let mut h = Harness::new();
+        let memory = Memory::new(PER_OBJECT + 1000);
+        h.p.set_memory(memory.clone());
+        let first = memory.charge(600).unwrap();
+        let second = memory.charge(600).unwrap();
+        assert_eq!(memory.used(), 1200, "one charge may pass the limit by its own size");
+        let e = memory.charge(1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::OutOfMemory);
+        assert!(e.message.contains("over --max-memory"), "{e}");
+        // Objects are refused growth by the same account.
+        assert_eq!(h.create("List", "l", vec![]).unwrap_err().kind, ErrorKind::OutOfMemory);
+        drop(first);
+        drop(second);
+        assert_eq!(memory.used(), 0);
+        h.create_ok("List", "l", vec![]);
+        let _third = memory.charge(10).unwrap();
+    }
+
+    #[test]
+    fn a_charge_over_the_limit_waits_for_no_cache() {
+        let mut h = Harness::new();
+        let memory = Memory::new(5000);
+        h.p.set_memory(memory.clone());
+        let options = Value::Map(vec![("max_memory".into(), (1 << 20).into())]);
+        h.create_ok("Dict", "cache", vec![Value::Nil, options]);
+        h.ok("Dict", "cache", "setitem", vec![1.into(), text(6000)]);
+        assert!(memory.is_over());
+        // What the cache holds it gives back at the next growing call: not counted against.
+        let charge = memory.charge(100).unwrap();
+        h.create_ok("Counter", "n", vec![]);
+        assert!(memory.used() <= 5000, "the cache made room for the charge");
+        drop(charge);
     }
 
     #[test]

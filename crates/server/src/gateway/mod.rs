@@ -157,11 +157,16 @@ pub(crate) fn invoke(
     }
     let gateway = &shared.gateway;
     let parsed = parse_options(&options, gateway.config.memory_limit_mb)?;
+    // A client could queue invocations faster than workers take them: they wait in the
+    // server's memory, counted with the objects.
+    let size = payload.len() + spindle_core::value::approx_size(&options);
+    let charge = shared.shards.memory().charge(size)?;
     let now = Instant::now();
     let invocation = Invocation {
         conn,
         req,
         payload,
+        charge,
         options: with_runtime(options, runtime),
         timeout: parsed.timeout,
         memory_limit: parsed.memory_mb.saturating_mul(1024 * 1024),

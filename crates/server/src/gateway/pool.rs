@@ -7,6 +7,7 @@ use ahash::HashMap;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use spindle_core::partition::Charge;
 use spindle_core::{ConnId, Error, ErrorKind, Reply, Value};
 
 use super::output::{Log, Stream, ENDED_KEPT};
@@ -30,6 +31,8 @@ pub(crate) struct Invocation {
     pub(crate) conn: ConnId,
     pub(crate) req: u64,
     pub(crate) payload: Vec<u8>,
+    /// Its payload's and options' bytes in the `--max-memory` account, while it waits here.
+    pub(crate) charge: Charge,
     /// Forwarded to the worker as given.
     pub(crate) options: Value,
     pub(crate) timeout: Option<Duration>,
@@ -651,6 +654,8 @@ impl Pool {
                 options: i.options,
                 memory_limit: i.memory_limit,
             });
+            // The payload is on its way to the worker (its connection's output is bounded).
+            drop(i.charge);
         }
         let starting = self
             .workers
@@ -769,6 +774,7 @@ mod tests {
             conn,
             req,
             payload: vec![req as u8],
+            charge: Charge::default(),
             options: Value::Map(vec![]),
             timeout: None,
             memory_limit: 1 << 30,

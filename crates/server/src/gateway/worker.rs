@@ -84,6 +84,7 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
         .commands_dir()
         .map(|dir| dir.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let max_output = gateway.config.max_call_output.to_string();
     let (child, proc) = process::spawn(
         &gateway.procs,
         Launch {
@@ -97,12 +98,13 @@ pub(crate) fn spawn(shared: &Arc<Shared>, id: WorkerId) -> io::Result<()> {
             max_frame: shared.config.max_frame,
             stdout: Stdio::from(capture.stdout.try_clone()?),
             stderr: Stdio::from(capture.stderr.try_clone()?),
-            // The worker reports each call's output itself; the gateway reads what a crashed
-            // call left in the same files.
+            // The worker reports each call's output itself, and keeps the files within
+            // --max-call-output; the gateway reads what a crashed call left in them.
             env: &[
                 ("SPINDLE_CAPTURE", "fds"),
                 ("SPINDLE_FS", &fs),
                 ("SPINDLE_COMMANDS", &commands),
+                ("SPINDLE_MAX_CALL_OUTPUT", &max_output),
             ],
             subreaper: true,
             containment: &shared.containment,

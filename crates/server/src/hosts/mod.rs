@@ -298,6 +298,13 @@ async fn supervise(shared: Arc<Shared>, id: HostId, mut child: Child, proc: Arc<
     run(&shared, actions);
 }
 
+/// The server is stopping: the deaths of its hosts, killed with it, are no losses to warn of.
+pub(crate) fn stopping(shared: &Shared) {
+    for index in 0..shared.hosts.slots.len() {
+        shared.hosts.slot(index).stop();
+    }
+}
+
 /// A connection said `host` with `secret`: the host it names, if the server started it and
 /// waits for it. The connection answers, then calls [`connected`].
 pub(crate) fn authenticate(shared: &Shared, secret: &str) -> Result<HostId, Error> {

@@ -156,6 +156,8 @@ pub(crate) struct Slot {
     dying: Vec<Host>,
     /// Why this slot's last host died: the answer to calls on its objects that arrive later.
     last_loss: Option<String>,
+    /// The server is stopping: its hosts die with it, which loses nothing worth a warning.
+    stopping: bool,
 }
 
 impl Slot {
@@ -168,7 +170,13 @@ impl Slot {
             live: None,
             dying: Vec::new(),
             last_loss: None,
+            stopping: false,
         }
+    }
+
+    /// The server is stopping (its hosts are killed with it).
+    pub(crate) fn stop(&mut self) {
+        self.stopping = true;
     }
 
     /// The slot of host `id`.
@@ -511,13 +519,16 @@ impl Slot {
             _ if host.conn.is_none() => format!("its object host {} before it connected", exit.describe()),
             _ => format!("its object host {}", exit.describe()),
         };
-        if !host.objects.is_empty() {
-            tracing::warn!(
+        let objects = host.objects.len();
+        if objects > 0 && self.stopping {
+            tracing::debug!(
                 host = id,
                 slot = self.index,
-                objects = host.objects.len(),
-                "objects lost: {reason}"
+                objects,
+                "objects gone with the server: {reason}"
             );
+        } else if objects > 0 {
+            tracing::warn!(host = id, slot = self.index, objects, "objects lost: {reason}");
         }
         let mut lost: Vec<(String, u64)> = host.objects.into_iter().collect();
         lost.sort_unstable();
