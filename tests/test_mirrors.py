@@ -276,6 +276,21 @@ def test_pool_terminate_stops_the_running_tasks_and_withdraws_the_rest():
         pool.apply(remote.square, (1,))
 
 
+def test_terminate_from_an_error_callback_stops_the_other_tasks():
+    started, ran = spindle.Counter(), spindle.Counter()
+    pool = smp.Pool(2)
+    running = pool.apply_async(remote.count_after_sleep, (started, ran, 600))
+    assert wait_until(lambda: started.get() == 1)
+    failed = pool.apply_async(remote.fail, ("stop all",), error_callback=lambda _: pool.terminate())
+    failed.wait(60)
+    running.wait(60)  # the callback's terminate stopped it
+    assert running.ready() and not running.successful()
+    with pytest.raises(ValueError, match="stop all"):
+        failed.get()
+    pool.join()
+    assert ran.get() == 0
+
+
 def test_a_pool_context_terminates_the_tasks_still_running_on_exit():
     started, ran = spindle.Counter(), spindle.Counter()
     with smp.Pool(1) as pool:

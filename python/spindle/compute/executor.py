@@ -31,7 +31,7 @@ from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Set
 
 from . import batch, progress
 from .call import Backoff, Call, call_options, keep_alive
-from .invoker import MAX_ARGUMENT, Invocation
+from .invoker import MAX_ARGUMENT, Invocation, on_reader_thread
 
 # Batches per worker that ``map`` aims at (as ``multiprocessing.Pool``'s chunk size): enough
 # that a slow batch does not leave the other workers idle at the end.
@@ -219,7 +219,8 @@ class Executor(concurrent.futures.Executor):
         """No new calls; with ``cancel_futures``, withdraw the calls that have not started
         (waiting here or queued in the server); with ``kill_running``, those and the calls
         that run (their workers are killed, and their futures end cancelled); with ``wait``,
-        wait for every call to end (a killed one ends once its worker is gone)."""
+        wait for every call to end (a killed one ends once its worker is gone), unless
+        called from a done-callback, whose thread must go on reading the calls' replies."""
         with self._lock:
             self._shutdown = True
             futures = list(self._futures)
@@ -234,5 +235,5 @@ class Executor(concurrent.futures.Executor):
                         future.kill()
                     else:
                         future.cancel()
-        if wait:
+        if wait and not on_reader_thread():
             concurrent.futures.wait(futures)

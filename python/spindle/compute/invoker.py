@@ -433,6 +433,13 @@ def current_invoker() -> Invoker:
         return invoker
 
 
+def on_reader_thread() -> bool:
+    """Whether this thread reads the invoker's replies (done-callbacks run on it), so it
+    must never wait for a reply."""
+    invoker = _invoker
+    return invoker is not None and threading.current_thread() is invoker._reader
+
+
 def echo_output(label: str, stdout: bytes, stderr: bytes, truncated: int = 0) -> None:
     """Print a function's output here, each line prefixed with ``[label]``."""
     write_output(label, "stdout", stdout)
@@ -467,6 +474,7 @@ __all__ = [
     "echo_output",
     "exception_of",
     "make_payload",
+    "on_reader_thread",
     "reply_error",
     "result_of",
 ]
