@@ -4,6 +4,7 @@ module of their own so that workers import them by reference, without pytest."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, List, Optional, Tuple
 
 from spindle import threading
@@ -64,6 +65,13 @@ def fill_shared(shared: Any, namespace: Any, array: Any, i: int) -> None:
 def wait_then_count(event: Any, counter: Any) -> None:
     event.wait()
     counter.increment()
+
+
+def count_after_sleep(started: Any, ran: Any, seconds: float) -> None:
+    """Count in ``started``, sleep, then count in ``ran``: a task that must be stopped."""
+    started.increment()
+    time.sleep(seconds)
+    ran.increment()
 
 
 def echo_through(conn: Any) -> None:

@@ -187,6 +187,21 @@ def test_shutdown_waiting_with_cancel_futures_returns(own_gateway):
     next_call_succeeds()
 
 
+def test_kill_stops_a_running_call_which_ends_cancelled_and_is_not_retried(own_gateway):
+    started, release = spindle.Semaphore(0), spindle.Event()
+    with spindle.Executor(echo=False, retries=2) as ex:
+        running = ex.submit(remote.block_on, started, release)
+        assert started.acquire(timeout=60)
+        assert not running.cancel()  # cancel() leaves a running call alone...
+        assert running.kill()  # ...kill() stops it
+        concurrent.futures.wait([running], timeout=60)
+        assert running.cancelled() and running.attempts == 1
+        assert spindle.status()["busy"] == 0  # its worker is gone, and no retry runs
+        with pytest.raises(concurrent.futures.CancelledError):
+            running.result()
+    next_call_succeeds()
+
+
 def test_cancel_from_a_done_callback_does_not_stall_replies(own_gateway):
     started = spindle.Semaphore(0)
     release = spindle.Event()

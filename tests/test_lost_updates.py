@@ -3,9 +3,12 @@ spindle.LostUpdateWarning at the caller, once per site, naming the state and the
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+
+from conftest import ServerProcess, gateway_args
 
 PROGRAM = textwrap.dedent(
     """
@@ -65,13 +68,18 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def test_lost_updates_warn_once_per_site_naming_the_state_and_the_fix(child_env, tmp_path):
+def run_program(env: dict, tmp_path) -> list:
+    """PROGRAM's output lines: the warnings it caught, then its state."""
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
-    out = subprocess.run([sys.executable, str(script)], env=child_env, capture_output=True,
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    return out.stdout.splitlines()
+
+
+def test_lost_updates_warn_once_per_site_naming_the_state_and_the_fix(child_env, tmp_path):
+    lines = run_program(child_env, tmp_path)
     # The program's own state is untouched (the changes stayed in the workers)...
     assert lines[-1] == "totals [] count 0 balance 0 counter 10"
     warned = [line.split("|", 2) for line in lines[:-1]]
@@ -87,3 +95,13 @@ def test_lost_updates_warn_once_per_site_naming_the_state_and_the_fix(child_env,
     assert "'seen'" in messages["collector.<locals>.collect"][1]
     line, message = messages["Account.deposit"]
     assert "Account" in message and "@spindle.shared" in message
+
+
+def test_spindle_lost_updates_0_in_the_servers_environment_turns_the_check_off(child_env, tmp_path):
+    server_env = dict(os.environ, SPINDLE_LOST_UPDATES="0")  # its workers inherit it
+    server = ServerProcess(*gateway_args(), env=server_env)
+    try:
+        lines = run_program(dict(child_env, SPINDLE_ADDRESS=server.address), tmp_path)
+    finally:
+        server.stop()
+    assert lines == ["totals [] count 0 balance 0 counter 10"], "no warning, the same state"

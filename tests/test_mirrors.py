@@ -257,21 +257,47 @@ def test_pool_close_join_and_thread_pool():
         pickle.dumps(pool)
 
 
-def test_pool_terminate_withdraws_the_tasks_not_started():
-    go, ran = spindle.Event(), spindle.Counter()
-    pool = smp.Pool(1)
-    running = pool.apply_async(remote.wait_then_count, (go, ran))
-    waiting = [pool.apply_async(remote.increment, (ran,)) for _ in range(3)]
-    with ParkedProbe(go) as probe:  # the first task runs: it waits for `go`
-        assert wait_until(probe.parked)
+def test_pool_terminate_stops_the_running_tasks_and_withdraws_the_rest():
+    started, ran = spindle.Counter(), spindle.Counter()
+    pool = smp.Pool(2)
+    running = [pool.apply_async(remote.count_after_sleep, (started, ran, 600)) for _ in range(2)]
+    waiting = pool.map_async(remote.increment, [ran] * 3, chunksize=1)
+    assert wait_until(lambda: started.get() == 2)
     pool.terminate()
-    go.set()
-    pool.join()
-    assert running.get(timeout=60) is None and running.successful()
-    assert all(result.ready() and not result.successful() for result in waiting)
+    # Its workers are gone when terminate returns: no task ran past its sleep, nor started.
+    assert all(result.ready() and not result.successful() for result in [*running, waiting])
+    with pytest.raises(sfutures.CancelledError, match="terminate"):
+        running[0].get()
     with pytest.raises(sfutures.CancelledError):
-        waiting[0].get()
-    assert ran.get() == 1
+        waiting.get()
+    pool.join()
+    assert ran.get() == 0
+    with pytest.raises(ValueError, match="Pool not running"):
+        pool.apply(remote.square, (1,))
+
+
+def test_terminate_from_an_error_callback_stops_the_other_tasks():
+    started, ran = spindle.Counter(), spindle.Counter()
+    pool = smp.Pool(2)
+    running = pool.apply_async(remote.count_after_sleep, (started, ran, 600))
+    assert wait_until(lambda: started.get() == 1)
+    failed = pool.apply_async(remote.fail, ("stop all",), error_callback=lambda _: pool.terminate())
+    failed.wait(60)
+    running.wait(60)  # the callback's terminate stopped it
+    assert running.ready() and not running.successful()
+    with pytest.raises(ValueError, match="stop all"):
+        failed.get()
+    pool.join()
+    assert ran.get() == 0
+
+
+def test_a_pool_context_terminates_the_tasks_still_running_on_exit():
+    started, ran = spindle.Counter(), spindle.Counter()
+    with smp.Pool(1) as pool:
+        result = pool.apply_async(remote.count_after_sleep, (started, ran, 600))
+        assert wait_until(lambda: started.get() == 1)
+    assert result.ready() and not result.successful()
+    assert ran.get() == 0
 
 
 def test_imap_next_takes_a_timeout():
@@ -306,6 +332,39 @@ def test_process_exitcode_and_join_that_does_not_raise(capfd):
     assert bad.exitcode == 1
     assert "child failed" in capfd.readouterr().err
     assert bad not in smp.active_children()
+
+
+@pytest.mark.parametrize("stop, exitcode", [("terminate", -15), ("kill", -9)])
+def test_process_terminate_and_kill_stop_a_running_process(stop, exitcode):
+    started, ran = spindle.Counter(), spindle.Counter()
+    process = smp.Process(target=remote.count_after_sleep, args=(started, ran, 600))
+    process.start()
+    assert wait_until(lambda: started.get() == 1)
+    getattr(process, stop)()
+    process.join()  # returns once the worker running it is gone
+    assert process.exitcode == exitcode and not process.is_alive()
+    assert process not in smp.active_children()
+    assert ran.get() == 0
+
+
+def test_process_terminate_withdraws_a_process_waiting_for_a_worker():
+    started, ran = spindle.Counter(), spindle.Counter()
+    busy = [smp.Process(target=remote.count_after_sleep, args=(started, ran, 600))
+            for _ in range(POOL)]
+    for process in busy:
+        process.start()
+    assert wait_until(lambda: started.get() == POOL)
+    queued = smp.Process(target=remote.increment, args=(ran,))
+    queued.start()
+    queued.terminate()
+    queued.join()
+    assert queued.exitcode == -15
+    for process in busy:
+        process.terminate()
+    for process in busy:
+        process.join()
+    assert [process.exitcode for process in busy] == [-15] * POOL
+    assert ran.get() == 0 and started.get() == POOL
 
 
 def test_manager_objects_and_shared_values_are_shared_with_pool_tasks():

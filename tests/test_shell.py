@@ -189,6 +189,27 @@ def test_async_returns_and_the_command_runs_after_the_client_exited(sh):
     assert wait_until(lambda: result.read_text() == "ran\n")
 
 
+def test_async_prints_the_call_id_that_ps_and_kill_know(sh):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sh.binary, *args], env=sh.env, capture_output=True, text=True,
+                              timeout=HANG)
+
+    commands = [f"sleep 600 # async-id-{n}" for n in range(2)]
+    ids = []
+    for command in commands:
+        started = sh.run("--async", command)
+        assert started.returncode == 0 and started.stdout == b""
+        match = re.fullmatch(rb"CallId: (\d+)\n", started.stderr)
+        assert match, started.stderr
+        ids.append(match.group(1).decode())
+    assert ids[0] != ids[1]
+    for call, command in zip(ids, commands):
+        rows = {line.split()[0]: line for line in cli("ps").stdout.splitlines()[1:]}
+        assert command in rows[call]
+        assert cli("kill", call).returncode == 0
+        assert wait_until(lambda: command not in cli("ps").stdout)
+
+
 def test_async_output_goes_nowhere(sh):
     """A detached command's output is not kept in its worker's capture files (nobody reads
     its report): the command sees their sizes stay 0 while it writes."""

@@ -33,8 +33,9 @@ const EXIT_USAGE: u8 = 2;
     Several COMMAND words are joined with spaces, as ssh does."
 )]
 pub(crate) struct ShArgs {
-    /// Start the command and return at once; it keeps running after this process exits
-    /// (at most 15 minutes, unless --timeout says otherwise) and its output is dropped.
+    /// Start the command, print its call id on stderr (for spindle ps, logs, kill) and
+    /// return at once; it keeps running after this process exits (at most 15 minutes,
+    /// unless --timeout says otherwise) and its output is dropped.
     #[arg(long = "async")]
     detach: bool,
     /// Run this script file (its contents are sent); the COMMAND words are its arguments.
@@ -172,7 +173,9 @@ fn sh(args: ShArgs) -> Result<u8, Fail> {
         options.push(("memory_mb".into(), mb.into()));
     }
     if args.detach {
+        // Live: the server then tells the call's number at once, which we print.
         options.push(("detach".into(), true.into()));
+        options.push(("live".into(), true.into()));
     }
     let cwd = std::env::current_dir()
         .map(|d| Value::from(d.to_string_lossy().into_owned()))
@@ -329,15 +332,22 @@ fn sh(args: ShArgs) -> Result<u8, Fail> {
 }
 
 /// `--async`: send the invocation, detached, and return once the server took it (a `ping`
-/// answered after it means it was queued, or refused: its error comes first).
+/// answered after it means it was queued, or refused: its error comes first), printing
+/// the call's number on stderr (`CallId: N`) for `spindle ps`, `logs` and `kill`.
 fn start_detached(client: &mut Client, payload: Vec<u8>, options: Value) -> Result<u8, Fail> {
     let invoke = client.send("invoke", vec!["shell".into(), Value::Binary(payload), options])?;
     let ping = client.send("ping", vec![])?;
     loop {
-        let (id, reply) = client.receive()?;
+        let (id, status, value) = client.receive_frame()?;
         if id == invoke {
-            if let Err(error) = reply {
-                return Err(invocation_failed(&error));
+            match status {
+                0 => {}
+                2 => {
+                    if let Some(call) = field(&value, "call").and_then(Value::as_u64) {
+                        eprintln!("CallId: {call}");
+                    }
+                }
+                _ => return Err(invocation_failed(&value)),
             }
         } else if id == ping {
             return Ok(0);

@@ -226,8 +226,11 @@ class Call:
                     echo_output(future.label, exc.stdout[live.received["stdout"]:],
                                 exc.stderr[live.received["stderr"]:])
             killed = isinstance(exc, WorkerCrashed) and exc.reason.startswith("killed with spindle kill")
+            if killed and future.killed:  # stopped by Invocation.kill(): as cancelled
+                future._cancelled_remotely()
+                return
             retryable = isinstance(exc, (WorkerCrashed, FunctionTimeout)) and not killed
-        if retryable and future.attempts <= self.retries and not future.done():
+        if retryable and not future.killed and future.attempts <= self.retries and not future.done():
             delay = backoff_delay(self.backoff, future.attempts)
             timer = threading.Timer(delay, self.start)
             timer.daemon = True

@@ -31,7 +31,7 @@ from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Set
 
 from . import batch, progress
 from .call import Backoff, Call, call_options, keep_alive
-from .invoker import MAX_ARGUMENT, Invocation
+from .invoker import MAX_ARGUMENT, Invocation, on_reader_thread
 
 # Batches per worker that ``map`` aims at (as ``multiprocessing.Pool``'s chunk size): enough
 # that a slow batch does not leave the other workers idle at the end.
@@ -214,19 +214,26 @@ class Executor(concurrent.futures.Executor):
                 call.cancel()
             bar.close()
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False,
+                 kill_running: bool = False) -> None:
         """No new calls; with ``cancel_futures``, withdraw the calls that have not started
-        (waiting here or queued in the server); with ``wait``, wait for the others."""
+        (waiting here or queued in the server); with ``kill_running``, those and the calls
+        that run (their workers are killed, and their futures end cancelled); with ``wait``,
+        wait for every call to end (a killed one ends once its worker is gone), unless
+        called from a done-callback, whose thread must go on reading the calls' replies."""
         with self._lock:
             self._shutdown = True
             futures = list(self._futures)
-        if cancel_futures:
+        if cancel_futures or kill_running:
             with self._lock:
                 waiting = list(self._waiting)
             for call in waiting:
                 call.future.cancel()
             for future in futures:
                 if not future.done():
-                    future.cancel()
-        if wait:
+                    if kill_running:
+                        future.kill()
+                    else:
+                        future.cancel()
+        if wait and not on_reader_thread():
             concurrent.futures.wait(futures)

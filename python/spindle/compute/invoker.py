@@ -119,7 +119,7 @@ class Invocation(concurrent.futures.Future):
     - ``label``: the task's name, used as the prefix of its echoed output.
 
     The future stays pending until the call ends. ``cancel()`` also withdraws a call that is
-    still queued in the server.
+    still queued in the server; ``kill()`` stops it even when it runs.
     """
 
     def __init__(self, label: str = "") -> None:
@@ -133,6 +133,7 @@ class Invocation(concurrent.futures.Future):
         self._request_id: Optional[int] = None  # of the attempt in the server, if any
         self.call_id: Optional[int] = None  # the server's number for it (spindle ps), once known
         self._cancel_hook: Optional[Callable[["Invocation"], bool]] = None
+        self.killed = False  # kill() stopped it: its attempt's failure means cancelled
 
     def cancel(self) -> bool:
         """Cancel the call if it has not started: still waiting here, or queued in the server."""
@@ -147,6 +148,23 @@ class Invocation(concurrent.futures.Future):
         if invoker.cancel(rid):
             return self._cancel_now()
         return self.cancelled()
+
+    def kill(self) -> bool:
+        """Stop the call whether it runs or not, as ``spindle kill``: withdraw it if it has
+        not started, else kill its worker (with what the function started). The future then
+        ends cancelled, once the worker is gone. False if the call had ended already."""
+        with self._condition:
+            if self._state != "PENDING":
+                return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+            self.killed = True
+        if self.cancel():
+            return True
+        # It runs: its "started" progress frame came before the answer to cancel, so the
+        # server's number for it is known.
+        invoker, call = self._invoker, self.call_id
+        if invoker is None or call is None or not invoker.kill(call):
+            return self.cancelled()
+        return True
 
     def _cancel_now(self) -> bool:
         # Notify at once: concurrent.futures.wait() and as_completed() count a future as done
@@ -279,27 +297,36 @@ class Invoker:
 
     def cancel(self, rid: int) -> bool:
         """Withdraw the queued invocation ``rid``; True if it had not started."""
+        try:
+            return bool(self._ask(["cancel", rid]))
+        except Exception:  # the connection is gone: so is the call
+            return False
+
+    def kill(self, call: int) -> bool:
+        """Stop the server's call number ``call`` (as ``spindle kill``): withdraw it if
+        queued, else kill its worker; False if it has ended already."""
+        try:
+            return bool(self._ask(["calls", "kill", call]))
+        except Exception:  # ended already (ValueError), or the connection is gone
+            return False
+
+    def _ask(self, request_tail: List[Any]) -> Any:
+        """Send ``[id, *request_tail]`` and wait for its result (raising its error)."""
         if threading.current_thread() is self._reader:
             # From a done-callback: only this thread reads replies, so it cannot wait for one.
-            # The server still withdraws the call, which then ends as cancelled.
-            try:
-                self.send(["cancel", rid], lambda reply: None)
-            except Exception:  # the connection is gone: so is the call
-                pass
-            return False
-        answer: "concurrent.futures.Future[bool]" = concurrent.futures.Future()
+            # The server still acts on the request, and the call then ends as it says.
+            self.send(request_tail, lambda reply: None)
+            return None
+        answer: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
 
         def on_reply(reply: List[Any]) -> None:
             if reply[1] == 0:
-                answer.set_result(bool(reply[2]))
+                answer.set_result(reply[2])
             else:
-                answer.set_exception(error_from_reply(reply[2]))
+                answer.set_exception(reply_error(reply))
 
-        try:
-            self.send(["cancel", rid], on_reply)
-            return answer.result(CANCEL_TIMEOUT)
-        except Exception:
-            return False
+        self.send(request_tail, on_reply)
+        return answer.result(CANCEL_TIMEOUT)
 
     def _read_loop(self) -> None:
         conn = self._conn
@@ -406,6 +433,13 @@ def current_invoker() -> Invoker:
         return invoker
 
 
+def on_reader_thread() -> bool:
+    """Whether this thread reads the invoker's replies (done-callbacks run on it), so it
+    must never wait for a reply."""
+    invoker = _invoker
+    return invoker is not None and threading.current_thread() is invoker._reader
+
+
 def echo_output(label: str, stdout: bytes, stderr: bytes, truncated: int = 0) -> None:
     """Print a function's output here, each line prefixed with ``[label]``."""
     write_output(label, "stdout", stdout)
@@ -440,6 +474,7 @@ __all__ = [
     "echo_output",
     "exception_of",
     "make_payload",
+    "on_reader_thread",
     "reply_error",
     "result_of",
 ]

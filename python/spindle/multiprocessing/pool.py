@@ -7,8 +7,9 @@ The methods are ``multiprocessing``'s: ``apply``, ``apply_async``, ``map``, ``ma
 ``map`` cuts its input into chunks as the standard library does (four per process when
 ``chunksize`` is not given), each chunk one cloud function. ``processes`` defaults to
 ``cpu_count()``: the server's worker pool size. ``initializer(*initargs)`` runs once in
-each worker process before its first task of the pool. ``terminate`` withdraws the tasks
-that have not started; those running end on their own (``spindle kill`` stops them).
+each worker process before its first task of the pool. ``terminate`` stops the tasks at
+once, running or not (the workers running them are killed); where the standard library's
+unfinished results never arrive, here they raise ``concurrent.futures.CancelledError``.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ MapResult = ApplyResult
 
 def _error_of(future: Invocation) -> Optional[BaseException]:
     if future.cancelled():
-        return concurrent.futures.CancelledError("the task was withdrawn by terminate()")
+        return concurrent.futures.CancelledError("the task was stopped by terminate()")
     return future.exception()
 
 
@@ -255,9 +256,10 @@ class Pool:
             self._executor.shutdown(wait=False)
 
     def terminate(self) -> None:
-        """No more tasks; withdraw those that have not started."""
+        """No more tasks; stop those submitted, running or not. Returns once the workers
+        that ran them are gone, as the standard library's joins its killed processes."""
         self._state = TERMINATE
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=True, kill_running=True)
 
     def join(self) -> None:
         """Wait for the submitted tasks (after :meth:`close` or :meth:`terminate`)."""

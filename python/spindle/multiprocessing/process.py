@@ -2,13 +2,16 @@
 
 As ``multiprocessing``'s: ``join`` does not raise what the target raised; the error shows
 in ``exitcode`` (1) and its traceback is printed to stderr, as a child process prints it.
-``terminate``/``kill`` withdraw a process that has not started running yet (one running in
-a worker runs to its end: ``spindle kill`` stops it). ``pid`` is the worker's, once known.
+``terminate``/``kill`` stop the process whether it runs or waits for a worker (the worker
+running it is killed); ``join`` then waits until that worker is gone, and ``exitcode`` is
+``-signal.SIGTERM`` or ``-signal.SIGKILL`` as for a child process. ``pid`` is the worker's,
+once known.
 """
 
 from __future__ import annotations
 
 import itertools
+import signal
 import sys
 import traceback
 from typing import Any, List, Optional
@@ -28,6 +31,7 @@ class Process(Thread):
         super().__init__(None, target, name if name is not None else f"Process-{next(_numbers)}",
                          args, kwargs, daemon=daemon)
         self._reported = False
+        self._stopped_by: Optional[signal.Signals] = None  # terminate() or kill()
 
     def join(self, timeout: Optional[float] = None) -> None:
         if self._future is None:
@@ -45,12 +49,13 @@ class Process(Thread):
 
     @property
     def exitcode(self) -> Optional[int]:
-        """None while running; 0 if the target returned, 1 if it raised, -15 if terminated."""
+        """None while running; 0 if the target returned, 1 if it raised, -15 if terminated
+        and -9 if killed."""
         future = self._future
         if future is None or not future.done():
             return None
         if future.cancelled():
-            return -15
+            return -(self._stopped_by or signal.SIGTERM)
         return 0 if future.exception() is None else 1
 
     @property
@@ -58,10 +63,16 @@ class Process(Thread):
         return self.native_id
 
     def terminate(self) -> None:
-        if self._future is not None:
-            self._future.cancel()
+        self._stop(signal.SIGTERM)
 
-    kill = terminate
+    def kill(self) -> None:
+        self._stop(signal.SIGKILL)
+
+    def _stop(self, how: signal.Signals) -> None:
+        if self._future is not None and not self._future.done():
+            if self._stopped_by is None:
+                self._stopped_by = how
+            self._future.kill()
 
     def close(self) -> None:
         if self.is_alive():

@@ -199,12 +199,17 @@ impl Pool {
         let id = self.next_task;
         self.next_task += 1;
         let (conn, req, live) = (invocation.conn, invocation.req, invocation.about.live);
+        let mut actions = Vec::new();
+        if live && invocation.detach {
+            // Its caller is about to leave: the number is how it finds the call again.
+            let value = Value::Map(vec![(Value::from("call"), Value::from(id))]);
+            actions.push(Action::Push { conn, req, value });
+        }
         self.queue.push_back(Queued {
             id,
             invocation,
             log: Log::default(),
         });
-        let mut actions = Vec::new();
         self.schedule(now, &mut actions);
         let full = self.workers.len() >= self.limits.max_workers;
         if live && full && self.queue.back().is_some_and(|q| q.id == id) {
@@ -1228,6 +1233,44 @@ mod tests {
             pool.logs(task, None).map(|(c, _)| c.len()),
             Some(1),
             "an ended call's logs stay"
+        );
+    }
+
+    #[test]
+    fn a_live_detached_call_is_told_its_number_at_once() {
+        let t0 = Instant::now();
+        let mut pool = Pool::new(limits(4));
+        let about = About {
+            live: true,
+            ..About::default()
+        };
+        let detached = Invocation {
+            detach: true,
+            about: about.clone(),
+            ..call(1, 10, t0)
+        };
+        let a = pool.submit(detached, t0);
+        let told: Vec<&Value> = a
+            .iter()
+            .filter_map(|a| match a {
+                Action::Push {
+                    conn: 1,
+                    req: 10,
+                    value,
+                } => Some(value),
+                _ => None,
+            })
+            .collect();
+        let number = Value::Map(vec![(Value::from("call"), Value::from(1))]);
+        assert_eq!(told, vec![&number], "before any worker started");
+        assert_eq!(pool.calls(t0)[0].id, 1, "the number spindle ps shows");
+        let attached = Invocation {
+            about,
+            ..call(1, 11, t0)
+        };
+        assert!(
+            pushes(&pool.submit(attached, t0)).is_empty(),
+            "an attached call learns it when it starts"
         );
     }
 }
