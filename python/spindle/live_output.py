@@ -8,14 +8,19 @@ few times a second from a thread of its own, so output written by C code and sub
 goes too, and the task never waits on the network to print. At most ``limit`` bytes per
 stream and task are sent: the files hold the rest (disk, not memory), as before.
 
-The files themselves hold at most ``cap`` bytes per stream and task (the server's
-``--max-call-output``, 0 for none): past it, each look cuts what came since, keeping one byte
-more to show that there was more, and the output sent says ``[output truncated at N bytes]``
-after its first ``cap`` bytes.
+The files themselves hold at most ``cap`` bytes per stream and task on disk (the server's
+``--max-call-output``, 0 for none): past it, each look frees the disk blocks of what came
+since, keeping one byte more to show that there was more, and the output sent says
+``[output truncated at N bytes]`` after its first ``cap`` bytes. The blocks are freed by
+punching a hole, so the file's size still counts every byte written and the report's
+``truncated`` is exact; where a file system cannot punch holes the file is cut instead, and
+what a writer appends while it is cut goes uncounted.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import threading
 import time
@@ -23,6 +28,22 @@ from typing import Callable, List, Optional
 
 INTERVAL = 0.05  # seconds between two looks at the files while a task runs
 CHUNK = 64 << 10  # bytes per frame
+
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_fallocate = getattr(_libc, "fallocate", None)
+if _fallocate is not None:
+    _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free the disk blocks of ``length`` bytes at ``offset``, keeping the file's size.
+    False where the file system (or the platform) cannot."""
+    if _fallocate is None:
+        return False
+    return _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0
 
 
 def truncation_marker(cap: int) -> bytes:
@@ -43,7 +64,9 @@ class LiveOutput:
         self._lock = threading.Lock()  # one reader of the files at a time
         self._task: Optional[int] = None
         self._sent = [0, 0]
-        # Bytes of each stream cut past the cap since the task started.
+        # Where each file's disk blocks are freed up to (holes punched past the cap).
+        self._punched = [0, 0]
+        # Bytes of each stream cut past the cap by truncation (no holes) since the task started.
         self.dropped = [0, 0]
         self._running = threading.Event()
         thread = threading.Thread(target=self._loop, name="spindle-output", daemon=True)
@@ -54,6 +77,7 @@ class LiveOutput:
         with self._lock:
             self._task = task_id
             self._sent = [0, 0]
+            self._punched = [0, 0]
             self.dropped = [0, 0]
         self._running.set()
 
@@ -83,9 +107,13 @@ class LiveOutput:
         cap = self._cap
         for i, (fd, name) in enumerate(zip(self._files, ("stdout", "stderr"))):
             size = os.fstat(fd).st_size
-            if cap and size > cap + 1:
-                os.ftruncate(fd, cap + 1)  # writers append at the new end
-                self.dropped[i] += size - (cap + 1)
+            if cap and size > max(cap + 1, self._punched[i]):
+                start = max(cap + 1, self._punched[i])
+                if punch_hole(fd, start, size - start):
+                    self._punched[i] = size
+                else:
+                    os.ftruncate(fd, cap + 1)  # writers append at the new end
+                    self.dropped[i] += size - (cap + 1)
             end = min(size, self._limit, cap or size)
             while self._sent[i] < end:
                 data = os.pread(fd, min(CHUNK, end - self._sent[i]), self._sent[i])
