@@ -191,8 +191,9 @@ def test_user_defined_objects_are_refused_clearly(uniq: str) -> None:
     assert tally.add(0) == 0
 
 
-def test_limits_of_objects_and_time_are_enforced_and_status_counts() -> None:
-    server = ServerProcess("--max-transaction-objects", "2", "--max-transaction-time", "0.5")
+def test_limits_of_objects_time_bytes_and_open_transactions_are_enforced_and_status_counts() -> None:
+    server = ServerProcess("--max-transaction-objects", "2", "--max-transaction-time", "0.5",
+                           "--max-transaction-bytes", "1000", "--max-transactions-per-session", "3")
     try:
         with connected_to(server):
             a, b, c = (spindle.Counter(name=f"lim{i}") for i in range(3))
@@ -206,17 +207,45 @@ def test_limits_of_objects_and_time_are_enforced_and_status_counts() -> None:
                     a.add(1)
                     time.sleep(0.7)
                     b.add(1)
+            blob = spindle.Blob(name="lim-blob")
+            with pytest.raises(spindle.TransactionError, match="1000 bytes of arguments"):
+                with spindle.transaction():
+                    a.add(1)
+                    blob.set(b"x" * 600)
+                    blob.set(b"y" * 600)
+            assert blob.get() == b"" and a.get() == 0
+            # Three threads each hold a transaction open: a fourth of the session is refused.
+            inside, release = threading.Barrier(4), threading.Event()
+
+            def hold(counter) -> None:
+                with spindle.transaction():
+                    counter.get()
+                    inside.wait(10)
+                    release.wait(10)
+
+            holders = [threading.Thread(target=hold, args=(x,)) for x in (a, b, c)]
+            for t in holders:
+                t.start()
+            inside.wait(10)
+            try:
+                with pytest.raises(spindle.TransactionError, match="3 transactions open"):
+                    with spindle.transaction():
+                        a.get()
+            finally:
+                release.set()
+                for t in holders:
+                    t.join(10)
             with spindle.transaction():
                 a.add(1)
             assert (a.get(), b.get(), c.get()) == (1, 0, 0)
             status = spindle.status()
-            assert status["transactions_committed"] == 1
-            assert status["transactions_aborted"] == 2
+            assert status["transactions_committed"] == 4  # the three holders commit too
+            assert status["transactions_aborted"] == 3  # the refused fourth never opened
             assert status["transactions_open"] == 0
             shown = subprocess.run(
                 [server.binary, "status", "--address", server.address], capture_output=True, text=True, check=True
             ).stdout
-            assert "1 committed, 2 aborted, 0 in flight" in shown
+            assert "4 committed, 3 aborted, 0 in flight" in shown
     finally:
         server.stop()
 
