@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import socket
 import statistics
 import subprocess
@@ -39,12 +38,10 @@ from pathlib import Path
 from typing import Callable
 
 import msgpack
-from auth import run as run_load
 from objects import Running, free_port
 from report import QUICK, Claim, log, machine, percentile, print_table, summarize, table, update_section
-from throughput import KEYS, loadgen_binary
+from throughput import KEYS, compare_builds
 
-import spindle
 from spindle.client import Connection, frame
 from spindle.embedded import find_binary
 from spindle.sessions import new_secret
@@ -74,12 +71,6 @@ def call(id: int, type_name: str, key: str, method: str, *args, seq: int = 0) ->
 
 def create(conn: Connection, type_name: str, key: str, *args) -> None:
     conn.roundtrip(frame([2, "create", 0, 0, type_name, key, list(args), False]), 2)
-
-
-def cpu_s(pid: int) -> float:
-    """The CPU time ``pid`` has used, user and system, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:
@@ -303,32 +294,8 @@ def main() -> None:
             for (name, build), r in results.items()]
     print_table(headers, rows)
 
-    rates: dict = {build: [] for build in builds}
-    cpu_us: dict = {build: [] for build in builds}  # the server's CPU per call: steadier on a busy machine
     if args.baseline:
-        load = loadgen_binary()
-        running = {}
-        try:
-            for build, binary in builds.items():
-                port = free_port()
-                running[build] = Running([binary, "server", "--port", str(port)], port)
-                client = spindle.Client(f"127.0.0.1:{port}")
-                for i in range(KEYS):
-                    client.create("Counter", f"incr-{i}", [], False)
-                client.close()
-            for r in range(args.rounds):
-                for build in list(builds)[:: 1 if r % 2 == 0 else -1]:  # who goes first alternates
-                    pid = running[build].proc.pid
-                    before = cpu_s(pid)
-                    rate = run_load(load, running[build].port, {}, args)
-                    # The warm-up's calls are not counted in the rate, but its CPU is: about.
-                    per_call = (cpu_s(pid) - before) / (rate * (args.seconds + args.warmup)) * 1e6
-                    log(f"round {r + 1}/{args.rounds}: {build} {rate:,.0f} calls/s, {per_call:.2f} µs CPU/call")
-                    rates[build].append(rate)
-                    cpu_us[build].append(per_call)
-        finally:
-            for server in running.values():
-                server.stop()
+        rates, cpu_us = compare_builds(builds, args)
     if args.no_docs:
         return
 

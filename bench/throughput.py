@@ -18,8 +18,9 @@ Operations, the same value semantics on both sides (a float64 multiplied by 1.00
 The (operation, system) runs take turns over several rounds; the table gives the median
 ops/s with the min-max over rounds and the Spindle/Redis ratio beside the issue's goal.
 Writes the ``throughput`` section of ``docs/benchmarks.md`` and ``docs/img/throughput.png``.
-Usage: ``python bench/throughput.py [--no-docs] [--seconds S] [--rounds R]`` (``QUICK=1``: a
-few seconds per run).
+Usage: ``python bench/throughput.py [--no-docs] [--seconds S] [--rounds R] [--baseline BINARY]``
+(``QUICK=1``: a few seconds per run). ``--baseline``: also compare this build's ``incr`` with an
+older build's, taking turns (``compare_builds``, which bench/limits.py uses too).
 """
 
 from __future__ import annotations
@@ -117,6 +118,51 @@ def run_loadgen(binary: str, system: str, port: int, op: str, args) -> dict:
     return json.loads(proc.stdout)
 
 
+def cpu_s(pid: int) -> float:
+    """The CPU time ``pid`` has used, user and system, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def compare_builds(builds: dict[str, str], args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """``incr`` calls/s and the server's CPU µs per call of each build (name: binary), serving
+    the same load (``args``: rounds, seconds, warmup, connections) in rounds that take turns,
+    who goes first alternating. The CPU per call is steadier on a machine the load generator
+    shares; compare each round's own ratio, since the machine's speed drifts between rounds."""
+    load = loadgen_binary()
+    rates: dict[str, list[float]] = {build: [] for build in builds}
+    cpu_us: dict[str, list[float]] = {build: [] for build in builds}
+    running = {}
+    try:
+        for build, binary in builds.items():
+            port = free_port()
+            running[build] = Running([binary, "server", "--port", str(port)], port)
+            client = spindle.Client(f"127.0.0.1:{port}")
+            for i in range(KEYS):
+                client.create("Counter", f"incr-{i}", [], False)
+            client.close()
+        for r in range(args.rounds):
+            for build in list(builds)[:: 1 if r % 2 == 0 else -1]:
+                pid = running[build].proc.pid
+                before = cpu_s(pid)
+                cmd = [load, "--target", "spindle", "--address", f"127.0.0.1:{running[build].port}", "--op", "incr",
+                       "--connections", str(args.connections), "--keys", str(KEYS), "--seconds", str(args.seconds),
+                       "--warmup", str(args.warmup)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.exit(f"error: spindle-loadgen failed on {build}: {proc.stderr.strip()}")
+                rate = float(json.loads(proc.stdout)["ops_per_s"])
+                # The warm-up's calls are not counted in the rate, but its CPU is: about.
+                per_call = (cpu_s(pid) - before) / (rate * (args.seconds + args.warmup)) * 1e6
+                log(f"round {r + 1}/{args.rounds}: {build} {rate:,.0f} calls/s, {per_call:.2f} µs CPU/call")
+                rates[build].append(rate)
+                cpu_us[build].append(per_call)
+    finally:
+        for server in running.values():
+            server.stop()
+    return rates, cpu_us
+
+
 def arithmetic_costs(binary: str, redis_port: int) -> dict[str, float]:
     """µs of one complex operation's arithmetic alone: the Python loop in this process, and the
     Lua script inside Redis (its own ``INFO commandstats``, one connection for one second)."""
@@ -182,6 +228,8 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=os.cpu_count() or 1, help="--object-hosts (default: cores)")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/benchmarks.md")
+    ap.add_argument("--baseline", metavar="BINARY", help="an older spindle binary: compare this build's single "
+                    "calls with its, taking turns (goal: at most 5%% lost)")
     args = ap.parse_args()
     args.seconds = args.seconds or (1.5 if QUICK else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if QUICK else 1.0)
@@ -238,17 +286,24 @@ def main() -> None:
                      f"{ratio:.2f}", GOALS[op], "-" if goal is None else ("yes" if ratio >= goal else "**no**"),
                      f"{p50[s]:,.0f} / {p50[rd]:,.0f}", f"{p99[s]:,.0f} / {p99[rd]:,.0f}"])
     print_table(headers, rows)
+    against = compare_builds({"this build": spindle_bin, "baseline": args.baseline}, args) if args.baseline else None
+    if against:
+        rates, cpu_us = against
+        kept = statistics.median(b / a for b, a in zip(rates["this build"], rates["baseline"]))
+        log(f"incr, this build / the baseline build: {kept:.3f} (median of the rounds' ratios)")
+        claims.append(Claim("incr single calls, this build / the baseline build", f"{statistics.median(rates['this build']):,.0f}/s",
+                            f"baseline {statistics.median(rates['baseline']):,.0f}/s", kept, ">= 0.95", kept >= 0.95))
     if costs:
         print(f"one complex operation's arithmetic alone: CPython loop {costs['python']:,.0f} µs, "
               f"Redis Lua {costs['lua']:,.0f} µs (INFO commandstats)")
     if args.no_docs:
         return
     plot(med, lo, hi, ops, IMG / "throughput.png")
-    write_docs(args, ops, headers, rows, med, costs)
+    write_docs(args, ops, headers, rows, med, costs, against)
     summarize("throughput", claims)
 
 
-def write_docs(args, ops, headers, rows, med, costs) -> None:
+def write_docs(args, ops, headers, rows, med, costs, against) -> None:
     spindle_v = version([find_binary(), "--version"])
     how = ["| operation | Spindle | Redis |", "|---|---|---|"]
     how += [f"| {op} | {HOW[op][0]} | {HOW[op][1]} |" for op in ops]
@@ -294,6 +349,18 @@ def write_docs(args, ops, headers, rows, med, costs) -> None:
             f"{args.hosts} object hosts run in parallel where Redis runs one script at a time, but on "
             "this machine they share the cores with the server and the load generator. 5x needs the "
             "loop in native code (a built-in method, or compiled user code), not a faster round trip.",
+            "",
+        ]
+    if against:
+        rates, cpu_us = against
+        ratios = [b / a for b, a in zip(rates["this build"], rates["baseline"])]
+        cpu = {b: statistics.median(v) for b, v in cpu_us.items()}
+        lines += [
+            f"This build beside an older one (`--baseline {Path(args.baseline).name}`), `incr` alone, "
+            f"{args.rounds} rounds taking turns: this build {statistics.median(rates['this build']):,.0f} calls/s, "
+            f"the baseline {statistics.median(rates['baseline']):,.0f}; the rounds' ratios: median "
+            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) (goal: ≥ 0.95). The server's "
+            f"CPU per call (median): this build {cpu['this build']:.2f} µs, the baseline {cpu['baseline']:.2f} µs.",
             "",
         ]
     lines += ["![throughput](img/throughput.png)", ""]
