@@ -99,7 +99,7 @@ def map_ray(n: int) -> float:
 
 
 def start_server(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([find_binary(), "server", "--port", "0", "--embedded", *args],
+    proc = subprocess.Popen([find_binary(), "server", "--port", "0", "--embedded", "--python", sys.executable, *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("spindle listening on "):
