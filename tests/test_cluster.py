@@ -1946,7 +1946,7 @@ def test_shell_object_commands_follow_redirects_to_each_shards_leader(cluster):
             assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr
 
 
-def test_objects_lists_every_shard_once_from_any_node(cluster):
+def test_objects_lists_every_shard_once_from_any_node_all_too(cluster):
     names = [f"listed{i}" for i in range(12)]
     assert {shard_of(n, SHARDS) for n in names} == set(range(SHARDS))
     client = Client(cluster.addresses)
@@ -1971,6 +1971,12 @@ def test_objects_lists_every_shard_once_from_any_node(cluster):
                              timeout=30)
         assert out.returncode == 0, out.stderr
         assert [line.split() for line in out.stdout.splitlines()] == expected
+        # --all asks every node too, and gives each object's size.
+        out = subprocess.run([server_binary(), "objects", "--all", "listed"], capture_output=True, text=True,
+                             env=env, timeout=30)
+        assert out.returncode == 0, out.stderr
+        rows = [line.split() for line in out.stdout.splitlines()]
+        assert [row[:2] for row in rows] == expected and all(row[2].isdigit() for row in rows), rows
     for name in names:
         out = subprocess.run([server_binary(), "counter", "-n", name, "get"], capture_output=True, text=True,
                              env=dict(os.environ, SPINDLE_ADDRESS=cluster.nodes[2].address), timeout=30)

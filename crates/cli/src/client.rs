@@ -43,6 +43,16 @@ impl std::fmt::Display for Failure {
     }
 }
 
+impl Failure {
+    /// The message for the user when request `op` failed.
+    pub(crate) fn said(self, op: &str) -> String {
+        match self {
+            Failure::Remote(r) => format!("the server refused '{op}': {}: {}", r.kind, r.message),
+            Failure::Connection(message) => message,
+        }
+    }
+}
+
 /// The TLS flags of the commands that connect; each defaults to its environment variable,
 /// which every other command (`spindle sh`, the object commands) reads too.
 #[derive(clap::Args, Clone, Default)]
@@ -227,10 +237,7 @@ impl Client {
     }
 
     pub(crate) fn request(&mut self, op: &str, operands: Vec<Value>) -> Result<Value, String> {
-        self.exchange(op, operands, Some(TIMEOUT)).map_err(|e| match e {
-            Failure::Remote(r) => format!("the server refused '{op}': {}: {}", r.kind, r.message),
-            Failure::Connection(message) => message,
-        })
+        self.exchange(op, operands, Some(TIMEOUT)).map_err(|e| e.said(op))
     }
 
     /// Send one request and wait for its reply, at most `wait` (`None`: as long as it takes,
@@ -473,16 +480,19 @@ impl Client {
     }
 
     /// Every object under `prefix`, unnamed ones too, with its size: `(key, type, bytes)`,
-    /// sorted (this node's shards only: `objects --all` is for one server).
+    /// sorted; in a cluster, from every node (see [`from_every_node`](Self::from_every_node)).
     pub(crate) fn all_objects(
         &mut self,
         prefix: &str,
         persistent: bool,
     ) -> Result<Vec<(String, String, Option<u64>)>, String> {
-        let listing = self.request("objects", vec![prefix.into(), persistent.into(), true.into()])?;
-        let mut rows: Vec<(String, String, Option<u64>)> = listing
-            .as_array()
-            .into_iter()
+        let operands = vec![prefix.into(), persistent.into(), true.into()];
+        let listings = self
+            .from_every_node("objects", operands)
+            .map_err(|e| e.said("objects"))?;
+        let mut rows: Vec<(String, String, Option<u64>)> = listings
+            .iter()
+            .filter_map(Value::as_array)
             .flatten()
             .filter_map(|row| {
                 let row = row.as_array()?;
@@ -495,6 +505,7 @@ impl Client {
             })
             .collect();
         rows.sort_unstable();
+        rows.dedup();
         Ok(rows)
     }
 
@@ -507,12 +518,21 @@ impl Client {
         }
     }
 
-    /// The named objects under `prefix` as `(name, type)`, sorted. In a cluster each node
-    /// lists the shards it leads: every node is asked (one that does not answer is skipped:
-    /// its shards' new leaders list them once elected).
+    /// The named objects under `prefix` as `(name, type)`, sorted; in a cluster, from every
+    /// node (see [`from_every_node`](Self::from_every_node)).
     pub(crate) fn objects(&mut self, prefix: &str, persistent: bool) -> Result<Vec<(String, String)>, Failure> {
-        let operands = vec![Value::from(prefix), Value::Boolean(persistent)];
-        let mut listings = vec![self.exchange("objects", operands.clone(), Some(TIMEOUT))?];
+        let listings = self.from_every_node("objects", vec![Value::from(prefix), Value::Boolean(persistent)])?;
+        let mut rows: Vec<(String, String)> = listings.iter().flat_map(listed).collect();
+        rows.sort_unstable();
+        rows.dedup();
+        Ok(rows)
+    }
+
+    /// `op`'s reply from this node and, in a cluster, from every other: each node answers
+    /// for the shards it leads. One that does not answer is skipped (its shards' new leaders
+    /// answer for them once elected).
+    fn from_every_node(&mut self, op: &str, operands: Vec<Value>) -> Result<Vec<Value>, Failure> {
+        let mut replies = vec![self.exchange(op, operands.clone(), Some(TIMEOUT))?];
         if let Some(map) = self.cluster_map()? {
             let here = field(&map, "node").and_then(Value::as_u64);
             let others = field(&map, "nodes")
@@ -523,18 +543,15 @@ impl Client {
                 let Some(address) = address.as_str().filter(|_| node.as_u64() != here) else {
                     continue;
                 };
-                let listing = Client::connect(address)
+                let reply = Client::connect(address)
                     .map_err(Failure::Connection)
-                    .and_then(|mut c| c.exchange("objects", operands.clone(), Some(TIMEOUT)));
-                if let Ok(listing) = listing {
-                    listings.push(listing);
+                    .and_then(|mut c| c.exchange(op, operands.clone(), Some(TIMEOUT)));
+                if let Ok(reply) = reply {
+                    replies.push(reply);
                 }
             }
         }
-        let mut rows: Vec<(String, String)> = listings.iter().flat_map(listed).collect();
-        rows.sort_unstable();
-        rows.dedup();
-        Ok(rows)
+        Ok(replies)
     }
 }
 
