@@ -480,7 +480,7 @@ impl Client {
     }
 
     /// Every object under `prefix`, unnamed ones too, with its size: `(key, type, bytes)`,
-    /// sorted; in a cluster, from every node (see [`from_every_node`](Self::from_every_node)).
+    /// sorted; in a cluster, from every node (see [`ask_every_node`](Self::ask_every_node)).
     pub(crate) fn all_objects(
         &mut self,
         prefix: &str,
@@ -488,7 +488,7 @@ impl Client {
     ) -> Result<Vec<(String, String, Option<u64>)>, String> {
         let operands = vec![prefix.into(), persistent.into(), true.into()];
         let listings = self
-            .from_every_node("objects", operands)
+            .ask_every_node("objects", operands)
             .map_err(|e| e.said("objects"))?;
         let mut rows: Vec<(String, String, Option<u64>)> = listings
             .iter()
@@ -519,9 +519,9 @@ impl Client {
     }
 
     /// The named objects under `prefix` as `(name, type)`, sorted; in a cluster, from every
-    /// node (see [`from_every_node`](Self::from_every_node)).
+    /// node (see [`ask_every_node`](Self::ask_every_node)).
     pub(crate) fn objects(&mut self, prefix: &str, persistent: bool) -> Result<Vec<(String, String)>, Failure> {
-        let listings = self.from_every_node("objects", vec![Value::from(prefix), Value::Boolean(persistent)])?;
+        let listings = self.ask_every_node("objects", vec![Value::from(prefix), Value::Boolean(persistent)])?;
         let mut rows: Vec<(String, String)> = listings.iter().flat_map(listed).collect();
         rows.sort_unstable();
         rows.dedup();
@@ -531,7 +531,7 @@ impl Client {
     /// `op`'s reply from this node and, in a cluster, from every other: each node answers
     /// for the shards it leads. One that does not answer is skipped (its shards' new leaders
     /// answer for them once elected).
-    fn from_every_node(&mut self, op: &str, operands: Vec<Value>) -> Result<Vec<Value>, Failure> {
+    fn ask_every_node(&mut self, op: &str, operands: Vec<Value>) -> Result<Vec<Value>, Failure> {
         let mut replies = vec![self.exchange(op, operands.clone(), Some(TIMEOUT))?];
         if let Some(map) = self.cluster_map()? {
             let here = field(&map, "node").and_then(Value::as_u64);
