@@ -256,3 +256,20 @@ def fail_at(i: int, bad: int) -> int:
     if i == bad:
         raise ValueError(f"task {i} failed")
     return i
+
+
+@spindle.transactional
+def _move(src: spindle.Counter, dst: spindle.Counter, amount: int) -> bool:
+    if src.get() < amount:
+        return False
+    src.add(-amount)
+    dst.add(amount)
+    return True
+
+
+def transfer_many(accounts: List[spindle.Counter], n: int, seed: int) -> int:
+    """``n`` random transactional transfers between ``accounts``; how many moved money."""
+    import random
+
+    rng = random.Random(seed)
+    return sum(_move(*rng.sample(accounts, 2), rng.randint(1, 50)) for _ in range(n))

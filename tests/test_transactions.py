@@ -191,6 +191,25 @@ def test_user_defined_objects_are_refused_clearly(uniq: str) -> None:
     assert tally.add(0) == 0
 
 
+def test_cloud_threads_and_executor_functions_run_transactions(uniq: str) -> None:
+    import remote
+
+    accounts = [spindle.Counter(100, name=f"{uniq}-acct{i}") for i in range(5)]
+    committed = spindle.status()["transactions_committed"]
+    with spindle.Executor(echo=False) as ex:
+        moved = [ex.submit(remote.transfer_many, accounts, 40, seed) for seed in range(3)]
+        threads = [spindle.Thread(target=remote.transfer_many, args=(accounts, 40, seed)) for seed in (7, 8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert sum(f.result(120) for f in moved) > 0
+    balances = [a.get() for a in accounts]
+    assert sum(balances) == 500 and min(balances) >= 0, balances
+    # Each of the 5 x 40 transfers committed as a transaction (some after retries).
+    assert spindle.status()["transactions_committed"] - committed >= 200
+
+
 def test_limits_of_objects_time_bytes_and_open_transactions_are_enforced_and_status_counts() -> None:
     server = ServerProcess("--max-transaction-objects", "2", "--max-transaction-time", "0.5",
                            "--max-transaction-bytes", "1000", "--max-transactions-per-session", "3")
