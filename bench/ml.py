@@ -51,6 +51,7 @@ def example(name: str, *args: str, local: bool = False, workers: int | None = No
     if not lost_updates:
         env["SPINDLE_LOST_UPDATES"] = "0"
     env["PYTHONPATH"] = str(ROOT / "python")
+    env["SPINDLE_PYTHON"] = sys.executable  # the program and its workers: this environment's
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = "1"
     script = str(ROOT / "examples" / f"{name}.py")

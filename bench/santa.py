@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 
 from report import IMG, QUICK, ROOT, Claim, log, machine, percentile, print_table, summarize, table, update_section
 from spindle.embedded import find_binary
@@ -27,6 +28,7 @@ MODES = ["threading", "objects", "cloud"]
 def run(mode: str, scale: float) -> float:
     env = {k: v for k, v in os.environ.items() if k != "SPINDLE_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT / "python")
+    env["SPINDLE_PYTHON"] = sys.executable  # the program and its workers: this environment's
     script = [str(ROOT / "examples" / "santa_claus.py"), "--mode", mode, "--scale", str(scale),
               "--json"]
     cmd = [find_binary(), "run", "--max-workers", "24", *script]
