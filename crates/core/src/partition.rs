@@ -15,38 +15,39 @@
 //! the very entry points that produced them.
 
 use ahash::{HashMap, HashSet};
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::objects::user::{self, Forward, UserObject, UserState};
-use crate::record::{encode_apply, encode_class, encode_user_state, Record, UserStateRef, MAX_RECORD_LEN};
-use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
+use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Step, Token, Value};
 
+mod admission;
+mod durability;
 mod memory;
+mod moves;
 mod object_map;
+mod reply_log;
 mod snapshot;
 mod transaction;
+mod users;
+mod waiting;
 
 pub use crate::op::Op;
 pub use memory::{Charge, Memory};
+pub use moves::Detached;
+pub use reply_log::{DEFAULT_REPLY_LOGS_BYTES, DEFAULT_REPLY_LOG_BYTES};
 pub use transaction::{TxnCall, TxnId};
+pub use users::StoredUser;
 
-/// How many recorded replies each client keeps per partition. A client never retries a call
-/// older than its oldest call in flight, so a window is enough; a client that says which
-/// replies it holds (`acked`) keeps only those of its calls in flight.
-const REPLY_LOG_LEN: usize = 4096;
-
-/// Bytes of replies each client keeps per partition unless told otherwise
-/// ([`Partition::set_reply_log_limit`]).
-pub const DEFAULT_REPLY_LOG_BYTES: usize = 64 << 20;
+use durability::{storage_error, Storage};
+use moves::moved;
+use reply_log::{ReplyLog, ReplyLogLimit};
+use users::{forward_call, uncount};
+use waiting::system_caller;
 
 /// An object's key and the session it goes with (`None`: named or kept).
 pub type KeyAndOwner = (String, Option<Arc<str>>);
-
-/// Bytes of replies all clients keep together per partition unless told otherwise.
-pub const DEFAULT_REPLY_LOGS_BYTES: usize = 256 << 20;
 
 /// Prefix of the keys of unnamed objects; names given by users never start with it.
 pub const UNNAMED_PREFIX: char = '~';
@@ -60,17 +61,6 @@ struct Entry {
     /// The partition's snapshot epoch when it was made or last captured: a snapshot in
     /// progress still needs it while this is older than the snapshot's epoch.
     epoch: u64,
-}
-
-/// Whether this partition may hold persistent objects.
-#[derive(Clone, Debug, Default, PartialEq)]
-enum Storage {
-    /// The server has no data directory.
-    #[default]
-    None,
-    Ok,
-    /// The op log failed (disk full...): no persistent write is accepted until a restart.
-    Failed(String),
 }
 
 enum Body {
@@ -109,169 +99,6 @@ impl Body {
             Body::User(_) => None,
         }
     }
-}
-
-/// A persistent user-defined object as logged: what a partition snapshot keeps of it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StoredUser {
-    pub key: String,
-    pub type_name: String,
-    pub version: String,
-    /// The session owning it (an unnamed object), if any.
-    pub owner: Option<String>,
-    /// Its last logged state (a pickle; opaque here).
-    pub state: Vec<u8>,
-}
-
-/// An object taken out of its partition by `keep`, on its way to another key.
-pub struct Detached {
-    obj: Box<dyn Object>,
-    owner: Option<Arc<str>>,
-}
-
-#[derive(Default)]
-struct ReplyLog {
-    /// The replies, sorted by sequence number and searched by halves. Rings, not trees: a
-    /// client's sequence numbers mostly grow, so a new reply goes at the back (a late one a
-    /// few places before it) and the oldest leaves from the front, with no node to allocate,
-    /// split or merge (a hash table would touch a random slot of every client's thousands).
-    replies: VecDeque<Recorded>,
-    /// The sequence numbers in the order recorded: the oldest recorded is forgotten first
-    /// (not the lowest: a call parked long ago may have been answered just now).
-    order: VecDeque<u64>,
-    /// The highest sequence number recorded: a client's new call is above it, and is known
-    /// new without a search.
-    highest: u64,
-    /// The client holds the replies of all its calls below this seq (the highest `acked` it
-    /// sent, or the seq of the call that sent it if lower): it never sends those again, so a
-    /// copy of one arriving now (delayed in the network, say, on a connection the client
-    /// gave up) is refused, not run again.
-    acked_below: u64,
-    /// Calls at or above `acked_below` whose replies were forgotten for room (sorted, at
-    /// most [`REPLY_LOG_LEN`]): a retry of one is refused, not run a second time.
-    forgotten: VecDeque<u64>,
-    /// About how many bytes the replies take.
-    bytes: usize,
-}
-
-struct Recorded {
-    seq: u64,
-    /// Boxed: most replies are values, and a busy client keeps thousands.
-    reply: Result<Value, Box<Error>>,
-    /// Whether the call is in the op log (only those go into snapshots: a replay would not
-    /// have recorded the others).
-    durable: bool,
-}
-
-impl ReplyLog {
-    /// Record `seq`'s reply, forgetting the oldest recorded while the log holds
-    /// [`REPLY_LOG_LEN`] replies or would pass `max_bytes`.
-    fn record(&mut self, seq: u64, reply: Reply, durable: bool, max_bytes: usize) {
-        let reply = reply.map_err(Box::new);
-        let size = reply_size(&reply);
-        self.bytes += size;
-        if let Some(i) = self.position(seq) {
-            let r = &mut self.replies[i];
-            self.bytes -= reply_size(&r.reply);
-            (r.reply, r.durable) = (reply, durable);
-            return;
-        }
-        if let Ok(i) = self.forgotten.binary_search(&seq) {
-            self.forgotten.remove(i); // a replica replaying it records it again
-        }
-        // Forget first: the rings never grow past their length, nor the log past its bytes.
-        while (self.order.len() >= REPLY_LOG_LEN || self.bytes > max_bytes) && self.forget_oldest() {}
-        self.order.push_back(seq);
-        let recorded = Recorded { seq, reply, durable };
-        if seq > self.highest {
-            self.highest = seq;
-            self.replies.push_back(recorded);
-        } else {
-            // A late call: the ring moves the few replies recorded above it.
-            let i = self.replies.partition_point(|r| r.seq < seq);
-            self.replies.insert(i, recorded);
-        }
-    }
-
-    /// Forget the oldest recorded reply; false if none is left.
-    fn forget_oldest(&mut self) -> bool {
-        let Some(old) = self.order.pop_front() else {
-            return false;
-        };
-        let at = match self.replies.front() {
-            Some(r) if r.seq == old => Some(0),
-            _ => self.position(old),
-        };
-        if let Some(r) = at.and_then(|i| self.replies.remove(i)) {
-            self.bytes -= reply_size(&r.reply);
-            self.remember_forgotten(old);
-        }
-        true
-    }
-
-    /// Forget the replies below `seq`, and refuse those calls from now on: their client holds
-    /// the replies, and never sends the calls again.
-    fn acknowledge(&mut self, seq: u64) {
-        self.acked_below = self.acked_below.max(seq);
-        if self.replies.front().is_none_or(|r| r.seq >= seq) {
-            return;
-        }
-        let kept = self.replies.partition_point(|r| r.seq < seq);
-        let forgotten: usize = self.replies.drain(..kept).map(|r| reply_size(&r.reply)).sum();
-        self.bytes -= forgotten;
-        // Short: only the calls in flight are left.
-        self.order.retain(|&s| s >= seq);
-        let gone = self.forgotten.partition_point(|&s| s < seq);
-        self.forgotten.drain(..gone);
-    }
-
-    fn remember_forgotten(&mut self, seq: u64) {
-        if self.forgotten.len() >= REPLY_LOG_LEN {
-            self.forgotten.pop_front();
-        }
-        match self.forgotten.back() {
-            Some(&last) if last > seq => {
-                let i = self.forgotten.partition_point(|&s| s < seq);
-                self.forgotten.insert(i, seq);
-            }
-            _ => self.forgotten.push_back(seq),
-        }
-    }
-
-    /// Whether `seq`'s reply was recorded, then forgotten for room.
-    fn was_forgotten(&self, seq: u64) -> bool {
-        self.forgotten.binary_search(&seq).is_ok()
-    }
-
-    fn position(&self, seq: u64) -> Option<usize> {
-        if seq > self.highest {
-            return None;
-        }
-        self.replies.binary_search_by_key(&seq, |r| r.seq).ok()
-    }
-
-    /// The reply recorded for `seq`, and whether its call is in the op log.
-    fn get(&self, seq: u64) -> Option<(Reply, bool)> {
-        let r = &self.replies[self.position(seq)?];
-        Some((r.reply.clone().map_err(|e| *e), r.durable))
-    }
-
-    /// The replies of logged calls, oldest recorded first (what a snapshot carries).
-    fn durable(&self) -> impl Iterator<Item = (u64, Reply)> + '_ {
-        self.order.iter().filter_map(|&seq| match self.get(seq) {
-            Some((reply, true)) => Some((seq, reply)),
-            _ => None,
-        })
-    }
-}
-
-/// About how many bytes a recorded reply takes.
-fn reply_size(reply: &Result<Value, Box<Error>>) -> usize {
-    std::mem::size_of::<Recorded>()
-        + match reply {
-            Ok(value) => crate::value::approx_size(value),
-            Err(e) => std::mem::size_of::<Error>() + e.message.len() + crate::value::approx_size(&e.data),
-        }
 }
 
 #[derive(Default)]
@@ -341,28 +168,6 @@ pub struct Partition {
     committing: bool,
 }
 
-struct ReplyLogLimit {
-    per_client: usize,
-    total: usize,
-}
-
-impl Default for ReplyLogLimit {
-    fn default() -> Self {
-        ReplyLogLimit {
-            per_client: DEFAULT_REPLY_LOG_BYTES,
-            total: DEFAULT_REPLY_LOGS_BYTES,
-        }
-    }
-}
-
-fn system_caller() -> Caller {
-    Caller {
-        conn: 0,
-        client: Arc::from(""),
-        thread: 0,
-    }
-}
-
 impl Partition {
     pub fn new() -> Self {
         Self::default()
@@ -382,40 +187,6 @@ impl Partition {
         self.objects.is_empty()
     }
 
-    /// Keep at most `per_client` bytes of a client's recorded replies here (it acknowledges
-    /// none, say), forgetting its oldest; and at most `total` of all clients' together,
-    /// forgetting the oldest of the largest log first, so that clients opening session
-    /// after session, each filling its log, cannot take the server's memory.
-    pub fn set_reply_log_limit(&mut self, per_client: usize, total: usize) {
-        self.reply_log_limit = ReplyLogLimit { per_client, total };
-    }
-
-    /// Record `seq`'s reply in `client`'s log, within the limits (see
-    /// [`set_reply_log_limit`](Self::set_reply_log_limit)).
-    fn record_reply(&mut self, client: &Arc<str>, seq: u64, reply: Reply, durable: bool) {
-        // The client's log is found by reference: its name is cloned only for a new one.
-        let log = match self.logs.get_mut(client) {
-            Some(log) => log,
-            None => self.logs.entry(client.clone()).or_default(),
-        };
-        let before = log.bytes;
-        log.record(seq, reply, durable, self.reply_log_limit.per_client);
-        self.logs_bytes = self.logs_bytes + log.bytes - before;
-        while self.logs_bytes > self.reply_log_limit.total {
-            // The largest by bytes, then by name: the same on every replica.
-            let largest = self
-                .logs
-                .iter_mut()
-                .max_by(|a, b| (a.1.bytes, a.0).cmp(&(b.1.bytes, b.0)));
-            let Some((_, log)) = largest else { break };
-            let before = log.bytes;
-            if !log.forget_oldest() {
-                break;
-            }
-            self.logs_bytes -= before - log.bytes;
-        }
-    }
-
     /// Count this partition's objects in `memory` (shared by a server's partitions), and
     /// refuse calls that may grow an object while it is over its limit.
     pub fn set_memory(&mut self, memory: Memory) {
@@ -425,143 +196,6 @@ impl Partition {
     /// The account this partition's objects are counted in.
     pub fn memory(&self) -> &Memory {
         self.objects.memory()
-    }
-
-    /// How many replies this partition keeps for retries, over all its clients.
-    pub fn recorded_replies(&self) -> usize {
-        self.logs.values().map(|log| log.replies.len()).sum()
-    }
-
-    /// User-defined objects alive (constructing or constructed; not lost).
-    pub fn hosted_objects(&self) -> usize {
-        self.versions.values().sum()
-    }
-
-    /// User-defined objects of `type_name` at `version` alive (lost ones hold no instance).
-    pub fn count_version(&self, type_name: &str, version: &str) -> usize {
-        self.versions
-            .get(&(type_name.to_string(), version.to_string()))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// The live user-defined objects of `type_name` at `version`, as `(key, owner)`: the
-    /// session an unnamed object goes with, `None` for a named (or kept) one. What stops
-    /// another version from being defined, for the refusal to name.
-    pub fn objects_of_version(&self, type_name: &str, version: &str) -> Vec<KeyAndOwner> {
-        if self.count_version(type_name, version) == 0 {
-            return Vec::new();
-        }
-        self.objects
-            .iter()
-            .filter_map(|(key, e)| match &e.body {
-                Body::User(u)
-                    if u.type_name == type_name && u.version == version && !matches!(u.state, UserState::Lost(_)) =>
-                {
-                    Some((key.to_string(), e.owner.clone()))
-                }
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The code of class `type_name` at `version`, if this partition logged it.
-    pub fn class_code(&self, type_name: &str, version: &str) -> Option<&Arc<Vec<u8>>> {
-        self.classes.get(&(type_name.to_string(), version.to_string()))
-    }
-
-    /// Every class whose code this partition logged, as `(type, version, code)` (for a
-    /// partition snapshot, and to register them with the server after recovery).
-    pub fn classes(&self) -> Vec<(String, String, Arc<Vec<u8>>)> {
-        self.classes
-            .iter()
-            .map(|((t, v), code)| (t.clone(), v.clone(), code.clone()))
-            .collect()
-    }
-
-    /// A persistent create of a user-defined type is about to be applied with `code` as
-    /// its class: keep the code to log it with the first state of that version here.
-    pub fn offer_class(&mut self, type_name: &str, version: &str, code: &Arc<Vec<u8>>) {
-        let class = (type_name.to_string(), version.to_string());
-        if self.storage != Storage::None && !self.classes.contains_key(&class) {
-            self.unlogged_classes.entry(class).or_insert_with(|| code.clone());
-        }
-    }
-
-    /// Put a class logged earlier back (replay, or a partition snapshot being restored).
-    pub fn insert_class(&mut self, type_name: &str, version: &str, code: Arc<Vec<u8>>) {
-        let class = (type_name.to_string(), version.to_string());
-        self.unlogged_classes.remove(&class);
-        self.classes.insert(class, code);
-    }
-
-    /// Every persistent user-defined object with its last logged state, by key (for a
-    /// partition snapshot). One still constructing has no state yet and is left out.
-    pub fn stored_user_objects(&self) -> Vec<StoredUser> {
-        let mut found: Vec<StoredUser> = self
-            .objects
-            .iter()
-            .filter(|(_, e)| e.persistent)
-            .filter_map(|(k, e)| match &e.body {
-                Body::User(u) => u.last_state.as_ref().map(|state| StoredUser {
-                    key: k.to_string(),
-                    type_name: u.type_name.clone(),
-                    version: u.version.clone(),
-                    owner: e.owner.as_deref().map(str::to_string),
-                    state: state.clone(),
-                }),
-                Body::Builtin(_) => None,
-            })
-            .collect();
-        found.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        found
-    }
-
-    /// Put a persistent user-defined object at `o.key` with no instance in any host (the
-    /// next call restores it from `o.state`), replacing what was there: replay of its
-    /// `user_state` record, or a partition snapshot being restored.
-    pub fn insert_stored_user(&mut self, o: StoredUser) {
-        let same = matches!(
-            self.objects.get(&o.key),
-            Some(Entry { body: Body::User(u), persistent: true, .. })
-                if u.type_name == o.type_name && u.version == o.version && u.calls.is_empty()
-        );
-        if same {
-            if let Some(Entry {
-                body: Body::User(u),
-                owner,
-                ..
-            }) = self.objects.get_mut(&o.key)
-            {
-                u.state = UserState::Stored;
-                u.last_state = Some(o.state);
-                *owner = o.owner.map(Arc::from);
-            }
-            return;
-        }
-        self.remove(&o.key);
-        self.next_object_id += 1;
-        *self
-            .versions
-            .entry((o.type_name.clone(), o.version.clone()))
-            .or_default() += 1;
-        let u = UserObject {
-            type_name: o.type_name,
-            version: o.version,
-            id: self.next_object_id,
-            state: UserState::Stored,
-            calls: VecDeque::new(),
-            last_state: Some(o.state),
-        };
-        self.objects.insert(
-            o.key,
-            Entry {
-                body: Body::User(Box::new(u)),
-                owner: o.owner.map(Arc::from),
-                persistent: true,
-                epoch: self.snapshot_epoch,
-            },
-        );
     }
 
     /// Named objects whose name starts with `prefix` (only persistent ones if
@@ -597,201 +231,6 @@ impl Partition {
         }
     }
 
-    /// Accept persistent objects: the server logs what [`take_log`](Self::take_log) gives.
-    pub fn enable_storage(&mut self) {
-        self.storage = Storage::Ok;
-    }
-
-    /// The op log failed: refuse every further persistent write (ephemeral objects go on).
-    pub fn storage_failed(&mut self, why: &str) {
-        self.storage = Storage::Failed(why.to_string());
-    }
-
-    /// The op-log records produced since the last call, in order, or `None` if no persistent
-    /// object was reached: then the replies may go at once. With `Some` (even empty), the
-    /// replies go only once everything logged before, and these records, are durable.
-    pub fn take_log(&mut self) -> Option<Vec<Vec<u8>>> {
-        if !self.touched_persistent && self.records.is_empty() {
-            return None;
-        }
-        self.touched_persistent = false;
-        Some(std::mem::take(&mut self.records))
-    }
-
-    /// The sessions named in logged records that have not ended.
-    pub fn logged_clients(&self) -> Vec<Arc<str>> {
-        self.logged_clients.iter().cloned().collect()
-    }
-
-    /// The highest connection id in a logged record: new connections after a restart must
-    /// be numbered above it.
-    pub fn highest_logged_conn(&self) -> ConnId {
-        self.highest_logged_conn
-    }
-
-    /// Every persistent object a replay of the log would find (not one still constructing),
-    /// with its snapshot (`None` for one without: never, for durable types; always for
-    /// user-defined ones, whose state is [`stored_user_objects`](Self::stored_user_objects)),
-    /// by key.
-    pub fn persistent_snapshots(&self) -> BTreeMap<String, (String, Option<Value>)> {
-        self.objects
-            .iter()
-            .filter(|(_, e)| is_durable(e))
-            .map(|(k, e)| {
-                let snap = match &e.body {
-                    Body::Builtin(obj) => obj.snapshot(),
-                    Body::User(_) => None,
-                };
-                (k.to_string(), (e.body.type_name().to_string(), snap))
-            })
-            .collect()
-    }
-
-    /// The recorded replies of logged calls, by client (what a snapshot carries).
-    #[cfg(test)]
-    pub(crate) fn durable_replies(&self) -> BTreeMap<String, Vec<(u64, Reply)>> {
-        self.logs
-            .iter()
-            .map(|(client, log)| {
-                let replies = log.durable().collect();
-                (client.to_string(), replies)
-            })
-            .filter(|(_, replies): &(String, Vec<_>)| !replies.is_empty())
-            .collect()
-    }
-
-    /// Recovery: apply one op-log record through the entry point that produced it. Replies
-    /// are dropped (their connections died with the old server) and no record is produced
-    /// again. Fails on a record that does not decode.
-    pub fn replay(&mut self, record: &[u8], now: Instant) -> Result<(), String> {
-        match Record::decode(record)? {
-            Record::Apply {
-                caller,
-                token,
-                seq,
-                acked,
-                op,
-            } => {
-                self.apply_as(&caller, token, seq, acked, op, now, Some(record));
-            }
-            // Forced: the replayed call's deadline was computed from the replay's clock.
-            Record::Expire { key, token } => {
-                self.withdraw(token, &key, now);
-            }
-            Record::Disconnect { conn } => {
-                self.disconnect(conn, now);
-            }
-            Record::Evict { key, bytes } => {
-                self.evict(&key, usize::try_from(bytes).unwrap_or(usize::MAX));
-            }
-            Record::EndSession { client } => {
-                self.end_session(&client, now);
-            }
-            Record::UserState {
-                key,
-                type_name,
-                version,
-                owner,
-                token,
-                client,
-                seq,
-                reply,
-                state,
-            } => {
-                if let Some(owner) = &owner {
-                    self.logged_clients.insert(Arc::from(owner.as_str()));
-                }
-                if let Some(client) = client.filter(|_| seq != 0) {
-                    let client: Arc<str> = Arc::from(client);
-                    self.record_reply(&client, seq, reply, true);
-                    self.logged_clients.insert(client);
-                }
-                self.highest_logged_conn = self.highest_logged_conn.max(token.conn);
-                self.insert_stored_user(StoredUser {
-                    key,
-                    type_name,
-                    version,
-                    owner,
-                    state,
-                });
-            }
-            Record::Class {
-                type_name,
-                version,
-                code,
-            } => self.insert_class(&type_name, &version, Arc::new(code)),
-            Record::Commit { client, seq, records } => self.replay_commit(client, seq, records, now)?,
-        }
-        // Nothing runs in a host during replay: stored objects are restored on their next call.
-        self.forwards.clear();
-        self.records.clear();
-        self.touched_persistent = false;
-        Ok(())
-    }
-
-    /// After recovery: every connection of the old server is gone, so drop the calls still
-    /// parked. The disconnects are logged like live ones, so a later replay sees them too.
-    pub fn restart(&mut self, now: Instant) -> Vec<Delivery> {
-        let conns: Vec<ConnId> = self.logged_conns.iter().copied().collect();
-        conns.into_iter().flat_map(|c| self.disconnect(c, now)).collect()
-    }
-
-    fn log(&mut self, record: Vec<u8>) {
-        self.records.push(record);
-        self.touched_persistent = true;
-    }
-
-    /// Whether `key` holds a persistent object.
-    /// (One still constructing is not yet: it has no record that a replay would find, so
-    /// nothing about it may be logged.)
-    fn is_persistent(&self, key: &str) -> bool {
-        self.objects.get(key).is_some_and(is_durable)
-    }
-
-    /// A `create`'s `persistent` must suit the type, the server and the object already there.
-    fn check_persistence(&self, type_name: &str, key: &str, persistent: bool) -> Result<(), Error> {
-        if persistent {
-            if objects::TYPES.contains(&type_name) && !objects::is_durable(type_name) {
-                return Err(Error::value(format!(
-                    "{type_name} is a synchronization object, ephemeral by nature: persistent=True is only \
-                     for data objects (Counter, Value, Dict, SortedDict, List, Blob, Array, Queue, LifoQueue, \
-                     PriorityQueue)"
-                )));
-            }
-            if self.storage == Storage::None {
-                return Err(Error::value(
-                    "persistent=True needs a server started with a data directory: this server has no --data-dir",
-                ));
-            }
-            // Forwarding notes are not logged: answer here, where a replay would too.
-            if let Some((new_key, _)) = self.moved.get(key) {
-                return Err(moved(key, new_key));
-            }
-        }
-        match self.objects.get(key) {
-            // Refused here, unlogged: a replay has no ephemeral (or still constructing) object
-            // at `key`, so a logged create would succeed there and diverge from the live run.
-            Some(e) if persistent && !is_durable(e) && e.body.type_name() != type_name => {
-                check_type(key, e.body.type_name(), type_name)
-            }
-            Some(e) if e.body.type_name() == type_name && e.persistent != persistent => {
-                let (is, not) = match e.persistent {
-                    true => ("persistent", "persistent=False"),
-                    false => ("ephemeral", "persistent=True"),
-                };
-                Err(Error::value(format!(
-                    "'{key}' is an existing {is} {type_name}: it cannot be used with {not} (delete it first, or use another name)"
-                )))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The requests for object hosts produced since the last call, in order.
-    pub fn take_forwards(&mut self) -> Vec<Forward> {
-        std::mem::take(&mut self.forwards)
-    }
-
     /// Apply one call. `seq` is the caller's sequence number (0: do not deduplicate), and
     /// `acked` the seq below which the caller holds all its replies (0: no word on them),
     /// which are forgotten here; a later live call below it is refused as a stale copy.
@@ -824,63 +263,20 @@ impl Partition {
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
         if seq != 0 && acked > 1 {
-            // The client's log is found by reference: its name is cloned only for a new one.
-            let log = match self.logs.get_mut(&caller.client) {
-                Some(log) => log,
-                None => self.logs.entry(caller.client.clone()).or_default(),
-            };
             // Never the call's own reply: a client acknowledging it is mistaken.
-            let before = log.bytes;
-            log.acknowledge(acked.min(seq));
-            self.logs_bytes -= before - log.bytes;
+            self.acknowledge(&caller.client, acked.min(seq));
         }
         // Only live calls: a logged one was accepted where it ran, and a replica (whose mark
         // may be higher, from a leader's snapshot) must apply it the same.
-        if let Some(log) = self.logs.get(&caller.client).filter(|_| seq != 0 && replayed.is_none()) {
-            if seq < log.acked_below {
-                let e = Error::new(
-                    ErrorKind::ProtocolError,
-                    format!(
-                        "call {seq} of this session is not run again: its session acknowledged the replies of \
-                         its calls below {}, so this is a stale copy",
-                        log.acked_below
-                    ),
-                );
-                out.push(Delivery { token, reply: Err(e) });
-                return out;
-            }
-            if log.was_forgotten(seq) {
-                let e = Error::new(
-                    ErrorKind::ProtocolError,
-                    format!(
-                        "call {seq} of this session ran, but its reply was forgotten: the session's unacknowledged \
-                         replies passed --max-reply-log, so it is not run again"
-                    ),
-                );
+        if seq != 0 && replayed.is_none() {
+            if let Err(e) = self.check_fresh(&caller.client, seq) {
                 out.push(Delivery { token, reply: Err(e) });
                 return out;
             }
         }
-        let persistent = match &op {
-            Op::Create { persistent: true, .. } => self.storage != Storage::None,
-            op => self.is_persistent(op.key()),
-        };
-        // An absent key may be a persistent object whose delete is not durable yet: answers
-        // about it wait for the log like answers about persistent objects.
-        let durable = self.storage != Storage::None;
-        self.touched_persistent |= persistent || (durable && !self.objects.contains_key(op.key()));
-        if persistent {
-            self.preserve(op.key());
-        }
+        let persistent = self.touch(&op);
         if seq != 0 {
-            if let Some((reply, _)) = self.logs.get(&caller.client).and_then(|l| l.get(seq)) {
-                // A recorded reply may be about a change whose record is still being written
-                // (it waits like one), or whose write failed (then it is not durable).
-                self.touched_persistent |= durable;
-                let reply = match &self.storage {
-                    Storage::Failed(why) if persistent => Err(storage_error(why)),
-                    _ => reply,
-                };
+            if let Some(reply) = self.recorded_reply(&caller.client, seq, persistent) {
                 out.push(Delivery { token, reply });
                 return out;
             }
@@ -888,80 +284,27 @@ impl Partition {
                 return out;
             }
         }
-        // A live call that may grow an object waits for room (a replayed one was accepted
-        // where it ran), which caches give first. Refused before anything is logged or
-        // recorded: a retry may pass.
-        if replayed.is_none() && !self.committing && self.objects.memory().is_over() && self.may_grow(&op) {
-            self.make_room();
-            if let Err(e) = self.objects.memory().check() {
+        // A replayed call was accepted where it ran, and a transaction's at its commit.
+        if replayed.is_none() && !self.committing {
+            if let Err(e) = self.check_room(&op) {
                 out.push(Delivery { token, reply: Err(e) });
                 return out;
             }
         }
-        if let Op::Create {
-            type_name,
-            key,
-            persistent,
-            ..
-        } = &op
-        {
-            if let Err(e) = self.check_persistence(type_name, key, *persistent) {
+        // Refusals from here on are recorded: a retry gets the same.
+        let logged = match self.check_write(&op, persistent) {
+            Ok(logged) => logged,
+            Err(e) => {
                 self.reply(caller, token, seq, true, false, Err(e), &mut out);
                 return out;
             }
-        }
-        // A persistent user-defined object's create and calls are logged when its host
-        // answers them, with its state after them (`complete`); they may change it, so a
-        // failed log refuses them too.
-        let mut user_write = false;
-        let logged = persistent
-            && match &op {
-                Op::Call { key, method, .. } => match self.objects.get(key).map(|e| &e.body) {
-                    Some(Body::Builtin(obj)) => obj.is_mutating(method),
-                    Some(Body::User(_)) => {
-                        user_write = true;
-                        false
-                    }
-                    None => false,
-                },
-                Op::Create { type_name, .. } if user::is_user_type(type_name) => {
-                    user_write = true;
-                    false
-                }
-                Op::Create { .. } | Op::Delete { .. } => true,
-            };
+        };
         let logged_at = self.records.len();
-        if logged || user_write {
-            if let Storage::Failed(why) = &self.storage {
-                let e = storage_error(why);
-                self.reply(caller, token, seq, true, false, Err(e), &mut out);
-                return out;
-            }
-        }
         if logged {
-            let record: Cow<[u8]> = match replayed {
-                Some(bytes) => Cow::Borrowed(bytes),
-                None => Cow::Owned(encode_apply(caller, token, seq, acked, &op)),
-            };
-            if record.len() > MAX_RECORD_LEN {
-                let e = Error::value(format!(
-                    "this change to persistent object '{}' would be an op-log record of {} bytes, more than \
-                     the {MAX_RECORD_LEN} a record may hold: make it in smaller parts",
-                    op.key(),
-                    record.len()
-                ));
+            if let Err(e) = self.log_call(caller, token, seq, acked, &op, replayed) {
                 self.reply(caller, token, seq, true, false, Err(e), &mut out);
                 return out;
             }
-            match record {
-                Cow::Owned(record) => self.log(record),
-                Cow::Borrowed(_) => self.touched_persistent = true,
-            }
-            self.logged_conns.insert(caller.conn);
-            if !self.logged_clients.contains(&caller.client) {
-                self.logged_clients.insert(caller.client.clone());
-            }
-            self.highest_logged_conn = self.highest_logged_conn.max(caller.conn);
         }
         let (reply, record) = match op {
             Op::Create {
@@ -987,14 +330,8 @@ impl Partition {
                 if record && seq != 0 {
                     self.parked_seqs.insert(token, (caller.client.clone(), seq));
                 }
-                let parked = match (logged, replayed) {
-                    (false, _) => None,
-                    (true, Some(bytes)) => Some(bytes.to_vec()),
-                    (true, None) => self.records.get(logged_at).cloned(),
-                };
-                if let Some(record) = parked {
-                    self.parked_order += 1;
-                    self.parked_records.insert(token, (self.parked_order, record));
+                if logged {
+                    self.keep_parked_record(token, logged_at, replayed);
                 }
             }
             Ok(Some(v)) => self.reply(caller, token, seq, record, logged, Ok(v), &mut out),
@@ -1002,143 +339,6 @@ impl Partition {
         }
         self.settle(&out);
         out
-    }
-
-    /// Over `--max-memory`: the caches here let their least recently used entries go, each
-    /// its share of the excess (in proportion to its size), until the objects fit the limit
-    /// or the caches are empty. Ordinary objects never lose data. Logged for a persistent
-    /// cache, as the bytes to free (a replay or a follower, whose total differs, frees the
-    /// same entries: the cache's order is part of its state).
-    pub fn make_room(&mut self) {
-        let memory = self.objects.memory();
-        if !memory.is_over() {
-            return;
-        }
-        let excess = memory.used() - memory.limit();
-        // A persistent cache's evictions must be logged: not while the log is failed.
-        let logless = matches!(self.storage, Storage::Failed(_));
-        let caches: Vec<(Arc<str>, usize)> = self
-            .objects
-            .caches()
-            .filter_map(|key| {
-                let entry = self.objects.get(key)?;
-                (!(logless && entry.persistent)).then(|| (key.clone(), entry.size()))
-            })
-            .collect();
-        let total: usize = caches.iter().map(|(_, size)| size).sum();
-        if excess == 0 || total == 0 {
-            return;
-        }
-        for (key, size) in caches {
-            let share = (excess as u128 * size as u128).div_ceil(total as u128);
-            let share = usize::try_from(share).unwrap_or(usize::MAX).min(size);
-            if share == 0 {
-                continue;
-            }
-            let freed = self.evict(&key, share);
-            if freed > 0 && self.is_persistent(&key) {
-                let bytes = share as u64;
-                self.log(
-                    Record::Evict {
-                        key: key.to_string(),
-                        bytes,
-                    }
-                    .encode(),
-                );
-            }
-        }
-    }
-
-    /// Let the cache at `key` free `bytes` (see [`Object::evict`]); returns what it freed.
-    fn evict(&mut self, key: &str, bytes: usize) -> usize {
-        self.preserve(key);
-        let Some((entry, counted, meter)) = self.objects.get_metered(key) else {
-            return 0;
-        };
-        let Some(obj) = entry.body.builtin() else { return 0 };
-        let freed = obj.evict(bytes);
-        meter.changed(counted, memory::object_size(key, obj.size()));
-        freed
-    }
-
-    /// Whether `op` may make the objects hold more: a create of a new key, or a call of a
-    /// built-in method that may grow its object.
-    fn may_grow(&self, op: &Op) -> bool {
-        match op {
-            Op::Create { key, .. } => !self.objects.contains_key(key),
-            Op::Call { key, method, .. } => match self.objects.get(key).map(|e| &e.body) {
-                Some(Body::Builtin(obj)) => obj.may_grow(method),
-                _ => false,
-            },
-            Op::Delete { .. } => false,
-        }
-    }
-
-    /// A call resent (same client and seq) while the first is still with the object's host
-    /// must not run twice: the resent one takes the first one's place and gets its reply.
-    fn take_over(&mut self, client: &Arc<str>, token: Token, seq: u64, key: &str) -> bool {
-        let Some(Entry {
-            body: Body::User(u), ..
-        }) = self.objects.get_mut(key)
-        else {
-            return false;
-        };
-        let parked_seqs = &self.parked_seqs;
-        let Some(slot) = u
-            .calls
-            .iter_mut()
-            .find(|t| parked_seqs.get(t).is_some_and(|(c, s)| *s == seq && **c == **client))
-        else {
-            return false;
-        };
-        let old = std::mem::replace(slot, token);
-        if let Some(record) = self.parked_seqs.remove(&old) {
-            self.parked_seqs.insert(token, record);
-        }
-        self.hosted.remove(&old);
-        self.hosted.insert(token);
-        true
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn reply(
-        &mut self,
-        caller: &Caller,
-        token: Token,
-        seq: u64,
-        record: bool,
-        logged: bool,
-        reply: Reply,
-        out: &mut Vec<Delivery>,
-    ) {
-        if record && seq != 0 {
-            self.record_reply(&caller.client, seq, reply.clone(), logged);
-        }
-        out.push(Delivery { token, reply });
-    }
-
-    /// Book-keeping for answered calls: record the replies of parked mutating calls (for
-    /// exactly-once retries) and drop their timers.
-    fn settle(&mut self, out: &[Delivery]) {
-        // Most calls leave nothing to settle: no lookups while nothing is parked or hosted.
-        if self.timer_of.is_empty()
-            && self.hosted.is_empty()
-            && self.parked_records.is_empty()
-            && self.logged_hosted.is_empty()
-            && self.parked_seqs.is_empty()
-        {
-            return;
-        }
-        for d in out {
-            if let Some(at) = self.timer_of.remove(&d.token) {
-                self.timers.remove(&at);
-            }
-            self.hosted.remove(&d.token);
-            let logged = self.parked_records.remove(&d.token).is_some() | self.logged_hosted.remove(&d.token);
-            if let Some((client, seq)) = self.parked_seqs.remove(&d.token) {
-                self.record_reply(&client, seq, d.reply.clone(), logged);
-            }
-        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1309,46 +509,6 @@ impl Partition {
         }
     }
 
-    /// The id the next object created here will follow.
-    pub fn next_object_id(&self) -> u64 {
-        self.next_object_id
-    }
-
-    /// Number objects created from now on above `next`: a partition rebuilt in place of
-    /// another must not reuse ids that object hosts may still answer about.
-    pub fn skip_object_ids(&mut self, next: u64) {
-        self.next_object_id = self.next_object_id.max(next);
-    }
-
-    /// This replica stops serving its shard (in a cluster, the shard's leadership moved):
-    /// answer every parked call, and every call waiting for an object host, with `error`,
-    /// and let the hosts drop their objects (see [`take_forwards`](Self::take_forwards)).
-    /// The partition is replaced after this.
-    pub fn abandon(&mut self, error: &Error, now: Instant) -> Vec<Delivery> {
-        let keys: Vec<String> = self.objects.iter().map(|(k, _)| k.to_string()).collect();
-        let mut out = Vec::new();
-        for key in keys {
-            let Some(e) = self.remove(&key) else { continue };
-            match e.body {
-                Body::Builtin(mut obj) => {
-                    let caller = system_caller();
-                    let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
-                    obj.drain_waiters(&mut ctx, error);
-                }
-                Body::User(u) => {
-                    out.extend(u.calls.into_iter().map(|token| Delivery {
-                        token,
-                        reply: Err(error.clone()),
-                    }));
-                    if u.state != UserState::Stored {
-                        self.forwards.push(Forward::Drop { key, object_id: u.id });
-                    }
-                }
-            }
-        }
-        out
-    }
-
     fn delete(&mut self, key: &str, now: Instant, out: &mut Vec<Delivery>) -> bool {
         self.moved.remove(key);
         let Some(e) = self.remove(key) else {
@@ -1380,586 +540,6 @@ impl Partition {
         }
         true
     }
-
-    /// The host of user-defined object `object_id` at `key` answered its oldest call (or its
-    /// constructor). A reply about an object that is gone (deleted, lost, recreated) is
-    /// dropped.
-    pub fn complete(&mut self, key: &str, object_id: u64, reply: Reply, now: Instant) -> Vec<Delivery> {
-        self.complete_with_state(key, object_id, reply, None, now)
-    }
-
-    /// [`complete`](Self::complete) with the object's pickled state after the call, which the
-    /// host sends for a persistent object (unless the call never ran, or its state did not
-    /// pickle). That state is logged with the reply (and the class's code before the first
-    /// state of its version), so the reply waits for the record to be durable.
-    pub fn complete_with_state(
-        &mut self,
-        key: &str,
-        object_id: u64,
-        mut reply: Reply,
-        state: Option<Vec<u8>>,
-        now: Instant,
-    ) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        // Why the object goes back to its last logged state after this call, if it does.
-        let mut restore: Option<&str> = None;
-        let persistent = match self.objects.get(key) {
-            Some(Entry {
-                body: Body::User(u),
-                persistent,
-                ..
-            }) if u.id == object_id && !u.calls.is_empty() => *persistent,
-            _ => return out,
-        };
-        if persistent {
-            self.touched_persistent = true;
-            self.preserve(key);
-            let constructing = self
-                .user_mut(key, object_id)
-                .is_some_and(|u| u.state == UserState::Constructing);
-            match state {
-                Some(state) => {
-                    if constructing {
-                        if let Ok(v) = &mut reply {
-                            *v = Value::Boolean(true);
-                        }
-                    }
-                    if !(constructing && reply.is_err()) {
-                        if let Err(len) = self.log_user_state(key, &reply, state) {
-                            // Unloggable: the host's instance (and the calls sent to it
-                            // after this one) go; the object keeps its last logged state.
-                            reply = Err(Error::value(format!(
-                                "the state of the persistent object '{key}' with this call's reply is {len} \
-                                 bytes, over the {MAX_RECORD_LEN} an op-log record holds: this call did not \
-                                 take effect and the object keeps its last acknowledged state"
-                            )));
-                            self.forwards.push(Forward::Drop {
-                                key: key.to_string(),
-                                object_id,
-                            });
-                            if !constructing {
-                                restore = Some("an earlier call left a state too large to log");
-                            }
-                        }
-                    }
-                }
-                // A host must send the state after a persistent object's constructor or call
-                // returned: without it the change cannot be logged, so it is undone.
-                None if reply.is_ok() => {
-                    reply = Err(Error::new(
-                        ErrorKind::Internal,
-                        format!(
-                            "the object host sent no state for the persistent object '{key}' (a server bug): this \
-                             call did not take effect"
-                        ),
-                    ));
-                    self.forwards.push(Forward::Drop {
-                        key: key.to_string(),
-                        object_id,
-                    });
-                    if !constructing {
-                        restore = Some("an earlier call's state was not sent");
-                    }
-                }
-                None => {}
-            }
-        }
-        let Some(u) = self.user_mut(key, object_id) else {
-            return out;
-        };
-        let Some(token) = u.calls.pop_front() else {
-            return out;
-        };
-        match (&u.state, reply) {
-            (UserState::Constructing, Ok(_)) => {
-                u.state = UserState::Ready;
-                out.push(Delivery {
-                    token,
-                    reply: Ok(Value::Boolean(true)),
-                });
-            }
-            (UserState::Constructing, Err(e)) => {
-                // No object is left; what was queued behind the constructor finds none.
-                let type_name = u.type_name.clone();
-                let message = format!(
-                    "{type_name} '{key}' does not exist: its constructor failed ({}: {})",
-                    e.kind.as_str(),
-                    e.message
-                );
-                out.push(Delivery { token, reply: Err(e) });
-                if let Some(Entry {
-                    body: Body::User(u), ..
-                }) = self.remove(key)
-                {
-                    let err = Error::new(ErrorKind::NotFound, message);
-                    out.extend(u.calls.into_iter().map(|token| Delivery {
-                        token,
-                        reply: Err(err.clone()),
-                    }));
-                }
-            }
-            (_, reply) => out.push(Delivery { token, reply }),
-        }
-        self.settle(&out);
-        if let Some(reason) = restore {
-            out.extend(self.lose(key, object_id, reason, now));
-        }
-        out
-    }
-
-    /// The host of user-defined object `object_id` at `key` died: every call waiting for it
-    /// is answered `ObjectLost`, and so is every later call until the key is deleted or
-    /// constructed again. An object lost while constructing is gone, as if its constructor
-    /// had raised. A persistent object is not lost: it goes back to its last logged state
-    /// ([`UserState::Stored`]), its calls in flight are answered `ObjectLost` (they did not
-    /// take effect), and the next call restores it in a host.
-    pub fn lose(&mut self, key: &str, object_id: u64, reason: &str, _now: Instant) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        let (u, persistent) = match self.objects.get_mut(key) {
-            Some(Entry {
-                body: Body::User(u),
-                persistent,
-                ..
-            }) if u.id == object_id => (u, *persistent),
-            _ => return out,
-        };
-        let stored = persistent && u.state == UserState::Ready;
-        let err = match stored {
-            true => user::lost_persistent(&u.type_name, key, reason),
-            false => user::lost(&u.type_name, key, reason),
-        };
-        let calls = std::mem::take(&mut u.calls);
-        // Their answers must not overtake those of calls whose records are being written.
-        self.touched_persistent |= persistent;
-        match u.state {
-            UserState::Constructing => {
-                self.remove(key);
-            }
-            // Still counted: its version stays held back from `define`.
-            UserState::Ready if stored => u.state = UserState::Stored,
-            UserState::Ready => {
-                // No instance is left anywhere: it no longer holds its version back from `define`.
-                uncount(&mut self.versions, u);
-                u.state = UserState::Lost(reason.to_string());
-            }
-            // Lost already (its host's exit and a call that found no host both say so):
-            // uncounted already. Stored: restored on its next call.
-            UserState::Lost(_) | UserState::Stored => {}
-        }
-        out.extend(calls.into_iter().map(|token| Delivery {
-            token,
-            reply: Err(err.clone()),
-        }));
-        self.settle(&out);
-        out
-    }
-
-    /// A call on user-defined object `object_id` reached its host slot, which holds no
-    /// instance of it. While it constructs, the slot's record went with an answer already on
-    /// its way (the constructor raised, or the host died): that answer settles its calls.
-    /// Otherwise the object is lost, as in [`lose`](Self::lose).
-    pub fn orphaned(&mut self, key: &str, object_id: u64, reason: &str, now: Instant) -> Vec<Delivery> {
-        match self.user_mut(key, object_id) {
-            Some(u) if u.state == UserState::Constructing => Vec::new(),
-            _ => self.lose(key, object_id, reason, now),
-        }
-    }
-
-    /// Log the state of persistent user-defined object `key` after its oldest call in flight
-    /// (answered `reply`), preceded by its class's code the first time. `Err(len)`: the
-    /// record would be over [`MAX_RECORD_LEN`]; nothing is logged.
-    fn log_user_state(&mut self, key: &str, reply: &Reply, state: Vec<u8>) -> Result<(), usize> {
-        let Some(Entry {
-            body: Body::User(u),
-            owner,
-            ..
-        }) = self.objects.get(key)
-        else {
-            return Ok(());
-        };
-        let Some(&token) = u.calls.front() else {
-            return Ok(());
-        };
-        let class = (u.type_name.clone(), u.version.clone());
-        let recorded = self.parked_seqs.get(&token).cloned();
-        let record = encode_user_state(&UserStateRef {
-            key,
-            type_name: &u.type_name,
-            version: &u.version,
-            owner: owner.as_deref(),
-            token,
-            client: recorded.as_ref().map(|(c, _)| &**c),
-            seq: recorded.as_ref().map_or(0, |(_, s)| *s),
-            reply,
-            state: &state,
-        });
-        if record.len() > MAX_RECORD_LEN {
-            return Err(record.len());
-        }
-        let owner = owner.clone();
-        if !self.classes.contains_key(&class) {
-            if let Some(code) = self.unlogged_classes.remove(&class) {
-                self.log(encode_class(&class.0, &class.1, &code));
-                self.classes.insert(class, code);
-            }
-        }
-        self.log(record);
-        self.logged_hosted.insert(token);
-        self.logged_clients.extend(owner);
-        if let Some((client, _)) = recorded {
-            self.logged_clients.insert(client);
-        }
-        self.highest_logged_conn = self.highest_logged_conn.max(token.conn);
-        if let Some(Entry {
-            body: Body::User(u), ..
-        }) = self.objects.get_mut(key)
-        {
-            u.last_state = Some(state);
-        }
-        Ok(())
-    }
-
-    fn user_mut(&mut self, key: &str, object_id: u64) -> Option<&mut UserObject> {
-        match self.objects.get_mut(key) {
-            Some(Entry {
-                body: Body::User(u), ..
-            }) if u.id == object_id => Some(u),
-            _ => None,
-        }
-    }
-
-    /// The earliest deadline of a parked call, for the driver's timer.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        let parked = self.timers.first_key_value().map(|((d, _), _)| *d);
-        match self.next_txn_deadline() {
-            Some(txn) => Some(parked.map_or(txn, |p| p.min(txn))),
-            None => parked,
-        }
-    }
-
-    /// Answer parked calls whose deadline has passed.
-    pub fn tick(&mut self, now: Instant) -> Vec<Delivery> {
-        self.expire_txns(now);
-        let mut out = Vec::new();
-        let caller = system_caller();
-        while let Some(entry) = self.timers.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let (key, token) = entry.remove();
-            self.timer_of.remove(&token);
-            self.preserve(&key);
-            let Some((e, counted, meter)) = self.objects.get_metered(&key) else {
-                continue;
-            };
-            let persistent = e.persistent;
-            if let Some(obj) = e.body.builtin() {
-                let before = out.len();
-                let mut ctx = Ctx::new(&caller, token, now, &mut out);
-                obj.expire(token, &mut ctx);
-                // A parked call gone may take what it held (a put's item).
-                meter.changed(counted, memory::object_size(&key, obj.size()));
-                if persistent && out.len() > before {
-                    self.log(Record::Expire { key, token }.encode());
-                }
-            }
-        }
-        self.settle(&out);
-        out
-    }
-
-    /// The caller of a parked call gave up waiting (an interrupted client): answer the call now
-    /// with its timeout result, as if its deadline had passed, so the connection stays in step
-    /// and keeps what it holds. Returns the replies, the withdrawn call's among them if it was
-    /// still parked on `key`. A call running in an object host cannot be withdrawn.
-    pub fn withdraw(&mut self, token: Token, key: &str, now: Instant) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        let caller = system_caller();
-        // The call may have been answered by a change still being written: the `withdraw`
-        // reply must not overtake that answer.
-        self.touched_persistent |= self.storage != Storage::None;
-        self.preserve(key);
-        let Some((e, counted, meter)) = self.objects.get_metered(key) else {
-            return out;
-        };
-        let persistent = e.persistent;
-        if let Some(obj) = e.body.builtin() {
-            let mut ctx = Ctx::new(&caller, token, now, &mut out);
-            ctx.withdrawing = true;
-            obj.expire(token, &mut ctx);
-            meter.changed(counted, memory::object_size(key, obj.size()));
-        }
-        if persistent && !out.is_empty() {
-            let key = key.to_string();
-            self.log(Record::Expire { key, token }.encode());
-        }
-        self.settle(&out);
-        out
-    }
-
-    /// A connection closed: drop its parked calls and release what it held.
-    pub fn disconnect(&mut self, conn: ConnId, now: Instant) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        if self.logged_conns.remove(&conn) {
-            self.log(Record::Disconnect { conn }.encode());
-        }
-        let caller = system_caller();
-        for key in self.conn_keys.remove(&conn).unwrap_or_default() {
-            self.preserve(&key);
-            if let Some((e, counted, meter)) = self.objects.get_metered(&key) {
-                if let Some(obj) = e.body.builtin() {
-                    let mut ctx = Ctx::new(&caller, Token { conn: 0, req: 0 }, now, &mut out);
-                    obj.disconnect(conn, &mut ctx);
-                    meter.changed(counted, memory::object_size(&key, obj.size()));
-                }
-            }
-        }
-        // Calls with an object host still run there: a retry must get their reply.
-        let hosted = &self.hosted;
-        self.parked_seqs.retain(|t, _| t.conn != conn || hosted.contains(t));
-        self.parked_records.retain(|t, _| t.conn != conn);
-        let timers = &mut self.timers;
-        self.timer_of.retain(|t, at| {
-            let keep = t.conn != conn;
-            if !keep {
-                timers.remove(at);
-            }
-            keep
-        });
-        out.retain(|d| d.token.conn != conn);
-        self.settle(&out);
-        out
-    }
-
-    /// A session ended: its unnamed objects go, and so does its reply log.
-    pub fn end_session(&mut self, client: &str, now: Instant) -> Vec<Delivery> {
-        self.end_txns(client);
-        let mut out = Vec::new();
-        if self.logged_clients.remove(client) {
-            let client = client.to_string();
-            self.log(Record::EndSession { client }.encode());
-        }
-        let doomed: Vec<String> = self
-            .objects
-            .iter()
-            .filter(|(_, e)| e.owner.as_deref() == Some(client))
-            .map(|(k, _)| k.to_string())
-            .collect();
-        for key in doomed {
-            self.delete(&key, now, &mut out);
-        }
-        self.moved.retain(|_, (_, owner)| owner.as_deref() != Some(client));
-        // Parked calls of other sessions answered NotFound keep exactly-once.
-        self.settle(&out);
-        if let Some(log) = self.logs.remove(client) {
-            self.logs_bytes -= log.bytes;
-        }
-        // Its calls still running in object hosts are answered to closed connections; with
-        // the session gone nobody can retry them, so their replies are not recorded.
-        self.parked_seqs.retain(|_, (c, _)| **c != *client);
-        out
-    }
-
-    /// Take an object out for `keep`. Refused while calls are parked on it.
-    pub fn detach(&mut self, type_name: &str, key: &str) -> Result<Detached, Error> {
-        let e = self
-            .objects
-            .get(key)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
-        check_type(key, e.body.type_name(), type_name)?;
-        if e.persistent {
-            return Err(persistent_keep(type_name, key));
-        }
-        let obj = match &e.body {
-            Body::Builtin(obj) => obj,
-            Body::User(_) => {
-                return Err(Error::value(format!(
-                    "a user-defined object stays under its key: {type_name} '{key}' cannot be kept \
-                     under a new name; construct it with name= instead"
-                )))
-            }
-        };
-        if obj.has_waiters() {
-            return Err(Error::new(
-                ErrorKind::Busy,
-                format!("{type_name} '{key}' has parked callers; keep it when none are waiting"),
-            ));
-        }
-        let e = self.remove(key).expect("checked");
-        let Body::Builtin(obj) = e.body else {
-            unreachable!("checked above")
-        };
-        Ok(Detached { obj, owner: e.owner })
-    }
-
-    /// Put a detached object under `key`, owned by nobody. Gives it back if `key` is taken.
-    pub fn attach(&mut self, key: &str, d: Detached) -> Result<(), (Error, Detached)> {
-        if let Some(e) = self.objects.get(key) {
-            let err = Error::new(
-                ErrorKind::TypeMismatch,
-                format!("'{key}' is already a {}", e.body.type_name()),
-            );
-            return Err((err, d));
-        }
-        self.moved.remove(key);
-        self.objects.insert(
-            key.to_string(),
-            Entry {
-                body: Body::Builtin(d.obj),
-                owner: None,
-                // `detach` refuses persistent objects.
-                persistent: false,
-                epoch: self.snapshot_epoch,
-            },
-        );
-        Ok(())
-    }
-
-    /// Undo a detach whose attach failed. False (and the object dropped) if `key` was made
-    /// anew meanwhile (only possible when the object was away from the shard's lock).
-    #[must_use]
-    pub fn restore(&mut self, key: &str, d: Detached) -> bool {
-        if self.objects.contains_key(key) {
-            return false;
-        }
-        self.objects.insert(
-            key.to_string(),
-            Entry {
-                body: Body::Builtin(d.obj),
-                owner: d.owner,
-                persistent: false,
-                epoch: self.snapshot_epoch,
-            },
-        );
-        true
-    }
-
-    /// Leave a forwarding note at an old key after `keep` moved its object.
-    pub fn set_moved(&mut self, old_key: &str, new_key: &str, owner: Option<Arc<str>>) {
-        self.moved.insert(old_key.to_string(), (new_key.to_string(), owner));
-    }
-
-    /// `keep(obj)` without a new name: the object outlives its session.
-    pub fn disown(&mut self, type_name: &str, key: &str) -> Result<(), Error> {
-        let e = self
-            .objects
-            .get_mut(key)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("{type_name} '{key}' does not exist")))?;
-        check_type(key, e.body.type_name(), type_name)?;
-        if e.persistent && e.owner.is_some() {
-            return Err(persistent_keep(type_name, key));
-        }
-        e.owner = None;
-        Ok(())
-    }
-}
-
-impl Detached {
-    pub fn owner(&self) -> Option<Arc<str>> {
-        self.owner.clone()
-    }
-
-    /// The object's type and state (its snapshot, [`crate::objects::snapshot`]), to move it
-    /// to another node: `None` for a type whose state is who holds and who waits (a `Lock`,
-    /// a `Barrier`...), which cannot leave its node's connections.
-    pub fn encode(&self) -> Option<(&'static str, Value)> {
-        self.obj.snapshot().map(|state| (self.obj.type_name(), state))
-    }
-
-    /// The inverse of [`Detached::encode`], on the node the object moves to (owned by
-    /// nobody, as `keep` leaves it). A bad state is a `ValueError`.
-    pub fn decode(type_name: &str, state: &Value) -> Result<Detached, Error> {
-        Ok(Detached {
-            obj: objects::snapshot::restore(type_name, state)?,
-            owner: None,
-        })
-    }
-}
-
-fn storage_error(why: &str) -> Error {
-    Error::new(
-        ErrorKind::StorageError,
-        format!(
-            "persistent objects of this partition are read-only until the server restarts: the op log failed ({why})"
-        ),
-    )
-}
-
-/// `keep` moves objects between keys and sessions, which the op log does not record yet.
-fn persistent_keep(type_name: &str, key: &str) -> Error {
-    Error::value(format!(
-        "persistent {type_name} '{key}' cannot be kept under a new name or outside its session yet; \
-         construct it with name= instead"
-    ))
-}
-
-/// Whether `e` is a persistent object a replay of the log would find.
-fn is_durable(e: &Entry) -> bool {
-    e.persistent
-        && match &e.body {
-            Body::User(u) => u.last_state.is_some(),
-            Body::Builtin(_) => true,
-        }
-}
-
-/// One user-defined object of its version less (deleted, or lost with its host).
-fn uncount(versions: &mut HashMap<(String, String), usize>, u: &UserObject) {
-    let key = (u.type_name.clone(), u.version.clone());
-    if let Some(n) = versions.get_mut(&key) {
-        *n -= 1;
-        if *n == 0 {
-            versions.remove(&key);
-        }
-    }
-}
-
-/// Queue a call on a user-defined object for its host.
-fn forward_call(
-    u: &mut UserObject,
-    token: Token,
-    key: &str,
-    method: &str,
-    args: Vec<Value>,
-    next_object_id: &mut u64,
-    forwards: &mut Vec<Forward>,
-) -> Result<(), Error> {
-    if method.starts_with('_') {
-        return Err(Error::new(
-            ErrorKind::UnknownMethod,
-            format!(
-                "{} has no shared method '{method}': private and special methods are not shared",
-                u.type_name
-            ),
-        ));
-    }
-    let (args, kwargs) = user::parse_call_args(&u.type_name, method, args)?;
-    if let UserState::Lost(reason) = &u.state {
-        return Err(user::lost(&u.type_name, key, reason));
-    }
-    if u.state == UserState::Stored {
-        // Rebuilt from its last logged state, under a new id: answers about the instance
-        // its dead host held are dropped.
-        *next_object_id += 1;
-        u.id = *next_object_id;
-        u.state = UserState::Ready;
-        forwards.push(Forward::Restore {
-            key: key.to_string(),
-            object_id: u.id,
-            type_name: u.type_name.clone(),
-            version: u.version.clone(),
-            state: u.last_state.clone().unwrap_or_default(),
-        });
-    }
-    u.calls.push_back(token);
-    forwards.push(Forward::Call {
-        key: key.to_string(),
-        object_id: u.id,
-        type_name: u.type_name.clone(),
-        method: method.to_string(),
-        args,
-        kwargs,
-    });
-    Ok(())
 }
 
 fn check_type(key: &str, actual: &str, wanted: &str) -> Result<(), Error> {
@@ -1971,10 +551,6 @@ fn check_type(key: &str, actual: &str, wanted: &str) -> Result<(), Error> {
             format!("'{key}' is a {actual}, not a {wanted}"),
         ))
     }
-}
-
-fn moved(key: &str, new_key: &str) -> Error {
-    Error::new(ErrorKind::Moved, format!("'{key}' was kept as '{new_key}'")).with_data(Value::from(new_key))
 }
 
 #[cfg(test)]

@@ -1,7 +1,12 @@
 //! The partition's own tests: reply log, parking, user-defined and persistent objects.
 
+use std::collections::VecDeque;
+
+use super::reply_log::REPLY_LOG_LEN;
 use super::*;
 use crate::objects::testing::*;
+use crate::record::{Record, MAX_RECORD_LEN};
+use crate::Reply;
 
 #[test]
 fn a_retried_call_gets_the_recorded_reply() {
