@@ -2,20 +2,15 @@
 //! that makes retried calls exactly-once. A pure state machine: every entry point takes the
 //! current time and returns the replies to send.
 //!
-//! User-defined objects (`py:` types) run in object hosts: their calls park here and leave as
-//! [`Forward`]s, which the server drains with [`Partition::take_forwards`] right after each
-//! entry point (so a host sees one object's calls in the order applied here); the host's
-//! answers come back through [`Partition::complete`] and [`Partition::lose`].
-//!
-//! Persistent objects: every event that changes one (a mutating call, create or delete, and
-//! the expiry, withdrawal, disconnect or session end that resolves a parked call on one)
-//! leaves an op-log [`Record`](crate::record::Record), in the order applied, which the server
-//! drains with [`Partition::take_log`] under the same lock and makes durable before sending
-//! the replies. Recovery feeds the records back through [`Partition::replay`], which calls
-//! the very entry points that produced them.
+//! This file holds the object map and [`Partition::apply`], which refuses what must not run
+//! and dispatches the rest to create, call or delete. Each other concern has its own file:
+//! `reply_log` (exactly-once replies), `admission` (room under `--max-memory`),
+//! `durability` (the op log and its replay), `waiting` (parked calls and what ends them),
+//! `users` (user-defined objects in hosts), `moves` (`keep`, export, abandoning a shard),
+//! `transaction`, `snapshot`, `memory` and `object_map`.
 
 use ahash::{HashMap, HashSet};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -382,7 +377,7 @@ impl Partition {
             return Err(moved(&key, new_key));
         }
         let owner = owned.then(|| caller.client.clone());
-        let Some((version, args, kwargs)) = user_args else {
+        let Some(user_args) = user_args else {
             let obj = objects::create(&type_name, &args)?;
             self.objects.insert(
                 key,
@@ -395,37 +390,7 @@ impl Partition {
             );
             return Ok(Some(Value::Boolean(true)));
         };
-        self.remove(&key);
-        self.next_object_id += 1;
-        let object_id = self.next_object_id;
-        self.forwards.push(Forward::Construct {
-            key: key.clone(),
-            object_id,
-            type_name: type_name.clone(),
-            version: version.clone(),
-            args,
-            kwargs,
-            persistent,
-        });
-        *self.versions.entry((type_name.clone(), version.clone())).or_default() += 1;
-        self.hosted.insert(token);
-        let u = UserObject {
-            type_name,
-            version,
-            id: object_id,
-            state: UserState::Constructing,
-            calls: VecDeque::from([token]),
-            last_state: None,
-        };
-        self.objects.insert(
-            key,
-            Entry {
-                body: Body::User(Box::new(u)),
-                owner,
-                persistent,
-                epoch: self.snapshot_epoch,
-            },
-        );
+        self.construct(token, type_name, key, user_args, owner, persistent);
         // Answered when the constructor returns (`complete`).
         Ok(None)
     }
@@ -495,13 +460,8 @@ impl Partition {
         match step {
             Ok(Step::Reply(v)) => (Ok(Some(v)), record),
             Ok(Step::Park { deadline }) => {
-                if let Some(d) = deadline {
-                    self.timer_seq += 1;
-                    let at = (d, self.timer_seq);
-                    if let Some(old) = self.timer_of.insert(token, at) {
-                        self.timers.remove(&old);
-                    }
-                    self.timers.insert(at, (key.to_string(), token));
+                if let Some(deadline) = deadline {
+                    self.set_timer(token, key, deadline);
                 }
                 (Ok(None), record)
             }

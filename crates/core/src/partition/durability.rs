@@ -1,5 +1,9 @@
-//! Persistence: the op-log records a partition leaves for the server to make durable
-//! ([`Partition::take_log`]), and their replay through the entry points that produced them.
+//! Persistent objects: every event that changes one (a mutating call, create or delete, and
+//! the expiry, withdrawal, disconnect or session end that resolves a parked call on one)
+//! leaves an op-log [`Record`](crate::record::Record), in the order applied, which the server
+//! drains with [`Partition::take_log`] under the same lock and makes durable before sending
+//! the replies. Recovery feeds the records back through [`Partition::replay`], which calls
+//! the very entry points that produced them.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -1,5 +1,7 @@
-//! User-defined objects (`py:` types) run in object hosts: their calls leave as
-//! [`Forward`]s and their answers come back through `complete` and `lose`.
+//! User-defined objects (`py:` types) run in object hosts: their calls park here and leave as
+//! [`Forward`]s, which the server drains with [`Partition::take_forwards`] right after each
+//! entry point (so a host sees one object's calls in the order applied here); the host's
+//! answers come back through [`Partition::complete`] and [`Partition::lose`].
 
 use ahash::HashMap;
 use std::collections::VecDeque;
@@ -211,6 +213,50 @@ impl Partition {
                 body: Body::User(Box::new(u)),
                 owner: o.owner.map(Arc::from),
                 persistent: true,
+                epoch: self.snapshot_epoch,
+            },
+        );
+    }
+
+    /// Make user-defined object `key` anew (replacing a lost one there): its host constructs
+    /// it, and the create is answered when the constructor returns (`complete`).
+    pub(super) fn construct(
+        &mut self,
+        token: Token,
+        type_name: String,
+        key: String,
+        (version, args, kwargs): (String, Vec<Value>, Value),
+        owner: Option<Arc<str>>,
+        persistent: bool,
+    ) {
+        self.remove(&key);
+        self.next_object_id += 1;
+        let object_id = self.next_object_id;
+        self.forwards.push(Forward::Construct {
+            key: key.clone(),
+            object_id,
+            type_name: type_name.clone(),
+            version: version.clone(),
+            args,
+            kwargs,
+            persistent,
+        });
+        *self.versions.entry((type_name.clone(), version.clone())).or_default() += 1;
+        self.hosted.insert(token);
+        let u = UserObject {
+            type_name,
+            version,
+            id: object_id,
+            state: UserState::Constructing,
+            calls: VecDeque::from([token]),
+            last_state: None,
+        };
+        self.objects.insert(
+            key,
+            Entry {
+                body: Body::User(Box::new(u)),
+                owner,
+                persistent,
                 epoch: self.snapshot_epoch,
             },
         );

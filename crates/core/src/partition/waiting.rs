@@ -17,6 +17,16 @@ pub(super) fn system_caller() -> Caller {
 }
 
 impl Partition {
+    /// Answer parked call `token` on `key` at `deadline` (see [`tick`](Self::tick)).
+    pub(super) fn set_timer(&mut self, token: Token, key: &str, deadline: Instant) {
+        self.timer_seq += 1;
+        let at = (deadline, self.timer_seq);
+        if let Some(old) = self.timer_of.insert(token, at) {
+            self.timers.remove(&old);
+        }
+        self.timers.insert(at, (key.to_string(), token));
+    }
+
     /// Book-keeping for answered calls: record the replies of parked mutating calls (for
     /// exactly-once retries) and drop their timers.
     pub(super) fn settle(&mut self, out: &[Delivery]) {
