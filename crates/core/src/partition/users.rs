@@ -324,8 +324,6 @@ impl Partition {
         now: Instant,
     ) -> Vec<Delivery> {
         let mut out = Vec::new();
-        // Why the object goes back to its last logged state after this call, if it does.
-        let mut restore: Option<&str> = None;
         let persistent = match self.objects.get(key) {
             Some(Entry {
                 body: Body::User(u),
@@ -334,59 +332,11 @@ impl Partition {
             }) if u.id == object_id && !u.calls.is_empty() => *persistent,
             _ => return out,
         };
-        if persistent {
-            self.touched_persistent = true;
-            self.preserve(key);
-            let constructing = self
-                .user_mut(key, object_id)
-                .is_some_and(|u| u.state == UserState::Constructing);
-            match state {
-                Some(state) => {
-                    if constructing {
-                        if let Ok(v) = &mut reply {
-                            *v = Value::Boolean(true);
-                        }
-                    }
-                    if !(constructing && reply.is_err()) {
-                        if let Err(len) = self.log_user_state(key, &reply, state) {
-                            // Unloggable: the host's instance (and the calls sent to it
-                            // after this one) go; the object keeps its last logged state.
-                            reply = Err(Error::value(format!(
-                                "the state of the persistent object '{key}' with this call's reply is {len} \
-                                 bytes, over the {MAX_RECORD_LEN} an op-log record holds: this call did not \
-                                 take effect and the object keeps its last acknowledged state"
-                            )));
-                            self.forwards.push(Forward::Drop {
-                                key: key.to_string(),
-                                object_id,
-                            });
-                            if !constructing {
-                                restore = Some("an earlier call left a state too large to log");
-                            }
-                        }
-                    }
-                }
-                // A host must send the state after a persistent object's constructor or call
-                // returned: without it the change cannot be logged, so it is undone.
-                None if reply.is_ok() => {
-                    reply = Err(Error::new(
-                        ErrorKind::Internal,
-                        format!(
-                            "the object host sent no state for the persistent object '{key}' (a server bug): this \
-                             call did not take effect"
-                        ),
-                    ));
-                    self.forwards.push(Forward::Drop {
-                        key: key.to_string(),
-                        object_id,
-                    });
-                    if !constructing {
-                        restore = Some("an earlier call's state was not sent");
-                    }
-                }
-                None => {}
-            }
-        }
+        // Why the object goes back to its last logged state after this call, if it does.
+        let restore = match persistent {
+            true => self.log_answer(key, object_id, &mut reply, state),
+            false => None,
+        };
         let Some(u) = self.user_mut(key, object_id) else {
             return out;
         };
@@ -428,6 +378,72 @@ impl Partition {
             out.extend(self.lose(key, object_id, reason, now));
         }
         out
+    }
+
+    /// The host of persistent user-defined object `object_id` at `key` answered `reply`, with
+    /// `state` after the call: log them, or, when they cannot be, make the reply an error and
+    /// drop the host's instance. Returns why the object goes back to its last logged state,
+    /// if it does.
+    fn log_answer(
+        &mut self,
+        key: &str,
+        object_id: u64,
+        reply: &mut Reply,
+        state: Option<Vec<u8>>,
+    ) -> Option<&'static str> {
+        let mut restore = None;
+        self.touched_persistent = true;
+        self.preserve(key);
+        let constructing = self
+            .user_mut(key, object_id)
+            .is_some_and(|u| u.state == UserState::Constructing);
+        match state {
+            Some(state) => {
+                if constructing {
+                    if let Ok(v) = reply {
+                        *v = Value::Boolean(true);
+                    }
+                }
+                if !(constructing && reply.is_err()) {
+                    if let Err(len) = self.log_user_state(key, reply, state) {
+                        // Unloggable: the host's instance (and the calls sent to it
+                        // after this one) go; the object keeps its last logged state.
+                        *reply = Err(Error::value(format!(
+                            "the state of the persistent object '{key}' with this call's reply is {len} \
+                             bytes, over the {MAX_RECORD_LEN} an op-log record holds: this call did not \
+                             take effect and the object keeps its last acknowledged state"
+                        )));
+                        self.forwards.push(Forward::Drop {
+                            key: key.to_string(),
+                            object_id,
+                        });
+                        if !constructing {
+                            restore = Some("an earlier call left a state too large to log");
+                        }
+                    }
+                }
+            }
+            // A host must send the state after a persistent object's constructor or call
+            // returned: without it the change cannot be logged, so it is undone.
+            None if reply.is_ok() => {
+                *reply = Err(Error::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "the object host sent no state for the persistent object '{key}' (a server bug): this \
+                         call did not take effect"
+                    ),
+                ));
+                self.forwards.push(Forward::Drop {
+                    key: key.to_string(),
+                    object_id,
+                });
+                if !constructing {
+                    restore = Some("an earlier call's state was not sent");
+                }
+            }
+            None => {}
+        }
+        restore
     }
 
     /// The host of user-defined object `object_id` at `key` died: every call waiting for it
