@@ -64,7 +64,7 @@ impl Partition {
         }
     }
 
-    /// Let the cache at `key` free `bytes` (see [`Object::evict`]); returns what it freed.
+    /// Let the cache at `key` free `bytes` (see [`Object::evict`](crate::Object::evict)); returns what it freed.
     pub(super) fn evict(&mut self, key: &str, bytes: usize) -> usize {
         self.preserve(key);
         let Some((entry, counted, meter)) = self.objects.get_metered(key) else {

@@ -1,9 +1,9 @@
 //! Persistent objects: every event that changes one (a mutating call, create or delete, and
 //! the expiry, withdrawal, disconnect or session end that resolves a parked call on one)
-//! leaves an op-log [`Record`](crate::record::Record), in the order applied, which the server
-//! drains with [`Partition::take_log`] under the same lock and makes durable before sending
-//! the replies. Recovery feeds the records back through [`Partition::replay`], which calls
-//! the very entry points that produced them.
+//! leaves an op-log [`Record`], in the order applied, which the server drains with
+//! [`Partition::take_log`] under the same lock and makes durable before sending the replies.
+//! Recovery feeds the records back through [`Partition::replay`], which calls the very entry
+//! points that produced them.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
