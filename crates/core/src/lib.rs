@@ -8,6 +8,7 @@ pub mod call;
 pub mod error;
 pub mod object;
 pub mod objects;
+pub mod op;
 pub mod partition;
 pub mod record;
 pub mod value;

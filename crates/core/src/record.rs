@@ -34,7 +34,7 @@ use std::sync::Arc;
 use rmp::decode::{DecodeStringError, NumValueReadError, ValueReadError};
 use rmp::Marker;
 
-use crate::partition::Op;
+use crate::op::Op;
 use crate::{Caller, ConnId, Error, ErrorKind, Reply, Token, Value};
 
 /// The record format version written by [`Record::encode`].

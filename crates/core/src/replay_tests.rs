@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::objects::testing::Rng;
-use crate::partition::Op;
+use crate::op::Op;
 use crate::{Caller, Delivery, ErrorKind, Partition, Token, Value};
 
 /// A partition under test with its op log so far.

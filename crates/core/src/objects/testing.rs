@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::partition::Op;
+use crate::op::Op;
 use crate::{Caller, Ctx, Delivery, Error, Object, Partition, Reply, Step, Token, Value};
 
 pub fn arr(items: Vec<Value>) -> Value {
