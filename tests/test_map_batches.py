@@ -20,16 +20,25 @@ def labels_of(out: str) -> list:
 
 
 def test_tiny_tasks_go_in_batches_in_order(capsys):
-    with spindle.Executor(max_workers=2) as ex:
+    with spindle.Executor(max_workers=1) as ex:
         assert list(ex.map(remote.shout, range(40))) == list(range(40))
     printed = labels_of(capsys.readouterr().out)
     assert sorted(int(n) for _, n in printed) == list(range(40))
     calls = {label for label, _ in printed}
-    # 2 workers, 4 batches each: 8 calls of 5 tasks (one call per task would be 40).
-    assert len(calls) == 8
+    # 1 worker, 4 batches: 4 calls of 10 tasks (one call per task would be 40).
+    assert len(calls) == 4
     for label in calls:  # a batch runs its tasks in order
         numbers = [int(n) for lab, n in printed if lab == label]
-        assert numbers == sorted(numbers) and len(numbers) == 5
+        assert numbers == sorted(numbers) and len(numbers) == 10
+
+
+def test_a_pool_larger_than_the_cores_gets_4_batches_per_core(capsys):
+    cores = spindle.status()["cores"]
+    tasks = 40 * cores
+    with spindle.Executor() as ex:  # the server's pool: 8 workers per core
+        assert list(ex.map(remote.shout, range(tasks))) == list(range(tasks))
+    calls = {label for label, _ in labels_of(capsys.readouterr().out)}
+    assert len(calls) == 4 * cores  # not 4 per worker of the pool: 32 per core
 
 
 def test_a_task_failure_is_raised_at_its_place_with_its_traceback():

@@ -105,6 +105,7 @@ pub(crate) fn status(shared: &Shared) -> Value {
         ("calls_per_s", Value::F64(calls_per_s)),
         ("workers", Value::from(pool.workers)),
         ("max_workers", Value::from(shared.config.functions.max_workers)),
+        ("cores", Value::from(crate::config::cores())),
         ("busy", Value::from(pool.busy)),
         ("queued", Value::from(pool.queued)),
         ("invocations_per_s", Value::F64(invocations_per_s)),

@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any, Callable, Deque, Iterable, Iterator, List, Optional, Set
 
+from .. import client as _client_mod
 from . import batch, progress
 from .call import Backoff, Call, call_options, keep_alive
 from .invoker import MAX_ARGUMENT, Invocation, on_reader_thread
@@ -96,6 +97,8 @@ class Executor(concurrent.futures.Executor):
         self._lock = threading.Lock()
         self._waiting: Deque[Call] = collections.deque()  # beyond max_workers, not yet sent
         self._in_flight = 0
+        self._cores: Optional[int] = None  # the server's, and its pool's size: see _parallelism
+        self._pool = 0
         self._futures: Set[Invocation] = set()
         self._shutdown = False
         call_options(timeout, memory_mb, "")  # validate now
@@ -159,9 +162,9 @@ class Executor(concurrent.futures.Executor):
         its result would be; ``chunksize`` tasks per function call.
 
         Without ``chunksize`` the tasks go in batches, about ``BATCHES_PER_WORKER`` per
-        worker (``max_workers``, else the gateway's default pool), since a call costs far
-        more than a tiny task; but one call per task when the executor has ``retries`` or a
-        per-call ``timeout``, which apply to each task. A batch whose results cannot be
+        worker that can run at once (``max_workers``, else the gateway's pool, but at most the
+        server's cores), since a call costs far more than a tiny task; but one call per task
+        when the executor has ``retries`` or a per-call ``timeout``, which apply to each task. A batch whose results cannot be
         pickled, or whose worker crashes, fails each of its tasks.
         """
         if chunksize is not None and chunksize < 1:
@@ -191,8 +194,18 @@ class Executor(concurrent.futures.Executor):
     def _batch_size(self, tasks: int) -> int:
         if self.retries or self.timeout is not None:
             return 1
-        workers = self.max_workers or default_workers()
-        return max(1, math.ceil(tasks / (workers * BATCHES_PER_WORKER)))
+        return max(1, math.ceil(tasks / (self._parallelism() * BATCHES_PER_WORKER)))
+
+    def _parallelism(self) -> int:
+        """How many of this executor's batches run at once: ``max_workers`` (else the
+        server's pool), but no more than the server's cores. Its pool outnumbers them for
+        functions that wait; a batch of tasks runs them one after another anyway, so more
+        batches than cores would only add calls, each costing far more than a tiny task."""
+        if self._cores is None:
+            status = _client_mod.current().status()
+            self._cores = int(status.get("cores") or os.cpu_count() or 1)
+            self._pool = int(status.get("max_workers") or default_workers())
+        return min(self.max_workers or self._pool, self._cores)
 
     @staticmethod
     def _results(calls: List[Invocation], single: bool, end: Optional[float], bar: Any) -> Iterator[Any]:
