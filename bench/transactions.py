@@ -12,9 +12,15 @@ Contenders, each counting committed transfers per second:
 
 Goals (the issue's): Spindle at least 2x Redis ``WATCH``/``MULTI`` at both contention levels
 and at least 0.5x the Lua script. Also reported: the share of Spindle's attempts that
-conflicted. Writes the ``transactions`` section of ``docs/benchmarks.md`` and
+conflicted.
+
+In a cluster: the same transfers on 3 nodes (``rf = 3``, persistent accounts, ``--fsync
+always``), between two accounts of one shard (one Raft entry) and of two shards (two-phase
+commit), committed transfers/s and each transfer's p50/p99 latency, side by side.
+
+Writes the ``transactions`` section of ``docs/benchmarks.md`` and
 ``docs/img/transactions.png``. Usage: ``python bench/transactions.py [--no-docs]
-[--seconds S] [--clients N]`` (``QUICK=1``: short runs). Needs ``redis-server``.
+[--seconds S] [--clients N] [--no-cluster]`` (``QUICK=1``: short runs). Needs ``redis-server``.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import random
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from objects import Running, free_port, redis_cmd, spindle_cmd
-from report import IMG, QUICK, Claim, log, machine, print_table, redis_version, summarize, table, update_section
+from report import (IMG, QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table,
+                    update_section)
 
 ACCOUNTS = [1000, 10]
 BALANCE = 1_000_000_000  # never short: every transfer moves money
@@ -127,6 +137,81 @@ def _worker(system: str, port: int, accounts: int, seed: int, seconds: float, st
     out.put(n)
 
 
+CLUSTER_ACCOUNTS = 100
+CLUSTER_KINDS = ("one shard", "two shards")
+
+
+def _cluster_worker(addresses: str, kind: str, seed: int, seconds: float, start_at: float, out) -> None:
+    """Transfers between two accounts of one shard, or of two, until ``seconds`` have passed
+    after ``start_at``: puts ``(count, latencies in µs)``."""
+    import spindle
+    from cluster import SHARDS
+    from spindle.client import shard_of
+
+    spindle.connect(addresses, embedded=False)
+    names = [f"cacct:{i}" for i in range(CLUSTER_ACCOUNTS)]
+    by_shard: dict[int, list] = {}
+    for name in names:
+        by_shard.setdefault(shard_of(name, SHARDS), []).append(spindle.Counter(BALANCE, name=name, persistent=True))
+    shards = [s for s, accounts in by_shard.items() if len(accounts) >= 2]
+
+    @spindle.transactional
+    def transfer(src, dst, amount: int) -> bool:
+        if src.get() < amount:
+            return False
+        src.add(-amount)
+        dst.add(amount)
+        return True
+
+    rng = random.Random(seed)
+
+    def pair() -> tuple:
+        if kind == "one shard":
+            return tuple(rng.sample(by_shard[rng.choice(shards)], 2))
+        a, b = rng.sample(list(by_shard), 2)
+        return rng.choice(by_shard[a]), rng.choice(by_shard[b])
+
+    transfer(*pair(), 1)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    latencies, stop = [], start_at + seconds
+    while time.time() < stop:
+        begun = time.perf_counter()
+        transfer(*pair(), rng.randint(1, 10))
+        latencies.append((time.perf_counter() - begun) * 1e6)
+    out.put((len(latencies), latencies))
+
+
+def cluster_runs(clients: int, seconds: float) -> dict[str, dict]:
+    """Per kind of transfer: transfers/s and p50/p99 latency (µs) on a 3-node cluster."""
+    from cluster import LocalCluster
+
+    root = Path(tempfile.mkdtemp(prefix="spindle-bench-transactions-"))
+    cluster = LocalCluster(root, rf=3, fsync="always")
+    results = {}
+    try:
+        for kind in CLUSTER_KINDS:
+            ctx = mp.get_context("fork")
+            out = ctx.Queue()
+            start_at = time.time() + 2.0 + 0.1 * clients
+            procs = [ctx.Process(target=_cluster_worker, args=(cluster.addresses, kind, i, seconds, start_at, out))
+                     for i in range(clients)]
+            for p in procs:
+                p.start()
+            got = [out.get(timeout=seconds + 120) for _ in procs]
+            for p in procs:
+                p.join()
+            latencies = sorted(x for _, lat in got for x in lat)
+            results[kind] = {"rate": sum(n for n, _ in got) / seconds, "p50": percentile(latencies, 0.5),
+                             "p99": percentile(latencies, 0.99)}
+            log(f"cluster, {kind}: {results[kind]['rate']:,.0f} transfers/s, p50 {results[kind]['p50']:,.0f} µs, "
+                f"p99 {results[kind]['p99']:,.0f} µs")
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
 def setup_redis(port: int, accounts: int) -> None:
     import redis
 
@@ -160,6 +245,7 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true", help="print only; do not touch docs/")
     parser.add_argument("--seconds", type=float, default=2.0 if QUICK else 10.0)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node cluster's transfers")
     args = parser.parse_args()
     results: dict[tuple[str, int], list[float]] = {}
     conflict_share: dict[int, list[float]] = {}
@@ -189,6 +275,11 @@ def main() -> None:
     headers = ["accounts", "spindle transfers/s", "redis WATCH/MULTI", "redis Lua", "vs WATCH/MULTI",
                "vs Lua", "spindle attempts aborted"]
     print_table(headers, rows)
+    in_cluster = {} if args.no_cluster else cluster_runs(args.clients, args.seconds)
+    cluster_headers = ["accounts of", "transfers/s", "p50 µs", "p99 µs"]
+    cluster_rows = [[kind, f"{r['rate']:,.0f}", f"{r['p50']:,.0f}", f"{r['p99']:,.0f}"] for kind, r in in_cluster.items()]
+    if cluster_rows:
+        print_table(cluster_headers, cluster_rows)
     claims = []
     for accounts in ACCOUNTS:
         s, m, lua = (median[(name, accounts)] for name in SYSTEMS)
@@ -215,6 +306,16 @@ def main() -> None:
         "",
         *misses(median, rows),
         f"![transfers per second]({image})",
+        *([
+            "",
+            f"In a 3-node cluster (`rf = 3`, {CLUSTER_ACCOUNTS} persistent accounts, `--fsync always`; "
+            f"{args.clients} client processes for {args.seconds:.0f} s, one run): transfers between two "
+            "accounts of one shard commit in one Raft entry; between two shards, by two-phase commit "
+            "(a prepare entry in each shard's group, the decision in the coordinator's, then the "
+            "decide entries).",
+            "",
+            *table(cluster_headers, cluster_rows),
+        ] if cluster_rows else []),
     ]))
     summarize("transactions", claims)
 
