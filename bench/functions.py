@@ -53,6 +53,7 @@ def timed_map(map_fn, n: int) -> float:
     """Median seconds of ``list(map_fn(tiny, range(n)))`` over MAP_ROUNDS, after a warm-up."""
     expected = [tiny(i) for i in range(n)]
     assert list(map_fn(tiny, range(n))) == expected
+    time.sleep(2)  # workers the warm-up started finish starting: the pool is warm
     times = []
     for _ in range(MAP_ROUNDS):
         t = time.perf_counter()
