@@ -227,7 +227,7 @@ def test_limits_of_objects_time_bytes_and_open_transactions_are_enforced_and_sta
                     time.sleep(0.7)
                     b.add(1)
             blob = spindle.Blob(name="lim-blob")
-            with pytest.raises(spindle.TransactionError, match="1000 bytes of arguments"):
+            with pytest.raises(spindle.TransactionError, match="1000 bytes of calls"):
                 with spindle.transaction():
                     a.add(1)
                     blob.set(b"x" * 600)
@@ -298,6 +298,96 @@ def test_a_client_killed_mid_transaction_leaves_nothing_and_frees_its_objects(un
 
     bump()
     assert c.get() == 1
+
+
+LOCKED_IN_TRANSACTION = """
+import sys, spindle
+with spindle.transaction():  # the lock reached inside only: no single call on its shard
+    assert spindle.Lock(name=sys.argv[1]).acquire(blocking=False)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_lock_acquired_in_a_transaction_is_released_when_its_holder_dies(uniq: str, child_env: dict) -> None:
+    lock = spindle.Lock(name=f"{uniq}lock")
+    child = subprocess.Popen(
+        [sys.executable, "-c", LOCKED_IN_TRANSACTION, f"{uniq}lock"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env,
+    )
+    assert child.stdout.readline().strip() == "held"
+    assert not lock.acquire(blocking=False)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with pytest.warns(spindle.AbandonedLockWarning):
+        assert lock.acquire(timeout=30)  # released once the dead session ends
+
+
+def test_a_refused_transaction_is_aborted_and_leaves_its_objects_free() -> None:
+    server = ServerProcess("--max-transaction-bytes", "100000")
+    try:
+        with connected_to(server):
+            big = spindle.Blob(name="big")
+            big.set(b"x" * 200_000)
+            c = spindle.Counter(name="c")
+            # Too large to copy: refused, and the object is left free for the next.
+            for _ in range(3):
+                with pytest.raises(spindle.TransactionError, match="and was aborted"):
+                    with spindle.transaction():
+                        big.get()
+            assert len(big.get()) == 200_000
+            # The error caught inside: the transaction is gone, and its earlier calls with it.
+            with pytest.raises(spindle.TransactionConflict, match="not open"):
+                with spindle.transaction():
+                    c.add(1)
+                    try:
+                        big.get()
+                    except spindle.TransactionError:
+                        pass
+            assert c.get() == 0
+            # Objects made inside count against the transaction's bytes too.
+            used = spindle.status()["memory_used"]
+            with pytest.raises(spindle.TransactionError, match="bytes of copies"):
+                with spindle.transaction():
+                    for i in range(8):
+                        spindle.Array(1 << 20, name=f"made{i}").fill(7)
+            assert spindle.status()["memory_used"] == used
+            assert [name for name, _ in spindle.objects("made")] == []
+            # Keys and methods count in its bytes too, not only arguments.
+            named = spindle.List(name="l" * 60_000)
+            with pytest.raises(spindle.TransactionError, match="bytes of calls"):
+                with spindle.transaction():
+                    named.reverse()
+                    named.reverse()
+            # A rename is no part of a transaction.
+            with pytest.raises(spindle.TransactionError, match="keep"):
+                with spindle.transaction():
+                    spindle.keep(c, "kept")
+            with spindle.transaction():
+                c.add(1)
+            assert c.get() == 1 and spindle.status()["transactions_open"] == 0
+    finally:
+        server.stop()
+
+
+def test_a_caches_reads_inside_move_its_keys_as_outside(uniq: str) -> None:
+    value = "v" * 1000
+
+    def fresh(name: str) -> spindle.Dict:
+        d = spindle.Dict(name=name, max_memory=2600)
+        d["a"] = value
+        d["b"] = value
+        return d
+
+    single = fresh(f"{uniq}single")
+    single.get("a")
+    single["c"] = value
+    inside = fresh(f"{uniq}txn")
+    with spindle.transaction():
+        inside.get("a")
+        inside["c"] = value
+        seen = sorted(inside.keys())
+    assert sorted(single.keys()) == seen == sorted(inside.keys()) == ["a", "c"]
 
 
 # A bank's client: `transfer` processes move random amounts between random accounts, each

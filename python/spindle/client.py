@@ -24,7 +24,8 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 from .codec import packb, set_user, unpackb
-from .errors import ObjectLost, ServerUnavailable, TLSError, Unauthorized, UntrustedValue, error_from_reply
+from .errors import (ObjectLost, ServerUnavailable, TLSError, TransactionError, Unauthorized, UntrustedValue,
+                     error_from_reply)
 from .sessions import new_secret, session_id, unnamed_key
 from .embedded import EmbeddedServer
 
@@ -586,6 +587,9 @@ class Client:
         return self._numbered(lambda seq, _: [seq, "delete", seq, key] + ([txn] if txn else []), key)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
+        if self.transaction() is not None:
+            # A rename is not undone by an abort, and an object created inside has no name yet.
+            raise TransactionError("spindle.keep() cannot be part of a transaction: call it before or after")
         return self._numbered(lambda seq, _: [seq, "keep", seq, type_name, key, name], key)
 
     def _numbered(self, request: Callable[[int, int], List[Any]], key: str, ship: bool = False) -> Any:

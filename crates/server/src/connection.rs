@@ -1222,6 +1222,9 @@ impl Connection {
             // A reader's create attaches to an existing object: inside a transaction, refused.
             return self.reply(id, Err(refusal));
         }
+        // Its commit applies its calls as this connection (a lock it acquires is this
+        // connection's): its end must reach the shard.
+        self.touched[self.shared.shards.index_of(op.key())] = true;
         let caller = Caller {
             conn: self.id,
             client,

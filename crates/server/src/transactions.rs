@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use ahash::{HashMap, HashSet};
 use spindle_core::partition::{Op, TxnCall, TxnId};
+use spindle_core::record::MAX_RECORD_LEN;
 use spindle_core::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::TxnRef;
 
@@ -51,7 +52,11 @@ impl Transactions {
         Counts {
             committed: self.committed.load(Ordering::Relaxed),
             aborted: self.aborted.load(Ordering::Relaxed),
-            open: self.lock().len(),
+            // Expired ones are dropped when their session next opens one, commits or ends.
+            open: {
+                let now = Instant::now();
+                self.lock().values().filter(|o| o.deadline > now).count()
+            },
         }
     }
 
@@ -128,8 +133,8 @@ impl Transactions {
             return Err(Error::new(
                 ErrorKind::TransactionError,
                 format!(
-                    "transaction {} passed {} bytes of arguments (--max-transaction-bytes): make it in smaller \
-                     transactions",
+                    "transaction {} passed {} bytes of calls (keys, methods and arguments; \
+                     --max-transaction-bytes) and was aborted: make it in smaller transactions",
                     id.number, limits.bytes
                 ),
             ));
@@ -139,8 +144,8 @@ impl Transactions {
                 return Err(Error::new(
                     ErrorKind::TransactionError,
                     format!(
-                        "transaction {} would touch more than {} objects (--max-transaction-objects): make it in \
-                         smaller transactions",
+                        "transaction {} would touch more than {} objects (--max-transaction-objects) and was \
+                         aborted: make it in smaller transactions",
                         id.number, limits.objects
                     ),
                 ));
@@ -166,15 +171,20 @@ pub(crate) fn call(
         client: caller.client.clone(),
         number: txn.number,
     };
-    let bytes = match &op {
-        Op::Create { args, .. } | Op::Call { args, .. } => args.iter().map(spindle_core::value::approx_size).sum(),
-        Op::Delete { .. } => 0,
-    };
+    // What its commit keeps of the call: the key and the method too.
+    let sizes = |args: &[Value]| args.iter().map(spindle_core::value::approx_size).sum::<usize>();
+    let bytes = op.key().len()
+        + match &op {
+            Op::Create { type_name, args, .. } => type_name.len() + sizes(args),
+            Op::Call { method, args, .. } => method.len() + sizes(args),
+            Op::Delete { .. } => 0,
+        };
     let index = shared.shards.index_of(op.key());
     let limits = &shared.config.limits.transactions;
-    let (first, deadline) = shared
+    let entered = shared
         .transactions
-        .enter(limits, &id, txn.first, index, op.key(), bytes)?;
+        .enter(limits, &id, txn.first, index, op.key(), bytes);
+    let (first, deadline) = entered.inspect_err(|e| aborted_by(shared, &id, e))?;
     let txn = TxnCall {
         id: &id,
         age: txn.age,
@@ -182,10 +192,22 @@ pub(crate) fn call(
         deadline,
         max_bytes: limits.bytes,
     };
-    shared.shards.with(index, |s| {
+    let delivery = shared.shards.with(index, |s| {
         s.calls += 1;
         s.partition.apply_in(txn, caller, token, seq, op, Instant::now())
-    })
+    })?;
+    if let Err(e) = &delivery.reply {
+        aborted_by(shared, &id, e);
+    }
+    Ok(delivery)
+}
+
+/// A transaction that got `TransactionError` is aborted everywhere (its message says so):
+/// nothing it did may commit after an error its code may have caught.
+fn aborted_by(shared: &Shared, id: &TxnId, e: &Error) {
+    if e.kind == ErrorKind::TransactionError {
+        abort(shared, &id.client, id.number);
+    }
 }
 
 /// Commit transaction `number` of `caller`'s session (request `token`, `seq`): every shard
@@ -232,15 +254,19 @@ pub(crate) fn commit(
                     limits.duration.as_secs_f64()
                 ),
             )),
-            (Some(open), false) => states.iter().try_for_each(|(index, s)| {
-                if !s.serving() {
-                    return Err(crate::shards::not_serving());
-                }
-                match open.shards.contains(index) {
-                    true => s.partition.validate(&id),
-                    false => Ok(()), // home only: it records the reply
-                }
-            }),
+            (Some(open), false) => states
+                .iter()
+                .map(|(index, s)| {
+                    if !s.serving() {
+                        return Err(crate::shards::not_serving());
+                    }
+                    match open.shards.contains(index) {
+                        true => s.partition.validate(&id),
+                        false => Ok(0), // home only: it records the reply
+                    }
+                })
+                .sum::<Result<usize, Error>>()
+                .and_then(|bytes| fits_one_record(number, bytes, states.len())),
         };
         if let Err(e) = checked {
             for (_, s) in states.iter_mut() {
@@ -274,6 +300,22 @@ pub(crate) fn commit(
             _ => journal::submit_group(states, parts, out),
         }
     })
+}
+
+/// A commit whose records, `bytes` over `parts` partitions, fit one log record (its parts'
+/// headers with them).
+fn fits_one_record(number: u64, bytes: usize, parts: usize) -> Result<(), Error> {
+    let total = bytes + parts * 1024;
+    match total <= MAX_RECORD_LEN {
+        true => Ok(()),
+        false => Err(Error::new(
+            ErrorKind::TransactionError,
+            format!(
+                "transaction {number} would write a commit record of about {total} bytes, more than the \
+                 {MAX_RECORD_LEN} a record may hold: make it in smaller transactions"
+            ),
+        )),
+    }
 }
 
 /// Abort transaction `number` of `client`: nothing it did is ever seen. Replies whether it

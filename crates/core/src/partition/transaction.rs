@@ -54,8 +54,9 @@ pub(super) struct Workspace {
     forks: HashMap<String, Fork>,
     /// Its mutating calls, in order, to apply at commit.
     ops: Vec<(Caller, Op)>,
-    /// Its replies by seq, for retried calls.
-    replies: HashMap<u64, Reply>,
+    /// Its last call's seq and reply, for that call resent (a transaction is one thread's:
+    /// one call in flight).
+    last_reply: Option<(u64, Reply)>,
     /// Bytes its copies hold, counted in the server's memory account like objects.
     bytes: usize,
 }
@@ -98,7 +99,7 @@ impl Partition {
     ) -> Delivery {
         let reply = self.txn_step(txn, caller, seq, op, now);
         if let (Some(ws), true) = (self.txns.get_mut(txn.id), seq != 0) {
-            ws.replies.insert(seq, reply.clone());
+            ws.last_reply = Some((seq, reply.clone()));
         }
         Delivery { token, reply }
     }
@@ -107,7 +108,7 @@ impl Partition {
         let id = txn.id;
         match self.txns.get(id) {
             Some(ws) => {
-                if let Some(reply) = ws.replies.get(&seq).filter(|_| seq != 0) {
+                if let Some((_, reply)) = ws.last_reply.as_ref().filter(|(last, _)| seq != 0 && *last == seq) {
                     return reply.clone();
                 }
             }
@@ -124,7 +125,7 @@ impl Partition {
                     deadline: txn.deadline,
                     forks: HashMap::default(),
                     ops: Vec::new(),
-                    replies: HashMap::default(),
+                    last_reply: None,
                     bytes: 0,
                 };
                 self.txn_deadlines.insert((txn.deadline, id.clone()));
@@ -135,8 +136,9 @@ impl Partition {
         if let Some((new_key, _)) = self.moved.get(&key) {
             return Err(moved(&key, new_key));
         }
-        self.lock_for(id, &key)?;
+        // The copy first: a refused one (too large, no memory) leaves no ownership behind.
         self.fork(id, &key, txn.max_bytes)?;
+        self.lock_for(id, &key)?;
         let ws = self.txns.get_mut(id).expect("the workspace was made above");
         let fork = ws.forks.get_mut(&key).expect("forked above");
         match op {
@@ -154,6 +156,10 @@ impl Partition {
                 if user::is_user_type(type_name) {
                     return Err(user_objects_refused(type_name, &key));
                 }
+                // As `Partition::create` checks: the commit must not meet a refusal.
+                if key.is_empty() {
+                    return Err(Error::bad_args("an object name must not be empty"));
+                }
                 if persistent {
                     if objects::TYPES.contains(&type_name.as_str()) && !objects::is_durable(type_name) {
                         return Err(Error::value(format!(
@@ -168,17 +174,18 @@ impl Partition {
                         ));
                     }
                 }
+                self.objects.memory().check()?;
                 let obj = objects::create(type_name, args)?;
                 let size = obj.size();
                 fork.obj = Some(obj);
                 ws.ops.push((caller.clone(), op));
-                self.resize_fork(id, &key, size);
+                self.resize_fork(id, &key, size, txn.max_bytes)?;
                 Ok(Value::Boolean(true))
             }
             Op::Delete { .. } => {
                 let existed = fork.obj.take().is_some();
                 ws.ops.push((caller.clone(), op));
-                self.resize_fork(id, &key, 0);
+                self.resize_fork(id, &key, 0, txn.max_bytes)?;
                 Ok(Value::Boolean(existed))
             }
             Op::Call {
@@ -196,15 +203,20 @@ impl Partition {
                     ));
                 };
                 check_type(&key, obj.type_name(), type_name)?;
+                // Calls that change nothing need not run again at commit (a cache's reads
+                // do change it: they move keys in its order of use).
+                let mutating = !objects::is_read(type_name, method) || obj.is_mutating(method);
+                if mutating {
+                    self.objects.memory().check()?;
+                }
                 // The fork's waiters are copies: whatever they are told goes nowhere.
                 let mut scratch = Vec::new();
                 let mut ctx = Ctx::new(caller, COMMIT_TOKEN, now, &mut scratch);
                 if let Step::Reply(v) = obj.apply(method, args, &mut ctx)? {
-                    // Calls that only read need not run again at commit.
-                    if !objects::is_read(type_name, method) {
+                    if mutating {
                         let size = obj.size();
                         ws.ops.push((caller.clone(), op));
-                        self.resize_fork(id, &key, size);
+                        self.resize_fork(id, &key, size, txn.max_bytes)?;
                     }
                     return Ok(v);
                 }
@@ -227,8 +239,12 @@ impl Partition {
             }
             return Ok(());
         };
-        let (me, them) = (&self.txns[id], &self.txns[&holder]);
-        if them.older_than(&holder, me, id) {
+        let Some(them) = self.txns.get(&holder) else {
+            // Its workspace went without its locks (cannot happen; never a panic over it).
+            self.locks.insert(key.to_string(), id.clone());
+            return Ok(());
+        };
+        if them.older_than(&holder, &self.txns[id], id) {
             let number = id.number;
             self.drop_txn(id);
             return Err(conflict(format!(
@@ -256,7 +272,7 @@ impl Partition {
                         ErrorKind::TransactionError,
                         format!(
                             "transaction {} would hold {} bytes of copies of objects in this shard with '{key}', \
-                             more than --max-transaction-bytes ({max_bytes}): make it in smaller transactions",
+                             more than --max-transaction-bytes ({max_bytes}), and was aborted: make it in smaller transactions",
                             id.number,
                             held + size
                         ),
@@ -272,20 +288,33 @@ impl Partition {
         let base = self.objects.version(key);
         let ws = self.txns.get_mut(id).expect("the workspace exists");
         ws.forks.insert(key.to_string(), Fork { obj, base, bytes: 0 });
-        self.resize_fork(id, key, size);
-        Ok(())
+        self.resize_fork(id, key, size, max_bytes)
     }
 
-    /// The copy of `key` of transaction `id` now holds `size` bytes.
-    fn resize_fork(&mut self, id: &TxnId, key: &str, size: usize) {
+    /// The copy of `key` of transaction `id` now holds `size` bytes: refused (the caller
+    /// drops the transaction) when its copies here pass `max_bytes`.
+    fn resize_fork(&mut self, id: &TxnId, key: &str, size: usize, max_bytes: usize) -> Result<(), Error> {
         let memory = self.objects.memory().clone();
-        let Some(ws) = self.txns.get_mut(id) else { return };
-        let Some(fork) = ws.forks.get_mut(key) else { return };
+        let Some(ws) = self.txns.get_mut(id) else { return Ok(()) };
+        let Some(fork) = ws.forks.get_mut(key) else {
+            return Ok(());
+        };
         let size = memory::object_size(key, size);
         memory.add(size, false);
         memory.sub(fork.bytes, false);
         ws.bytes = ws.bytes + size - fork.bytes;
         fork.bytes = size;
+        if ws.bytes > max_bytes {
+            return Err(Error::new(
+                ErrorKind::TransactionError,
+                format!(
+                    "transaction {} would hold {} bytes of copies of objects in this shard with '{key}', more than \
+                     --max-transaction-bytes ({max_bytes}), and was aborted: make it in smaller transactions",
+                    id.number, ws.bytes
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Forget transaction `id` here: its workspace and its objects go (an abort, or a
@@ -302,8 +331,10 @@ impl Partition {
     }
 
     /// Whether transaction `id` may commit here: it is still open, and every object it
-    /// touched is as it found it; nothing that applying its calls needs is missing.
-    pub fn validate(&self, id: &TxnId) -> Result<(), Error> {
+    /// touched is as it found it; nothing that applying its calls needs is missing. Returns
+    /// about how many bytes its commit record here takes (the parts of a commit over several
+    /// partitions share one record).
+    pub fn validate(&self, id: &TxnId) -> Result<usize, Error> {
         let Some(ws) = self.txns.get(id) else {
             return Err(conflict(format!(
                 "transaction {} was aborted: an older transaction took an object it held, or it ran past its time \
@@ -343,7 +374,7 @@ impl Partition {
                 ),
             ));
         }
-        Ok(())
+        Ok(bytes)
     }
 
     /// Apply transaction `id`'s calls to the objects (after [`validate`](Self::validate)
@@ -370,6 +401,11 @@ impl Partition {
             out.extend(self.apply_as(&caller, COMMIT_TOKEN, 0, 0, op, now, None));
         }
         self.committing = false;
+        // The calls ran on the copies first, with the same checks: none fails now.
+        debug_assert!(
+            out.iter().all(|d| d.token != COMMIT_TOKEN || d.reply.is_ok()),
+            "a committed call failed"
+        );
         out.retain(|d| d.token != COMMIT_TOKEN);
         let durable = self.storage != Storage::None;
         if seq != 0 {
