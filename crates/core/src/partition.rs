@@ -26,10 +26,12 @@ use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Re
 
 mod memory;
 mod object_map;
+mod prepared;
 mod snapshot;
 mod transaction;
 
 pub use memory::{Charge, Memory};
+pub use prepared::Decision;
 pub use transaction::{TxnCall, TxnId};
 
 /// How many recorded replies each client keeps per partition. A client never retries a call
@@ -369,6 +371,8 @@ pub struct Partition {
     txn_deadlines: BTreeSet<(Instant, TxnId)>,
     /// A transaction's calls are being applied at its commit (accepted already).
     committing: bool,
+    /// Cluster transactions prepared here, and decisions kept (see [`prepared`]).
+    two_phase: prepared::TwoPhase,
 }
 
 struct ReplyLogLimit {
@@ -751,6 +755,9 @@ impl Partition {
                 code,
             } => self.insert_class(&type_name, &version, Arc::new(code)),
             Record::Commit { client, seq, records } => self.replay_commit(client, seq, records, now)?,
+            r @ (Record::Prepare { .. } | Record::Decide { .. } | Record::Decision { .. } | Record::Forget { .. }) => {
+                self.replay_two_phase(r, now)
+            }
         }
         // Nothing runs in a host during replay: stored objects are restored on their next call.
         self.forwards.clear();
@@ -918,6 +925,14 @@ impl Partition {
                 return out;
             }
         }
+        // A call on a key a prepared transaction holds waits for its decision.
+        let op = match replayed.is_none() && !self.committing {
+            true => match self.wait_if_prepared(caller, token, seq, acked, op) {
+                Some(op) => op,
+                None => return out,
+            },
+            false => op,
+        };
         // A live call that may grow an object waits for room (a replayed one was accepted
         // where it ran), which caches give first. Refused before anything is logged or
         // recorded: a retry may pass.
@@ -1356,7 +1371,7 @@ impl Partition {
     /// The partition is replaced after this.
     pub fn abandon(&mut self, error: &Error, now: Instant) -> Vec<Delivery> {
         let keys: Vec<String> = self.objects.iter().map(|(k, _)| k.to_string()).collect();
-        let mut out = Vec::new();
+        let mut out = self.abandon_waiting(error);
         for key in keys {
             let Some(e) = self.remove(&key) else { continue };
             match e.body {

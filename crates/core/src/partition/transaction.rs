@@ -71,7 +71,7 @@ struct Fork {
 }
 
 /// The token of calls applied at commit: their replies went out already, from the forks.
-const COMMIT_TOKEN: Token = Token { conn: 0, req: u64::MAX };
+pub(super) const COMMIT_TOKEN: Token = Token { conn: 0, req: u64::MAX };
 
 impl Workspace {
     /// Whether `self` (of `id`) is older than `other` (of `other_id`): by age, then by id.
@@ -221,6 +221,14 @@ impl Partition {
 
     /// Take `key` for transaction `id`, from a younger holder if need be (wound-die).
     fn lock_for(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
+        // A prepared transaction cannot be wounded, and a transaction never waits.
+        if self.prepared_holder(key).is_some() {
+            let number = id.number;
+            self.drop_txn(id);
+            return Err(conflict(format!(
+                "transaction {number} was aborted: '{key}' is held by a transaction being committed (run it again)"
+            )));
+        }
         let Some(holder) = self.locks.get(key).filter(|h| *h != id).cloned() else {
             if !self.locks.contains_key(key) {
                 self.locks.insert(key.to_string(), id.clone());
@@ -286,6 +294,19 @@ impl Partition {
         memory.sub(fork.bytes, false);
         ws.bytes = ws.bytes + size - fork.bytes;
         fork.bytes = size;
+    }
+
+    /// Take transaction `id`'s workspace away (it is being prepared): the keys it touched
+    /// and its mutating calls. Its locks and its copies' memory go.
+    pub(super) fn take_workspace(&mut self, id: &TxnId) -> (Vec<String>, Vec<(Caller, Op)>) {
+        let Some(ws) = self.txns.get_mut(id) else {
+            return (Vec::new(), Vec::new());
+        };
+        let ops = std::mem::take(&mut ws.ops);
+        let mut keys: Vec<String> = ws.forks.keys().cloned().collect();
+        keys.sort_unstable();
+        self.drop_txn(id);
+        (keys, ops)
     }
 
     /// Forget transaction `id` here: its workspace and its objects go (an abort, or a
