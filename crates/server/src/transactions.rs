@@ -22,6 +22,8 @@ pub(crate) struct Transactions {
     open: Mutex<HashMap<TxnId, Open>>,
     committed: AtomicU64,
     aborted: AtomicU64,
+    /// Cluster transactions this node coordinates the commit of, now.
+    pub(crate) coordinating: crate::cluster::two_phase::Coordinating,
 }
 
 /// What the server knows of an open transaction.
@@ -53,6 +55,19 @@ impl Transactions {
             aborted: self.aborted.load(Ordering::Relaxed),
             open: self.lock().len(),
         }
+    }
+
+    /// Transaction `id` is being committed (prepared) here: no longer open.
+    pub(crate) fn forget(&self, id: &TxnId) {
+        self.lock().remove(id);
+    }
+
+    /// Count a transaction committed, or aborted.
+    pub(crate) fn count(&self, committed: bool) {
+        match committed {
+            true => self.committed.fetch_add(1, Ordering::Relaxed),
+            false => self.aborted.fetch_add(1, Ordering::Relaxed),
+        };
     }
 
     /// A session ended: its transactions went with it (each partition drops its workspaces).
@@ -161,7 +176,7 @@ pub(crate) fn call(
     txn: TxnRef,
     op: Op,
 ) -> Result<Delivery, Error> {
-    refuse_in_cluster(shared)?;
+    crate::cluster::two_phase::check_format(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
         number: txn.number,
@@ -172,9 +187,16 @@ pub(crate) fn call(
     };
     let index = shared.shards.index_of(op.key());
     let limits = &shared.config.limits.transactions;
+    let clustered = shared.cluster.is_some();
+    if clustered && !shared.shards.with(index, |s| s.serving())? {
+        return Err(crate::cluster::two_phase::redirect(shared, index));
+    }
     let (first, deadline) = shared
         .transactions
         .enter(limits, &id, txn.first, index, op.key(), bytes)?;
+    // In a cluster `first` is the transaction's first call in this shard: a shard whose
+    // leader changed must not open it again without its earlier calls there.
+    let first = first && (txn.first || !clustered);
     let txn = TxnCall {
         id: &id,
         age: txn.age,
@@ -183,9 +205,12 @@ pub(crate) fn call(
         max_bytes: limits.bytes,
     };
     shared.shards.with(index, |s| {
+        if !s.serving() {
+            return Err(crate::cluster::two_phase::redirect(shared, index));
+        }
         s.calls += 1;
-        s.partition.apply_in(txn, caller, token, seq, op, Instant::now())
-    })
+        Ok(s.partition.apply_in(txn, caller, token, seq, op, Instant::now()))
+    })?
 }
 
 /// Commit transaction `number` of `caller`'s session (request `token`, `seq`): every shard
@@ -199,7 +224,6 @@ pub(crate) fn commit(
     seq: u64,
     number: u64,
 ) -> Result<Vec<Delivery>, Error> {
-    refuse_in_cluster(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
         number,
@@ -292,14 +316,4 @@ pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
         let _ = shared.shards.with(index, |s| s.partition.drop_txn(&id));
     }
     true
-}
-
-fn refuse_in_cluster(shared: &Shared) -> Result<(), Error> {
-    match &shared.cluster {
-        Some(_) => Err(Error::new(
-            ErrorKind::TransactionError,
-            "transactions run on a single server for now; this server is a cluster node",
-        )),
-        None => Ok(()),
-    }
 }
