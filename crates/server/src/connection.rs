@@ -1292,7 +1292,8 @@ impl Connection {
         };
         let token = Token { conn: self.id, req: id };
         match transactions::call(&self.shared, &caller, token, seq, txn, op) {
-            Ok(delivery) => self.reply(id, delivery.reply),
+            Ok(Some(delivery)) => self.reply(id, delivery.reply),
+            Ok(None) => {}
             Err(e) => self.reply(id, Err(e)),
         }
     }

@@ -167,7 +167,8 @@ impl Transactions {
 }
 
 /// Run call `op` (request `token`, `seq` of its session) of transaction `txn` on the
-/// workspace of its shard. Returns its reply.
+/// workspace of its shard. Returns its reply (`None`: it waits for a transaction being
+/// committed across shards, and its reply comes with the decision).
 pub(crate) fn call(
     shared: &Shared,
     caller: &Caller,
@@ -175,7 +176,7 @@ pub(crate) fn call(
     seq: u64,
     txn: TxnRef,
     op: Op,
-) -> Result<Delivery, Error> {
+) -> Result<Option<Delivery>, Error> {
     crate::cluster::two_phase::check_format(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
@@ -209,7 +210,8 @@ pub(crate) fn call(
             return Err(crate::cluster::two_phase::redirect(shared, index));
         }
         s.calls += 1;
-        Ok(s.partition.apply_in(txn, caller, token, seq, op, Instant::now()))
+        Ok(s.partition
+            .apply_in_or_wait(txn, caller, token, seq, op, Instant::now()))
     })?
 }
 

@@ -23,7 +23,7 @@ use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
 
 use super::transaction::COMMIT_TOKEN;
-use super::{Op, TxnId};
+use super::{Op, TxnCall, TxnId};
 
 /// Prepared transactions, the calls waiting for them, and the coordinator's decisions.
 #[derive(Default)]
@@ -46,12 +46,35 @@ struct Prepared {
     blocked: Vec<Blocked>,
 }
 
-struct Blocked {
-    caller: Caller,
-    token: Token,
-    seq: u64,
-    acked: u64,
-    op: Op,
+/// A call waiting for a prepared transaction's decision.
+enum Blocked {
+    Single {
+        caller: Caller,
+        token: Token,
+        seq: u64,
+        acked: u64,
+        op: Op,
+    },
+    /// A call of another transaction (see [`TxnCall`]).
+    InTxn {
+        id: TxnId,
+        age: u64,
+        first: bool,
+        deadline: Instant,
+        max_bytes: usize,
+        caller: Caller,
+        token: Token,
+        seq: u64,
+        op: Op,
+    },
+}
+
+impl Blocked {
+    fn token(&self) -> Token {
+        match self {
+            Blocked::Single { token, .. } | Blocked::InTxn { token, .. } => *token,
+        }
+    }
 }
 
 /// A coordinator's decision on a transaction.
@@ -99,7 +122,7 @@ impl Partition {
             return Some(op);
         };
         let prepared = self.two_phase.prepared.get_mut(&id).expect("a holder is prepared");
-        prepared.blocked.push(Blocked {
+        prepared.blocked.push(Blocked::Single {
             caller: caller.clone(),
             token,
             seq,
@@ -107,6 +130,25 @@ impl Partition {
             op,
         });
         None
+    }
+
+    /// A transaction's call on a key a prepared transaction holds: it waits for the decision.
+    pub(super) fn wait_in_txn(&mut self, txn: TxnCall<'_>, caller: &Caller, token: Token, seq: u64, op: Op) {
+        let Some(id) = self.two_phase.holder(op.key()).cloned() else {
+            return;
+        };
+        let prepared = self.two_phase.prepared.get_mut(&id).expect("a holder is prepared");
+        prepared.blocked.push(Blocked::InTxn {
+            id: txn.id.clone(),
+            age: txn.age,
+            first: txn.first,
+            deadline: txn.deadline,
+            max_bytes: txn.max_bytes,
+            caller: caller.clone(),
+            token,
+            seq,
+            op,
+        });
     }
 
     /// The prepared transaction holding `key` (a transaction wanting it gives way).
@@ -255,7 +297,44 @@ impl Partition {
         }
         self.touched_persistent = true;
         for b in prepared.blocked {
-            out.extend(self.apply_as(&b.caller, b.token, b.seq, b.acked, b.op, now, None));
+            match b {
+                Blocked::Single {
+                    caller,
+                    token,
+                    seq,
+                    acked,
+                    op,
+                } => out.extend(self.apply_as(&caller, token, seq, acked, op, now, None)),
+                Blocked::InTxn {
+                    id, deadline, token, ..
+                } if deadline <= now => out.push(Delivery {
+                    token,
+                    reply: Err(Error::new(
+                        ErrorKind::TransactionConflict,
+                        format!("transaction {} ran past its time limit and was aborted", id.number),
+                    )),
+                }),
+                Blocked::InTxn {
+                    id,
+                    age,
+                    first,
+                    deadline,
+                    max_bytes,
+                    caller,
+                    token,
+                    seq,
+                    op,
+                } => {
+                    let txn = TxnCall {
+                        id: &id,
+                        age,
+                        first,
+                        deadline,
+                        max_bytes,
+                    };
+                    out.extend(self.apply_in_or_wait(txn, &caller, token, seq, op, now));
+                }
+            }
         }
         out
     }
@@ -404,7 +483,7 @@ impl Partition {
         let mut out = Vec::new();
         for prepared in self.two_phase.prepared.values_mut() {
             out.extend(prepared.blocked.drain(..).map(|b| Delivery {
-                token: b.token,
+                token: b.token(),
                 reply: Err(error.clone()),
             }));
         }
@@ -454,7 +533,6 @@ mod tests {
 
     use super::*;
     use crate::objects::testing::who;
-    use crate::partition::TxnCall;
 
     fn id(number: u64) -> TxnId {
         TxnId {
@@ -556,11 +634,25 @@ mod tests {
         assert_eq!(l.in_txn(&t, call("b", "get", vec![])), Ok(0.into()));
         l.p.prepare(&t, 0).unwrap();
         l.drain(Vec::new());
-        // Reads and writes wait for the decision; another transaction gives way.
+        // Reads and writes wait for the decision, another transaction's calls too.
         assert!(l.single(10, call("a", "get", vec![])).is_empty());
         assert!(l.single(11, call("b", "add", vec![1.into()])).is_empty());
-        let other = l.in_txn(&id(2), call("a", "get", vec![])).unwrap_err();
-        assert_eq!(other.kind, ErrorKind::TransactionConflict);
+        let other = TxnCall {
+            id: &id(2),
+            age: 0,
+            first: true,
+            deadline: l.now + Duration::from_secs(5),
+            max_bytes: 1 << 20,
+        };
+        let waiting = l.p.apply_in_or_wait(
+            other,
+            &who(4),
+            Token { conn: 4, req: 12 },
+            0,
+            call("a", "get", vec![]),
+            l.now,
+        );
+        assert!(waiting.is_none());
         // An old transaction cannot wound it.
         assert!(l.p.is_prepared(&t));
         // A replica rebuilt from the log holds the same keys.
@@ -583,6 +675,8 @@ mod tests {
         let reply = |req| out.iter().find(|d| d.token.req == req).map(|d| d.reply.clone());
         assert_eq!(reply(10), Some(Ok(5.into())));
         assert_eq!(reply(11), Some(Ok(1.into())));
+        assert_eq!(reply(12), Some(Ok(5.into())));
+        assert!(l.p.validate(&id(2)).is_ok());
         let mut r = l.replica();
         assert!(r.prepared_txns().is_empty());
         assert_eq!(value(&mut r, "a"), Ok(5.into()));

@@ -103,6 +103,29 @@ impl Partition {
         Delivery { token, reply }
     }
 
+    /// [`apply_in`](Self::apply_in), except that a call on an object a prepared transaction
+    /// holds waits for its decision (it cannot be long): `None` then, and its reply comes
+    /// with the decision.
+    pub fn apply_in_or_wait(
+        &mut self,
+        txn: TxnCall<'_>,
+        caller: &Caller,
+        token: Token,
+        seq: u64,
+        op: Op,
+        now: Instant,
+    ) -> Option<Delivery> {
+        let answered = self
+            .txns
+            .get(txn.id)
+            .is_some_and(|ws| seq != 0 && ws.replies.contains_key(&seq));
+        if !answered && self.prepared_holder(op.key()).is_some() {
+            self.wait_in_txn(txn, caller, token, seq, op);
+            return None;
+        }
+        Some(self.apply_in(txn, caller, token, seq, op, now))
+    }
+
     fn txn_step(&mut self, txn: TxnCall<'_>, caller: &Caller, seq: u64, op: Op, now: Instant) -> Reply {
         let id = txn.id;
         match self.txns.get(id) {
