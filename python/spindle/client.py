@@ -541,6 +541,8 @@ class Client:
         part of it until ``commit``, ``abort`` or ``end``. ``age``: a retried transaction's
         (see docs/transactions.md)."""
         state = self._state
+        if not state.conns:
+            self.ping()  # in a cluster, its calls need the shard map from the start
         txn = Transaction(next(state.calls.numbers), age if age is not None else time.time_ns() // 1000)
         state.local.txn = txn
         return txn

@@ -427,6 +427,7 @@ impl Cluster {
     /// following `NotLeader` answers a few times.
     pub(crate) async fn ask_leader(&self, shared: &Shared, group: usize, request: Vec<Value>) -> Result<Value, Error> {
         let key = shared.access.cluster_key().unwrap_or_default().to_string();
+        let name = self.name();
         let mut target = self.leader_address(group);
         for _ in 0..4 {
             let Some(address) = target.take() else {
@@ -434,7 +435,10 @@ impl Cluster {
                 target = self.leader_address(group);
                 continue;
             };
-            match peers::request(&address, &self.name(), &key, shared.tls.as_ref(), request.clone()).await {
+            let asked = self
+                .peers
+                .request(&address, &name, &key, shared.tls.as_ref(), request.clone());
+            match asked.await {
                 Err(e) if e.kind == ErrorKind::NotLeader => {
                     target = e.data.as_str().map(str::to_string);
                     if target.is_none() {

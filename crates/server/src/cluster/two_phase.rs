@@ -106,7 +106,11 @@ pub(crate) async fn commit(shared: Arc<Shared>, caller: Caller, token: Token, se
     let reply = match shards.iter().find(|&&s| s >= shared.shards.count()) {
         Some(s) => Some(Err(Error::value(format!("the cluster has no shard {s}")))),
         None => match shards.len() {
-            0 => Some(Ok(Value::Boolean(true))),
+            // An SDK that does not name them (an older one) cannot commit in a cluster.
+            0 => Some(Err(Error::new(
+                ErrorKind::TransactionError,
+                "a commit in a cluster must name the shards its transaction touched (upgrade the client library)",
+            ))),
             1 => return commit_one(&shared, &caller, token, seq, &id, shards[0]),
             _ => commit_many(&shared, &caller, token, seq, &id, &shards).await,
         },
@@ -361,6 +365,9 @@ pub(crate) async fn ask_here(shared: &Shared, id: &TxnId, shard: usize) -> Resul
 /// shards for their decisions, and tells (then forgets) the decisions its shards keep.
 pub(crate) async fn recover(shared: Arc<Shared>) {
     let mut seen: HashMap<(usize, TxnId), Instant> = HashMap::default();
+    // What is being asked or told now: one question or telling at a time each.
+    let busy: Arc<std::sync::Mutex<HashSet<(usize, TxnId)>>> = Arc::default();
+    let start = |key: (usize, TxnId)| busy.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
     loop {
         tokio::time::sleep(RECOVER_EVERY).await;
         let now = Instant::now();
@@ -374,9 +381,12 @@ pub(crate) async fn recover(shared: Arc<Shared>) {
             for (id, home) in prepared {
                 let since = *seen.entry((shard, id.clone())).or_insert(now);
                 current.insert((shard, id.clone()));
-                if now.duration_since(since) >= GRACE {
-                    let shared = shared.clone();
-                    tokio::spawn(async move { learn(&shared, &id, shard, home as usize).await });
+                if now.duration_since(since) >= GRACE && start((shard, id.clone())) {
+                    let (shared, busy) = (shared.clone(), busy.clone());
+                    tokio::spawn(async move {
+                        learn(&shared, &id, shard, home as usize).await;
+                        busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&(shard, id));
+                    });
                 }
             }
             for (id, decision) in decisions {
@@ -387,9 +397,12 @@ pub(crate) async fn recover(shared: Arc<Shared>) {
                     if age >= PRESUMED_ABORT_KEPT {
                         forget(&shared, &id, shard);
                     }
-                } else if age >= GRACE {
-                    let shared = shared.clone();
-                    tokio::spawn(async move { tell(&shared, &id, &decision, shard).await });
+                } else if age >= GRACE && start((shard, id.clone())) {
+                    let (shared, busy) = (shared.clone(), busy.clone());
+                    tokio::spawn(async move {
+                        tell(&shared, &id, &decision, shard).await;
+                        busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&(shard, id));
+                    });
                 }
             }
         }
