@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import spindle
-from spindle.client import Client, shard_of
-from test_cluster import SHARDS, Cluster, cluster  # noqa: F401  (the fixture)
+from spindle.client import Client, Connection, frame, shard_of
+from spindle.sessions import session_id
+from test_cluster import CLUSTER_KEY, NODE_USER, SHARDS, Cluster, cluster  # noqa: F401  (the fixture)
 from conftest import wait_until
 
 
@@ -91,6 +92,49 @@ def test_a_transfer_between_shards_led_by_different_nodes_commits_atomically(clu
         assert sum(balances) == 100 * len(accounts) and min(balances) >= 0
     finally:
         spindle.disconnect()
+
+
+def test_a_participant_whose_coordinator_never_decides_learns_a_presumed_abort(cluster):  # noqa: F811
+    """A node prepares a transaction in one shard and then says nothing more, as a
+    coordinator that crashed between the phases: reads of the prepared object wait, the
+    participant asks the coordinator shard, which has no decision and no commit under way,
+    so it logs an abort; the waiting read then sees the object unchanged, and the
+    transaction's own late commit finds the abort."""
+    names = sorted(accounts_on_every_shard("pa", 1), key=lambda n: shard_of(n, SHARDS))
+    early, late = names[0], names[-1]
+    participant, coordinator = shard_of(late, SHARDS), shard_of(early, SHARDS)
+    assert coordinator < participant
+    client = Client(cluster.addresses)
+    reader = Client(cluster.addresses)
+    try:
+        for name in (early, late):
+            client.create("Counter", name, [10], False, persistent=True)
+        txn = client.begin()
+        assert client.call("Counter", early, "add", [1]) == 11
+        assert client.call("Counter", late, "add", [5]) == 15
+        client.end(txn)
+        # As the coordinator would: prepare the transaction's part in the participant shard.
+        leader = next(n for n in cluster.nodes if n.node_id == cluster.leaders()[participant])
+        node = Connection(leader.host, leader.port, "txn-test-node-session", 1, CLUSTER_KEY, user=NODE_USER)
+        try:
+            me = session_id(client._state.secret)
+            reply = node.roundtrip(frame([2, "prepare", me, txn.number, participant, coordinator]), 2)
+            assert reply == [2, 0, True], reply
+        finally:
+            node.close()
+        # A read of the prepared object waits for the decision, which the participant asks for.
+        seen: list = []
+        waiting = threading.Thread(target=lambda: seen.append(reader.call("Counter", late, "get", [])))
+        waiting.start()
+        waiting.join(60)
+        assert seen == [10], "the prepared writes were dropped once the abort was presumed"
+        # The transaction's commit, late, finds the abort logged by the coordinator shard.
+        with pytest.raises(spindle.TransactionConflict, match="did not reach a decision"):
+            client.commit(txn)
+        assert [reader.call("Counter", n, "get", []) for n in (early, late)] == [10, 10]
+    finally:
+        client.close()
+        reader.close()
 
 
 # A bank's client, as in test_transactions.py, over a cluster: `transfer` processes move

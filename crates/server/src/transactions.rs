@@ -2,6 +2,8 @@
 //! and its commit (every shard it touched locked together, validated, then applied, their
 //! records written as one) or abort. The workspaces themselves live in the partitions
 //! (`spindle_core::partition::transaction`); docs/transactions.md tells the whole design.
+//! In a cluster, each node keeps the part on the shards it leads, and the commit is
+//! two-phase (`cluster::two_phase`).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
