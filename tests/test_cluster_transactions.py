@@ -94,6 +94,19 @@ def test_a_transfer_between_shards_led_by_different_nodes_commits_atomically(clu
         spindle.disconnect()
 
 
+def test_list_append_transactions_over_shards_are_strictly_serializable(cluster, tmp_path):  # noqa: F811
+    """The list-append workload of tests/serializability over lists on several shards led
+    by different nodes, its history checked after Elle."""
+    from serializability.checker import load
+    from serializability.workload import run
+
+    history = str(tmp_path / "history.jsonl")
+    report = run(cluster.addresses, keys=6, processes=3, duration=5.0, history=history)
+    assert report.valid, report.format()
+    committed = [record for record in load(history) if record["type"] == "ok"]
+    assert any(len({op[1] for op in record["ops"]}) > 1 for record in committed)
+
+
 def test_a_participant_whose_coordinator_never_decides_learns_a_presumed_abort(cluster):  # noqa: F811
     """A node prepares a transaction in one shard and then says nothing more, as a
     coordinator that crashed between the phases: reads of the prepared object wait, the
