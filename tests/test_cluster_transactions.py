@@ -35,10 +35,12 @@ def accounts_on_every_shard(prefix: str, per_shard: int) -> list:
     return names
 
 
-def test_a_transfer_between_shards_led_by_different_nodes_commits_atomically(cluster):  # noqa: F811
+def test_a_transfer_between_shards_led_by_different_nodes_commits_atomically(cluster, monkeypatch):  # noqa: F811
     leaders = cluster.leaders()
     assert len(set(leaders.values())) > 1, "the shards' leadership is spread over the nodes"
-    client = spindle.connect(cluster.addresses, embedded=False)
+    # connect() notes the address in the environment: the tests after this one find theirs.
+    monkeypatch.setenv("SPINDLE_ADDRESS", cluster.addresses)
+    spindle.connect(cluster.addresses, embedded=False)
     try:
         names = accounts_on_every_shard("acct", 2)
         accounts = [spindle.Counter(100, name=n, persistent=True) for n in names]
