@@ -1830,6 +1830,12 @@ impl Partition {
                 format!("{type_name} '{key}' has parked callers; keep it when none are waiting"),
             ));
         }
+        if self.prepared_holder(key).is_some() {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("{type_name} '{key}' is held by a transaction being committed; keep it once it is"),
+            ));
+        }
         let e = self.remove(key).expect("checked");
         let Body::Builtin(obj) = e.body else {
             unreachable!("checked above")
