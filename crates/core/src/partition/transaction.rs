@@ -244,7 +244,8 @@ impl Partition {
 
     /// Take `key` for transaction `id`, from a younger holder if need be (wound-die).
     fn lock_for(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
-        // A prepared transaction cannot be wounded, and a transaction never waits.
+        // A prepared transaction cannot be wounded (`apply_in_or_wait` waits for it; this
+        // call did not ask to).
         if self.prepared_holder(key).is_some() {
             let number = id.number;
             self.drop_txn(id);
