@@ -370,13 +370,15 @@ class Transaction:
     counter) and its age (when its first attempt began, in microseconds; a retry keeps it,
     so it grows older than newcomers and gets through)."""
 
-    __slots__ = ("number", "age", "touched")
+    __slots__ = ("number", "age", "touched", "shards")
 
     def __init__(self, number: int, age: int) -> None:
         self.number = number
         self.age = age
         # Whether a call was sent as part of it (else the server never heard of it).
         self.touched = False
+        # In a cluster, the shards its calls went to: its commit names them.
+        self.shards: Set[int] = set()
 
 
 class _Session:
@@ -509,7 +511,7 @@ class Client:
     def call(self, type_name: str, key: str, method: str, args: List[Any], ship: bool = False) -> Any:
         """Call ``method`` on the object ``(type_name, key)``; ``ship``: the arguments go to a
         shared object's method (see ``codec.packb``)."""
-        txn = self._txn_item()
+        txn = self._txn_item(key)
 
         def request(seq: int, acked: int) -> List[Any]:
             # `acked` is optional: a session that does not acknowledge sends the old shape.
@@ -521,7 +523,7 @@ class Client:
 
     def create(self, type_name: str, key: str, args: List[Any], owned: bool,
                ship: bool = False, persistent: bool = False) -> bool:
-        txn = self._txn_item()
+        txn = self._txn_item(key)
 
         def request(seq: int, acked: int) -> List[Any]:
             # Optional operands: ephemeral creates keep the old shape.
@@ -540,6 +542,8 @@ class Client:
         part of it until ``commit``, ``abort`` or ``end``. ``age``: a retried transaction's
         (see docs/transactions.md)."""
         state = self._state
+        if not state.conns:
+            self.ping()  # in a cluster, its calls need the shard map from the start
         txn = Transaction(next(state.calls.numbers), age if age is not None else time.time_ns() // 1000)
         state.local.txn = txn
         return txn
@@ -557,23 +561,38 @@ class Client:
         """Make ``txn``'s changes visible to all at once, or raise ``TransactionConflict``
         (and none is). A transaction that made no call has nothing to commit."""
         self.end(txn)
-        if txn.touched:
+        if not txn.touched:
+            return
+        if self.shards and txn.shards:
+            # The leader of its lowest shard coordinates; a retry goes to the same shard.
+            shards = sorted(txn.shards)
+            self._numbered(lambda seq, _: [seq, "commit", seq, txn.number, shards], None, shard=shards[0])
+        else:
             self._numbered(lambda seq, _: [seq, "commit", seq, txn.number], None)
 
     def abort(self, txn: Transaction) -> None:
         """Drop ``txn``: nothing it did is ever visible."""
         self.end(txn)
-        if txn.touched:
+        if not txn.touched:
+            return
+        # In a cluster each shard's leader holds its part.
+        for shard in sorted(txn.shards) if self.shards else [None]:
             rid = next(self._seq)
-            self.request([rid, "abort", txn.number], rid)
+            self.request([rid, "abort", txn.number], rid, shard=shard)
 
-    def _txn_item(self) -> Optional[List[Any]]:
-        """The ``txn`` item of a call on this thread: its transaction's, if any."""
+    def _txn_item(self, key: str) -> Optional[List[Any]]:
+        """The ``txn`` item of a call on ``key`` on this thread: its transaction's, if any.
+        Its ``first`` flag: its first call (on one server), or its first call in ``key``'s
+        shard (in a cluster, where each shard's leader holds its part)."""
         txn = getattr(self._state.local, "txn", None)
         if txn is None:
             return None
         first = not txn.touched
         txn.touched = True
+        if self.shards:
+            shard = shard_of(key, self.shards)
+            first = shard not in txn.shards
+            txn.shards.add(shard)
         return [txn.number, txn.age, first]
 
     def define(self, type_name: str, version: str, code: bytes, key: Optional[str] = None) -> bool:
@@ -583,7 +602,7 @@ class Client:
         return self.request([rid, "define", type_name, version, code], rid, key=key)
 
     def delete(self, key: str) -> bool:
-        txn = self._txn_item()
+        txn = self._txn_item(key)
         return self._numbered(lambda seq, _: [seq, "delete", seq, key] + ([txn] if txn else []), key)
 
     def keep(self, type_name: str, key: str, name: Optional[str]) -> str:
@@ -592,13 +611,14 @@ class Client:
             raise TransactionError("spindle.keep() cannot be part of a transaction: call it before or after")
         return self._numbered(lambda seq, _: [seq, "keep", seq, type_name, key, name], key)
 
-    def _numbered(self, request: Callable[[int, int], List[Any]], key: str, ship: bool = False) -> Any:
+    def _numbered(self, request: Callable[[int, int], List[Any]], key: Optional[str], ship: bool = False,
+                  shard: Optional[int] = None) -> Any:
         """Send the call ``request(seq, acked)`` builds, as one of the session's calls in
         flight until it has its reply (so no other call acknowledges it meanwhile)."""
         state, seq = self._state, 0
         try:
             seq, acked = state.calls.start()
-            return self.request(request(seq, acked if self._acks else 0), seq, ship, key, state)
+            return self.request(request(seq, acked if self._acks else 0), seq, ship, key, state, shard)
         finally:
             state.calls.done(seq)
 
@@ -646,11 +666,11 @@ class Client:
 
     def request(
         self, request: List[Any], req_id: int, ship: bool = False, key: Optional[str] = None,
-        state: Optional[_Session] = None,
+        state: Optional[_Session] = None, shard: Optional[int] = None,
     ) -> Any:
         """Send ``request`` on this thread's connection (in a cluster: to the leader of
-        ``key``'s shard) of ``state`` (the session now, by default); resend it after a lost
-        connection or a redirect."""
+        ``key``'s shard, or of ``shard``) of ``state`` (the session now, by default); resend
+        it after a lost connection or a redirect."""
         data = frame(request, ship)
         state = state or self._state
         local = state.local
@@ -658,8 +678,10 @@ class Client:
         attempt = 0
         # In a cluster a keyed call names its node (the shard's leader, else the first node);
         # other requests use the thread's connection to the first node.
-        routed = bool(self.shards) and key is not None
-        address = self._leaders.get(shard_of(key, self.shards), self.nodes[0]) if routed else None
+        routed = bool(self.shards) and (key is not None or shard is not None)
+        if routed and shard is None:
+            shard = shard_of(key, self.shards)
+        address = self._leaders.get(shard, self.nodes[0]) if routed else None
         deadline = None
         failover = False  # the call saw a node fail or an election
         previous = None  # the node that redirected us last
@@ -674,7 +696,7 @@ class Client:
                     conn = self._open(address, state)
                 moved = None
                 if routed and len(self.nodes) > 1:
-                    moved = functools.partial(self._leader_moved, shard_of(key, self.shards), conn)
+                    moved = functools.partial(self._leader_moved, shard, conn)
                 reply = conn.roundtrip(data, req_id, moved)
             # PermissionErrors and the like, so OSErrors, but final: a refused hello or
             # handshake; a reply read whole holding a pickle not unpickled.
@@ -730,7 +752,6 @@ class Client:
                     time.sleep(0.02)
                     continue
                 if routed:
-                    shard = shard_of(key, self.shards)
                     if leader:
                         self._leaders[shard] = leader
                     else:

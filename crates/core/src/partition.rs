@@ -22,6 +22,7 @@ mod durability;
 mod memory;
 mod moves;
 mod object_map;
+mod prepared;
 mod reply_log;
 mod snapshot;
 mod transaction;
@@ -31,6 +32,7 @@ mod waiting;
 pub use crate::op::Op;
 pub use memory::{Charge, Memory};
 pub use moves::Detached;
+pub use prepared::Decision;
 pub use reply_log::{DEFAULT_REPLY_LOGS_BYTES, DEFAULT_REPLY_LOG_BYTES};
 pub use transaction::{TxnCall, TxnId};
 pub use users::StoredUser;
@@ -161,6 +163,8 @@ pub struct Partition {
     txn_deadlines: BTreeSet<(Instant, TxnId)>,
     /// A transaction's calls are being applied at its commit (accepted already).
     committing: bool,
+    /// Cluster transactions prepared here, and decisions kept (see [`prepared`]).
+    two_phase: prepared::TwoPhase,
 }
 
 impl Partition {
@@ -279,6 +283,14 @@ impl Partition {
                 return out;
             }
         }
+        // A call on a key a prepared transaction holds waits for its decision.
+        let op = match replayed.is_none() && !self.committing {
+            true => match self.wait_if_prepared(caller, token, seq, acked, op) {
+                Some(op) => op,
+                None => return out,
+            },
+            false => op,
+        };
         // A replayed call was accepted where it ran, and a transaction's at its commit.
         if replayed.is_none() && !self.committing {
             if let Err(e) = self.check_room(&op) {

@@ -24,6 +24,16 @@
 //! [1, "commit", client, seq, [record...]]  a transaction's changes here, all or none: the
 //!                                   records of its calls (each a bin), and the commit's
 //!                                   reply `true` recorded for `client`/`seq` unless nil/0
+//! [1, "prepare", client, number, coordinator, [key...], [record...]]
+//!                                   a cluster transaction prepared here (two-phase commit):
+//!                                   the keys it holds until decided, and the records of its
+//!                                   calls (each a bin), applied if it commits
+//! [1, "decide", client, number, commit]   the outcome of a prepared transaction here
+//! [1, "decision", client, number, commit, seq, message, [shard...]]
+//!                                   the coordinator shard's decision on a transaction over
+//!                                   `shard`s: its commit's reply (`true`, or a conflict with
+//!                                   `message`) recorded for `client`/`seq` unless 0
+//! [1, "forget", client, number]     every participant learned the decision: it goes
 //! ```
 //!
 //! The leading `1` is the record format version. Records come from disk: decoding never
@@ -93,6 +103,38 @@ pub enum Record {
         client: Option<String>,
         seq: u64,
         records: Vec<Vec<u8>>,
+    },
+    /// A cluster transaction's validated writes in a participant shard, held until decided.
+    Prepare {
+        client: String,
+        number: u64,
+        /// The shard whose group records the decision.
+        coordinator: u64,
+        /// Every key it touched here: other calls on them wait for the decision.
+        keys: Vec<String>,
+        records: Vec<Vec<u8>>,
+    },
+    /// The decision on a transaction prepared here: apply its records, or drop them.
+    Decide {
+        client: String,
+        number: u64,
+        commit: bool,
+    },
+    /// The coordinator's decision, which participants ask for until they learn it.
+    Decision {
+        client: String,
+        number: u64,
+        commit: bool,
+        /// The commit call whose reply this is (0: a presumed abort, nobody's reply).
+        seq: u64,
+        /// Why it aborted (empty when it commits).
+        message: String,
+        participants: Vec<u64>,
+    },
+    /// Every participant applied the decision: it is dropped.
+    Forget {
+        client: String,
+        number: u64,
     },
 }
 
@@ -302,6 +344,52 @@ impl Record {
                 }
                 w.0
             }
+            Record::Prepare {
+                client,
+                number,
+                coordinator,
+                keys,
+                records,
+            } => {
+                let len: usize = records.iter().map(|r| r.len() + 5).sum::<usize>()
+                    + keys.iter().map(|k| k.len() + 5).sum::<usize>();
+                let mut w = Writer::record("prepare", 5, 64 + client.len() + len);
+                w.str(client).uint(*number).uint(*coordinator).array(keys.len());
+                for key in keys {
+                    w.str(key);
+                }
+                w.array(records.len());
+                for record in records {
+                    w.bin(record);
+                }
+                w.0
+            }
+            Record::Decide { client, number, commit } => {
+                let mut w = Writer::record("decide", 3, 64 + client.len());
+                w.str(client).uint(*number).bool(*commit);
+                w.0
+            }
+            Record::Decision {
+                client,
+                number,
+                commit,
+                seq,
+                message,
+                participants,
+            } => {
+                let mut w = Writer::record("decision", 6, 64 + client.len() + message.len());
+                w.str(client).uint(*number).bool(*commit).uint(*seq).str(message);
+                w.array(participants.len());
+                for p in participants {
+                    w.uint(*p);
+                }
+                w.0
+            }
+            Record::Forget { client, number } => {
+                let mut w = Writer::record("forget", 2, 64 + client.len());
+                w.str(client).uint(*number);
+                w.0
+            }
         }
     }
 
@@ -417,6 +505,48 @@ impl Record {
                 let records = (0..r.left).map(|_| r.binary("record")).collect::<Result<_, _>>()?;
                 Record::Commit { client, seq, records }
             }
+            "prepare" => {
+                let client = f.string("client")?;
+                let number = f.uint("number")?;
+                let coordinator = f.uint("coordinator")?;
+                let mut k = f.nested("keys")?;
+                let keys = (0..k.left).map(|_| k.string("key")).collect::<Result<_, _>>()?;
+                let mut r = f.nested("records")?;
+                let records = (0..r.left).map(|_| r.binary("record")).collect::<Result<_, _>>()?;
+                Record::Prepare {
+                    client,
+                    number,
+                    coordinator,
+                    keys,
+                    records,
+                }
+            }
+            "decide" => Record::Decide {
+                client: f.string("client")?,
+                number: f.uint("number")?,
+                commit: f.boolean("commit")?,
+            },
+            "decision" => {
+                let client = f.string("client")?;
+                let number = f.uint("number")?;
+                let commit = f.boolean("commit")?;
+                let seq = f.uint("seq")?;
+                let message = f.string("message")?;
+                let mut p = f.nested("participants")?;
+                let participants = (0..p.left).map(|_| p.uint("participant")).collect::<Result<_, _>>()?;
+                Record::Decision {
+                    client,
+                    number,
+                    commit,
+                    seq,
+                    message,
+                    participants,
+                }
+            }
+            "forget" => Record::Forget {
+                client: f.string("client")?,
+                number: f.uint("number")?,
+            },
             other => return Err(format!("unknown record '{other}'")),
         };
         f.end()?;
@@ -648,6 +778,30 @@ mod tests {
                 client: None,
                 seq: 0,
                 records: vec![],
+            },
+            Record::Prepare {
+                client: "c1".into(),
+                number: 4,
+                coordinator: 2,
+                keys: vec!["a".into(), "b".into()],
+                records: vec![Record::Disconnect { conn: 3 }.encode()],
+            },
+            Record::Decide {
+                client: "c1".into(),
+                number: 4,
+                commit: true,
+            },
+            Record::Decision {
+                client: "c1".into(),
+                number: 4,
+                commit: false,
+                seq: 9,
+                message: "a conflict".into(),
+                participants: vec![0, 2],
+            },
+            Record::Forget {
+                client: "c1".into(),
+                number: 4,
             },
         ];
         for r in records {

@@ -10,7 +10,7 @@ pub const PROTOCOL_VERSION: u64 = 1;
 /// write for each other (Raft entries, metadata snapshots, `raft` and `snapshot` frames).
 /// Format 1 is the first release's, which wrote no version; a node tells the highest it
 /// reads in its `hello` reply (`cluster_format`), and writes only what every node reads.
-pub const CLUSTER_FORMAT: u64 = 3;
+pub const CLUSTER_FORMAT: u64 = 4;
 
 const OPS: &str =
     "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, calls, worker, define, host, acl";
@@ -71,6 +71,9 @@ pub enum Request {
         id: u64,
         seq: u64,
         txn: u64,
+        /// In a cluster, the shards its calls went to (optional 3rd item): the leader of
+        /// the lowest one coordinates the commit.
+        shards: Vec<u64>,
     },
     /// Drop transaction `txn` of this session: nothing it did is ever visible.
     Abort {
@@ -196,6 +199,30 @@ pub enum Request {
         chunk: Vec<u8>,
         more: bool,
     },
+    /// Two-phase commit, between nodes: prepare transaction `txn` of session `client` in
+    /// shard `shard` (this node leads it), its decision kept by shard `coordinator`.
+    Prepare {
+        id: u64,
+        client: String,
+        txn: u64,
+        shard: u64,
+        coordinator: u64,
+    },
+    /// Two-phase commit: apply (`commit`) or drop the transaction prepared in `shard`.
+    Decide {
+        id: u64,
+        client: String,
+        txn: u64,
+        shard: u64,
+        commit: bool,
+    },
+    /// Two-phase commit: the decision on a transaction, asked of its coordinator `shard`.
+    Decision {
+        id: u64,
+        client: String,
+        txn: u64,
+        shard: u64,
+    },
     /// Raft messages between the nodes of a cluster (one-way: never answered).
     Raft {
         id: u64,
@@ -236,6 +263,9 @@ impl Request {
             | Request::Join { id, .. }
             | Request::Leave { id, .. }
             | Request::Adopt { id, .. }
+            | Request::Prepare { id, .. }
+            | Request::Decide { id, .. }
+            | Request::Decision { id, .. }
             | Request::Snapshot { id, .. }
             | Request::Raft { id, .. } => *id,
         }
@@ -265,6 +295,9 @@ impl Request {
             Request::Join { .. } => "join",
             Request::Leave { .. } => "leave",
             Request::Adopt { .. } => "adopt",
+            Request::Prepare { .. } => "prepare",
+            Request::Decide { .. } => "decide",
+            Request::Decision { .. } => "decision",
             Request::Snapshot { .. } => "snapshot",
             Request::Raft { .. } => "raft",
         }
@@ -508,11 +541,46 @@ pub fn parse_request(value: Value) -> Result<Request, RequestError> {
             }
         }
         "commit" => {
-            p.arity("[id, \"commit\", seq, txn]", 2)?;
-            Request::Commit {
+            p.arity_range("[id, \"commit\", seq, txn, shards]", 2, 3)?;
+            let (seq, txn) = (p.uint("seq")?, p.uint("txn")?);
+            let shards = match p.next() {
+                Value::Nil => Vec::new(),
+                Value::Array(items) => items
+                    .iter()
+                    .map(Value::as_u64)
+                    .collect::<Option<Vec<u64>>>()
+                    .ok_or_else(|| bad(id, "'commit': shards must be an array of shard numbers".to_string()))?,
+                other => return Err(p.error("shards", "an array of shard numbers", &other)),
+            };
+            Request::Commit { id, seq, txn, shards }
+        }
+        "prepare" => {
+            p.arity("[id, \"prepare\", client, txn, shard, coordinator]", 4)?;
+            Request::Prepare {
                 id,
-                seq: p.uint("seq")?,
+                client: p.string("client")?,
                 txn: p.uint("txn")?,
+                shard: p.uint("shard")?,
+                coordinator: p.uint("coordinator")?,
+            }
+        }
+        "decide" => {
+            p.arity("[id, \"decide\", client, txn, shard, commit]", 4)?;
+            Request::Decide {
+                id,
+                client: p.string("client")?,
+                txn: p.uint("txn")?,
+                shard: p.uint("shard")?,
+                commit: p.boolean("commit")?,
+            }
+        }
+        "decision" => {
+            p.arity("[id, \"decision\", client, txn, shard]", 3)?;
+            Request::Decision {
+                id,
+                client: p.string("client")?,
+                txn: p.uint("txn")?,
+                shard: p.uint("shard")?,
             }
         }
         "abort" => {
@@ -1230,7 +1298,39 @@ mod tests {
         let commit = v(vec![5.into(), s("commit"), 8.into(), 2.into()]);
         assert_eq!(
             parse_request(commit).unwrap(),
-            Request::Commit { id: 5, seq: 8, txn: 2 }
+            Request::Commit {
+                id: 5,
+                seq: 8,
+                txn: 2,
+                shards: vec![]
+            }
+        );
+        let over_shards = v(vec![
+            5.into(),
+            s("commit"),
+            8.into(),
+            2.into(),
+            v(vec![1.into(), 3.into()]),
+        ]);
+        assert_eq!(
+            parse_request(over_shards).unwrap(),
+            Request::Commit {
+                id: 5,
+                seq: 8,
+                txn: 2,
+                shards: vec![1, 3]
+            }
+        );
+        let prepare = v(vec![6.into(), s("prepare"), s("#c"), 2.into(), 3.into(), 1.into()]);
+        assert_eq!(
+            parse_request(prepare).unwrap(),
+            Request::Prepare {
+                id: 6,
+                client: "#c".into(),
+                txn: 2,
+                shard: 3,
+                coordinator: 1
+            }
         );
         let abort = v(vec![6.into(), s("abort"), 2.into()]);
         assert_eq!(parse_request(abort).unwrap(), Request::Abort { id: 6, txn: 2 });

@@ -278,10 +278,19 @@ pub(crate) fn permit(who: &Principal, request: &Request) -> Result<Grant, Error>
         Request::Calls { .. } => who.check(Invoke, "look at or stop function calls", ""),
         Request::Join { .. } | Request::Leave { .. } => who.check(Admin, "change the cluster's nodes", ""),
         Request::Acl { action, .. } if action != "whoami" => who.check(Admin, "manage users and roles", ""),
-        Request::Adopt { .. } | Request::Snapshot { .. } | Request::Raft { .. } if !who.is_node() => Err(Error::new(
-            ErrorKind::PermissionDenied,
-            format!("'{}' is an operation between the nodes of a cluster", request.op()),
-        )),
+        Request::Adopt { .. }
+        | Request::Prepare { .. }
+        | Request::Decide { .. }
+        | Request::Decision { .. }
+        | Request::Snapshot { .. }
+        | Request::Raft { .. }
+            if !who.is_node() =>
+        {
+            Err(Error::new(
+                ErrorKind::PermissionDenied,
+                format!("'{}' is an operation between the nodes of a cluster", request.op()),
+            ))
+        }
         _ => Ok(()),
     }
     .map(|()| Grant::Yes)

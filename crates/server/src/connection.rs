@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spindle_core::objects::user;
-use spindle_core::partition::{Op, UNNAMED_PREFIX};
+use spindle_core::partition::{Op, TxnId, UNNAMED_PREFIX};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, TxnRef, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::access::{self, Grant};
 use crate::acl::{Change, Permission, Principal};
-use crate::cluster::{moves, MetadataChange};
+use crate::cluster::{moves, two_phase, MetadataChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
 use crate::registry::{self, Outbox, Sink};
@@ -685,7 +685,7 @@ impl Connection {
                 Some(txn) => self.transact(id, seq, 0, txn, Op::Delete { key }),
                 None => self.apply(id, seq, 0, 0, Op::Delete { key }, None),
             },
-            Request::Commit { id, seq, txn } => self.commit(id, seq, txn),
+            Request::Commit { id, seq, txn, shards } => self.commit(id, seq, txn, shards),
             Request::Abort { id, txn } => {
                 let client = self.client.clone().expect("a session exists past hello");
                 let aborted = transactions::abort(&self.shared, &client, txn);
@@ -786,6 +786,41 @@ impl Connection {
                     reply => reply,
                 };
                 self.reply(id, reply)
+            }
+            Request::Prepare {
+                id,
+                client,
+                txn,
+                shard,
+                coordinator,
+            } => self.two_phase(id, client, txn, shard, move |shared, txn, shard| {
+                Box::pin(async move {
+                    let home = coordinator as usize;
+                    two_phase::prepare_here(&shared, &txn, shard, home)
+                        .await
+                        .map(|()| Value::Boolean(true))
+                })
+            }),
+            Request::Decide {
+                id,
+                client,
+                txn,
+                shard,
+                commit,
+            } => self.two_phase(id, client, txn, shard, move |shared, txn, shard| {
+                Box::pin(async move {
+                    two_phase::decide_here(&shared, &txn, shard, commit)
+                        .await
+                        .map(|()| Value::Boolean(true))
+                })
+            }),
+            Request::Decision { id, client, txn, shard } => {
+                self.two_phase(id, client, txn, shard, |shared, txn, shard| {
+                    Box::pin(async move {
+                        let answer = two_phase::ask_here(&shared, &txn, shard).await?;
+                        Ok(answer.map_or(Value::Nil, Value::Boolean))
+                    })
+                })
             }
             Request::Snapshot {
                 id,
@@ -930,6 +965,34 @@ impl Connection {
                 Err(e) if e.kind == ErrorKind::NotLeader => Err(redirect(&shared, shared.shards.index_of(&key))),
                 reply => reply,
             };
+            shared.registry.deliver([Delivery {
+                token: Token { conn, req: id },
+                reply,
+            }]);
+        });
+    }
+
+    /// A two-phase commit request of a peer about transaction `txn` of session `client` in
+    /// shard `shard`: `run` answers it, in a task of its own.
+    fn two_phase(
+        &mut self,
+        id: u64,
+        client: String,
+        txn: u64,
+        shard: u64,
+        run: impl FnOnce(Arc<Shared>, TxnId, usize) -> TwoPhaseTask + Send + 'static,
+    ) {
+        let shard = match usize::try_from(shard).ok().filter(|&s| s < self.shared.shards.count()) {
+            Some(shard) if self.shared.cluster.is_some() => shard,
+            _ => return self.reply(id, Err(Error::value(format!("no shard {shard} in this cluster")))),
+        };
+        let txn = TxnId {
+            client: Arc::from(client),
+            number: txn,
+        };
+        let (shared, conn) = (self.shared.clone(), self.id);
+        tokio::spawn(async move {
+            let reply = run(shared.clone(), txn, shard).await;
             shared.registry.deliver([Delivery {
                 token: Token { conn, req: id },
                 reply,
@@ -1232,12 +1295,13 @@ impl Connection {
         };
         let token = Token { conn: self.id, req: id };
         match transactions::call(&self.shared, &caller, token, seq, txn, op) {
-            Ok(delivery) => self.reply(id, delivery.reply),
+            Ok(Some(delivery)) => self.reply(id, delivery.reply),
+            Ok(None) => {}
             Err(e) => self.reply(id, Err(e)),
         }
     }
 
-    fn commit(&mut self, id: u64, seq: u64, txn: u64) {
+    fn commit(&mut self, id: u64, seq: u64, txn: u64, shards: Vec<u64>) {
         let Some(client) = self.client.clone() else {
             return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
         };
@@ -1247,6 +1311,14 @@ impl Connection {
             thread: 0,
         };
         let token = Token { conn: self.id, req: id };
+        if self.shared.cluster.is_some() {
+            if let Err(e) = two_phase::check_format(&self.shared) {
+                return self.reply(id, Err(e));
+            }
+            let shared = self.shared.clone();
+            tokio::spawn(two_phase::commit(shared, caller, token, seq, txn, shards));
+            return;
+        }
         match transactions::commit(&self.shared, &caller, token, seq, txn) {
             Ok(deliveries) => self.route(deliveries),
             Err(e) => self.reply(id, Err(e)),
@@ -1377,6 +1449,9 @@ impl Connection {
 }
 
 /// The answer to a call on a shard this node does not serve (in a cluster).
+/// What a peer's two-phase commit request runs.
+type TwoPhaseTask = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+
 fn redirect(shared: &Shared, index: usize) -> Error {
     match &shared.cluster {
         Some(cluster) => cluster.redirect(index),

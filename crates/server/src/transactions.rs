@@ -2,6 +2,8 @@
 //! and its commit (every shard it touched locked together, validated, then applied, their
 //! records written as one) or abort. The workspaces themselves live in the partitions
 //! (`spindle_core::partition::transaction`); docs/transactions.md tells the whole design.
+//! In a cluster, each node keeps the part on the shards it leads, and the commit is
+//! two-phase (`cluster::two_phase`).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,8 @@ pub(crate) struct Transactions {
     open: Mutex<HashMap<TxnId, Open>>,
     committed: AtomicU64,
     aborted: AtomicU64,
+    /// Cluster transactions this node coordinates the commit of, now.
+    pub(crate) coordinating: crate::cluster::two_phase::Coordinating,
 }
 
 /// What the server knows of an open transaction.
@@ -58,6 +62,19 @@ impl Transactions {
                 self.lock().values().filter(|o| o.deadline > now).count()
             },
         }
+    }
+
+    /// Transaction `id` is being committed (prepared) here: no longer open.
+    pub(crate) fn forget(&self, id: &TxnId) {
+        self.lock().remove(id);
+    }
+
+    /// Count a transaction committed, or aborted.
+    pub(crate) fn count(&self, committed: bool) {
+        match committed {
+            true => self.committed.fetch_add(1, Ordering::Relaxed),
+            false => self.aborted.fetch_add(1, Ordering::Relaxed),
+        };
     }
 
     /// A session ended: its transactions went with it (each partition drops its workspaces).
@@ -157,7 +174,8 @@ impl Transactions {
 }
 
 /// Run call `op` (request `token`, `seq` of its session) of transaction `txn` on the
-/// workspace of its shard. Returns its reply.
+/// workspace of its shard. Returns its reply (`None`: it waits for a transaction being
+/// committed across shards, and its reply comes with the decision).
 pub(crate) fn call(
     shared: &Shared,
     caller: &Caller,
@@ -165,8 +183,8 @@ pub(crate) fn call(
     seq: u64,
     txn: TxnRef,
     op: Op,
-) -> Result<Delivery, Error> {
-    refuse_in_cluster(shared)?;
+) -> Result<Option<Delivery>, Error> {
+    crate::cluster::two_phase::check_format(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
         number: txn.number,
@@ -181,10 +199,17 @@ pub(crate) fn call(
         };
     let index = shared.shards.index_of(op.key());
     let limits = &shared.config.limits.transactions;
+    let clustered = shared.cluster.is_some();
+    if clustered && !shared.shards.with(index, |s| s.serving())? {
+        return Err(crate::cluster::two_phase::redirect(shared, index));
+    }
     let entered = shared
         .transactions
         .enter(limits, &id, txn.first, index, op.key(), bytes);
     let (first, deadline) = entered.inspect_err(|e| aborted_by(shared, &id, e))?;
+    // In a cluster `first` is the transaction's first call in this shard: a shard whose
+    // leader changed must not open it again without its earlier calls there.
+    let first = first && (txn.first || !clustered);
     let txn = TxnCall {
         id: &id,
         age: txn.age,
@@ -193,17 +218,21 @@ pub(crate) fn call(
         max_bytes: limits.bytes,
     };
     let delivery = shared.shards.with(index, |s| {
+        if !s.serving() {
+            return Err(crate::cluster::two_phase::redirect(shared, index));
+        }
         s.calls += 1;
-        s.partition.apply_in(txn, caller, token, seq, op, Instant::now())
-    })?;
-    if let Err(e) = &delivery.reply {
+        Ok(s.partition
+            .apply_in_or_wait(txn, caller, token, seq, op, Instant::now()))
+    })??;
+    if let Some(Delivery { reply: Err(e), .. }) = &delivery {
         aborted_by(shared, &id, e);
     }
     Ok(delivery)
 }
 
-/// A transaction that got `TransactionError` is aborted everywhere (its message says so):
-/// nothing it did may commit after an error its code may have caught.
+/// A transaction that got `TransactionError` is aborted everywhere here (its message says
+/// so): nothing it did may commit after an error its code may have caught.
 fn aborted_by(shared: &Shared, id: &TxnId, e: &Error) {
     if e.kind == ErrorKind::TransactionError {
         abort(shared, &id.client, id.number);
@@ -221,7 +250,6 @@ pub(crate) fn commit(
     seq: u64,
     number: u64,
 ) -> Result<Vec<Delivery>, Error> {
-    refuse_in_cluster(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
         number,
@@ -334,14 +362,4 @@ pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
         let _ = shared.shards.with(index, |s| s.partition.drop_txn(&id));
     }
     true
-}
-
-fn refuse_in_cluster(shared: &Shared) -> Result<(), Error> {
-    match &shared.cluster {
-        Some(_) => Err(Error::new(
-            ErrorKind::TransactionError,
-            "transactions run on a single server for now; this server is a cluster node",
-        )),
-        None => Ok(()),
-    }
 }

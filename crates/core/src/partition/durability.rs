@@ -157,6 +157,9 @@ impl Partition {
                 code,
             } => self.insert_class(&type_name, &version, Arc::new(code)),
             Record::Commit { client, seq, records } => self.replay_commit(client, seq, records, now)?,
+            r @ (Record::Prepare { .. } | Record::Decide { .. } | Record::Decision { .. } | Record::Forget { .. }) => {
+                self.replay_two_phase(r, now)
+            }
         }
         // Nothing runs in a host during replay: stored objects are restored on their next call.
         self.forwards.clear();

@@ -74,6 +74,12 @@ impl Partition {
                 format!("{type_name} '{key}' has parked callers; keep it when none are waiting"),
             ));
         }
+        if self.prepared_holder(key).is_some() {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("{type_name} '{key}' is held by a transaction being committed; keep it once it is"),
+            ));
+        }
         let e = self.remove(key).expect("checked");
         let Body::Builtin(obj) = e.body else {
             unreachable!("checked above")
@@ -148,7 +154,7 @@ impl Partition {
     /// The partition is replaced after this.
     pub fn abandon(&mut self, error: &Error, now: Instant) -> Vec<Delivery> {
         let keys: Vec<String> = self.objects.iter().map(|(k, _)| k.to_string()).collect();
-        let mut out = Vec::new();
+        let mut out = self.abandon_waiting(error);
         for key in keys {
             let Some(e) = self.remove(&key) else { continue };
             match e.body {

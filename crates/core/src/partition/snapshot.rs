@@ -29,7 +29,9 @@
 //! session's calls below it are refused), `parked` (array of `[record, recorded]`: the op-log
 //! record of a parked call as bin, in park order, and whether its reply will be recorded
 //! for retries: not once its session ended) and `classes` (array of `[type, version, code]`, code as bin: the classes of
-//! user-defined objects this partition logged). A user-defined object still constructing
+//! user-defined objects this partition logged), and, only when there are any, `prepared`
+//! (the `prepare` records of the cluster transactions prepared and undecided here) and
+//! `decisions` (the `decision` records this coordinator keeps), each an array of bin. A user-defined object still constructing
 //! at the moment has no logged state and is left to the log. Restoring applies the parked records again, so the calls parked at the moment are
 //! parked again and a later record that answered one (a `put` handing its item to a waiting
 //! `get`) replays as it ran.
@@ -129,6 +131,16 @@ impl Partition {
                 ),
             ),
         ];
+        let mut header = header;
+        // Only when there are any: a snapshot without them reads on nodes that know neither.
+        let (prepared, decisions) = self.two_phase_records();
+        let bins = |records: Vec<Vec<u8>>| Value::Array(records.into_iter().map(Value::Binary).collect());
+        if !prepared.is_empty() {
+            header.push(("prepared", bins(prepared)));
+        }
+        if !decisions.is_empty() {
+            header.push(("decisions", bins(decisions)));
+        }
         let header = Value::Map(header.into_iter().map(|(k, v)| (Value::from(k), v)).collect());
         let mut buf = Vec::new();
         write(
@@ -259,6 +271,20 @@ impl Partition {
             items.end()?;
             self.insert_class(&type_name, &version, Arc::new(code));
         }
+        let mut two_phase = Vec::new();
+        for name in ["prepared", "decisions"] {
+            for r in fields
+                .remove(name)
+                .map(|v| array(v, name))
+                .transpose()?
+                .unwrap_or_default()
+            {
+                match r {
+                    Value::Binary(record) => two_phase.push(record),
+                    _ => return Err(format!("an item of {name} is not a record")),
+                }
+            }
+        }
         if let Some(extra) = fields.keys().next() {
             return Err(format!("unexpected header field {extra}"));
         }
@@ -334,6 +360,10 @@ impl Partition {
             }
         }
         self.logged_clients = logged_clients;
+        // Prepared transactions hold their keys again; kept decisions are kept again.
+        for record in two_phase {
+            self.replay(&record, now)?;
+        }
         Ok(())
     }
 }

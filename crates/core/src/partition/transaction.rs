@@ -72,7 +72,7 @@ struct Fork {
 }
 
 /// The token of calls applied at commit: their replies went out already, from the forks.
-const COMMIT_TOKEN: Token = Token { conn: 0, req: u64::MAX };
+pub(super) const COMMIT_TOKEN: Token = Token { conn: 0, req: u64::MAX };
 
 impl Workspace {
     /// Whether `self` (of `id`) is older than `other` (of `other_id`): by age, then by id.
@@ -102,6 +102,29 @@ impl Partition {
             ws.last_reply = Some((seq, reply.clone()));
         }
         Delivery { token, reply }
+    }
+
+    /// [`apply_in`](Self::apply_in), except that a call on an object a prepared transaction
+    /// holds waits for its decision (it cannot be long): `None` then, and its reply comes
+    /// with the decision.
+    pub fn apply_in_or_wait(
+        &mut self,
+        txn: TxnCall<'_>,
+        caller: &Caller,
+        token: Token,
+        seq: u64,
+        op: Op,
+        now: Instant,
+    ) -> Option<Delivery> {
+        let answered = self
+            .txns
+            .get(txn.id)
+            .is_some_and(|ws| seq != 0 && ws.last_reply.as_ref().is_some_and(|(last, _)| *last == seq));
+        if !answered && self.prepared_holder(op.key()).is_some() {
+            self.wait_in_txn(txn, caller, token, seq, op);
+            return None;
+        }
+        Some(self.apply_in(txn, caller, token, seq, op, now))
     }
 
     fn txn_step(&mut self, txn: TxnCall<'_>, caller: &Caller, seq: u64, op: Op, now: Instant) -> Reply {
@@ -233,6 +256,15 @@ impl Partition {
 
     /// Take `key` for transaction `id`, from a younger holder if need be (wound-die).
     fn lock_for(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
+        // A prepared transaction cannot be wounded (`apply_in_or_wait` waits for it; this
+        // call did not ask to).
+        if self.prepared_holder(key).is_some() {
+            let number = id.number;
+            self.drop_txn(id);
+            return Err(conflict(format!(
+                "transaction {number} was aborted: '{key}' is held by a transaction being committed (run it again)"
+            )));
+        }
         let Some(holder) = self.locks.get(key).filter(|h| *h != id).cloned() else {
             if !self.locks.contains_key(key) {
                 self.locks.insert(key.to_string(), id.clone());
@@ -315,6 +347,19 @@ impl Partition {
             ));
         }
         Ok(())
+    }
+
+    /// Take transaction `id`'s workspace away (it is being prepared): the keys it touched
+    /// and its mutating calls. Its locks and its copies' memory go.
+    pub(super) fn take_workspace(&mut self, id: &TxnId) -> (Vec<String>, Vec<(Caller, Op)>) {
+        let Some(ws) = self.txns.get_mut(id) else {
+            return (Vec::new(), Vec::new());
+        };
+        let ops = std::mem::take(&mut ws.ops);
+        let mut keys: Vec<String> = ws.forks.keys().cloned().collect();
+        keys.sort_unstable();
+        self.drop_txn(id);
+        (keys, ops)
     }
 
     /// Forget transaction `id` here: its workspace and its objects go (an abort, or a

@@ -36,6 +36,11 @@ pub(crate) const LIVENESS: u64 = 2;
 /// others until every node reads it (calls are refused with `OutOfMemory` meanwhile).
 pub(crate) const EVICT: u64 = 3;
 
+/// The first format whose shard entries may carry two-phase commit's records (`prepare`,
+/// `decide`, `decision`, `forget`) and transactions' `commit` records: a cluster runs
+/// transactions only once every node reads it.
+pub(crate) const TRANSACTIONS: u64 = 4;
+
 /// Starts data of format 2 and later.
 const MARK: u8 = 0xc1;
 

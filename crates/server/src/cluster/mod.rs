@@ -27,6 +27,7 @@ mod meta;
 pub(crate) mod moves;
 mod peers;
 mod store;
+pub(crate) mod two_phase;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -147,6 +148,8 @@ pub(crate) struct Replica {
     proposed: u64,
     /// Replies waiting for a proposal to commit, oldest first.
     held: VecDeque<(u64, Vec<Delivery>)>,
+    /// Tasks waiting for a proposal to commit (dropped, unsent, if it may never).
+    signals: VecDeque<(u64, oneshot::Sender<()>)>,
     events: mpsc::UnboundedSender<Event>,
 }
 
@@ -172,6 +175,21 @@ impl Replica {
         Vec::new()
     }
 
+    /// [`submit`](Self::submit), and a signal once the proposal commits (an error if this
+    /// replica stops serving first: it may never).
+    pub(crate) fn submit_signal(
+        &mut self,
+        records: Vec<Vec<u8>>,
+        deliveries: Vec<Delivery>,
+    ) -> (Vec<Delivery>, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let now = self.submit(records, deliveries);
+        if self.serving {
+            self.signals.push_back((self.proposed, tx));
+        }
+        (now, rx)
+    }
+
     /// Entry `proposal` of `epoch`, proposed here, committed: the replies up to it may go.
     /// Returns `None` when the entry is not one of this serving epoch's (it must be replayed).
     fn committed(&mut self, node: u64, epoch: u64, proposal: u64) -> Option<Vec<Delivery>> {
@@ -182,12 +200,18 @@ impl Replica {
         while self.held.front().is_some_and(|(p, _)| *p <= proposal) {
             out.extend(self.held.pop_front().map(|(_, d)| d).unwrap_or_default());
         }
+        while self.signals.front().is_some_and(|(p, _)| *p <= proposal) {
+            if let Some((_, signal)) = self.signals.pop_front() {
+                let _ = signal.send(());
+            }
+        }
         Some(out)
     }
 
     /// Stop serving: the held replies fail with `error`.
     fn stop(&mut self, error: &Error) -> Vec<Delivery> {
         self.serving = false;
+        self.signals.clear();
         let held: Vec<Delivery> = self.held.drain(..).flat_map(|(_, d)| d).collect();
         fail(held, error)
     }
@@ -399,6 +423,35 @@ impl Cluster {
             .is_some_and(|g| g.events.send(Event::Messages(messages)).is_ok())
     }
 
+    /// Send `request` (a peer operation about shard `group`) to the group's leader,
+    /// following `NotLeader` answers a few times.
+    pub(crate) async fn ask_leader(&self, shared: &Shared, group: usize, request: Vec<Value>) -> Result<Value, Error> {
+        let key = shared.access.cluster_key().unwrap_or_default().to_string();
+        let name = self.name();
+        let mut target = self.leader_address(group);
+        for _ in 0..4 {
+            let Some(address) = target.take() else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                target = self.leader_address(group);
+                continue;
+            };
+            let asked = self
+                .peers
+                .request(&address, &name, &key, shared.tls.as_ref(), request.clone());
+            match asked.await {
+                Err(e) if e.kind == ErrorKind::NotLeader => {
+                    target = e.data.as_str().map(str::to_string);
+                    if target.is_none() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        target = self.leader_address(group);
+                    }
+                }
+                reply => return reply,
+            }
+        }
+        Err(not_leader(None))
+    }
+
     /// Whether `group` is one of this node's groups.
     pub(crate) fn has_group(&self, group: u64) -> bool {
         usize::try_from(group).is_ok_and(|g| g < self.groups.len())
@@ -587,6 +640,7 @@ pub(crate) fn prepare(
                 epoch: 0,
                 proposed: 0,
                 held: VecDeque::new(),
+                signals: VecDeque::new(),
                 events: tx,
             });
         }
@@ -646,6 +700,7 @@ pub(crate) fn start(shared: &Arc<Shared>, drivers: Vec<group::Driver>) {
     if shared.cluster.as_ref().is_some_and(|c| c.join.is_some()) {
         tokio::spawn(join(shared.clone()));
     }
+    tokio::spawn(two_phase::recover(shared.clone()));
 }
 
 /// A new node asks the metadata group's leader to add it, until the metadata it follows

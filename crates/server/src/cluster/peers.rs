@@ -47,7 +47,13 @@ pub(crate) struct Peers {
     down: Mutex<std::collections::HashSet<u64>>,
     /// The newest cluster format each peer reads, as its last `hello` reply told.
     formats: Mutex<HashMap<u64, u64>>,
+    /// Connections for requests that are answered (two-phase commit's), idle, by address:
+    /// a transaction's requests do not each pay a connection and a hello.
+    idle: Mutex<HashMap<String, Vec<Box<dyn Stream>>>>,
 }
+
+/// Idle request connections kept per address.
+const IDLE_PER_PEER: usize = 16;
 
 impl Peers {
     /// Whether this node's last attempt to reach `node` failed.
@@ -98,6 +104,51 @@ impl Peers {
                 self.link(shared, node);
             }
         }
+    }
+
+    /// One request to the node at `address` (as `client`, with `key`), on an idle
+    /// connection if there is one; the connection is kept for the next once answered.
+    pub(crate) async fn request(
+        &self,
+        address: &str,
+        client: &str,
+        key: &str,
+        tls: Option<&Tls>,
+        request: Vec<Value>,
+    ) -> Result<Value, Error> {
+        let mut items = vec![Value::from(1)];
+        items.extend(request);
+        let request = Value::Array(items);
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(address)
+            .and_then(Vec::pop);
+        let (mut stream, reused) = match idle {
+            Some(stream) => (stream, true),
+            None => (open(address, client, key, tls).await?.0, false),
+        };
+        let mut reply = tokio::time::timeout(REPLY_TIMEOUT, roundtrip(&mut stream, request.clone())).await;
+        if reused && matches!(&reply, Ok(Err(e)) if e.kind == ErrorKind::Busy) {
+            // The idle connection broke meanwhile (the peer restarted): a new one. The
+            // requests sent this way are idempotent.
+            stream = open(address, client, key, tls).await?.0;
+            reply = tokio::time::timeout(REPLY_TIMEOUT, roundtrip(&mut stream, request)).await;
+        }
+        let reply = reply.map_err(|_| Error::new(ErrorKind::Busy, format!("{address} did not answer within 5 s")))?;
+        // A broken connection is dropped; one that answered (even an error) is kept.
+        if !reply
+            .as_ref()
+            .is_err_and(|e| matches!(e.kind, ErrorKind::Busy | ErrorKind::ProtocolError))
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let kept = idle.entry(address.to_string()).or_default();
+            if kept.len() < IDLE_PER_PEER {
+                kept.push(stream);
+            }
+        }
+        reply
     }
 
     /// Queue `messages` of shard `group` for node `to`.
