@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import bank
+
 import spindle
 from spindle.client import Client, Connection, frame, shard_of
 from spindle.sessions import session_id
@@ -152,59 +154,6 @@ def test_a_participant_whose_coordinator_never_decides_learns_a_presumed_abort(c
         reader.close()
 
 
-# A bank's client, as in test_transactions.py, over a cluster: `transfer` processes move
-# random amounts between accounts spread over every shard, each transfer appending its id to
-# the process's history list in the same transaction; `audit` processes read every balance
-# in read-only transactions and note any snapshot whose total is off or with a negative
-# balance. Arguments: the nodes' addresses, role, this client's number.
-BANK = r"""
-import json, os, random, sys
-import spindle, spindle.client
-from load import Progress
-spindle.client.RETRIES = 9
-address, role, me, stop, progress, out = sys.argv[1:]
-spindle.connect(address, embedded=False)
-accounts = [spindle.Counter(name=n, persistent=True) for n in NAMES]
-history = spindle.List(name=f"bank.history.{me}", persistent=True)
-progress = Progress(progress)
-rng = random.Random(me)
-acked, snapshots, bad, unknown = [], 0, [], 0
-
-@spindle.transactional
-def transfer(src, dst, amount, tid):
-    if src.get() < amount:
-        return False
-    src.add(-amount)
-    dst.add(amount)
-    history.append(tid)
-    return True
-
-@spindle.transactional
-def snapshot():
-    return [a.get() for a in accounts]
-
-n = 0
-while not os.path.exists(stop):
-    try:
-        if role == "transfer":
-            n += 1
-            tid = f"{me}-{n}"
-            src, dst = rng.sample(accounts, 2)
-            if transfer(src, dst, rng.randint(1, 30), tid):
-                acked.append(tid)
-        else:
-            balances = snapshot()
-            snapshots += 1
-            if sum(balances) != len(accounts) * 100 or min(balances) < 0:
-                bad.append(balances)
-        progress.acknowledged()
-    except (spindle.ServerUnavailable, spindle.TransactionConflict):
-        unknown += 1  # no node answered within the retries, or the attempts ran out
-with open(out, "w") as f:
-    json.dump({"acked": acked, "snapshots": snapshots, "bad": bad, "unknown": unknown,
-               "acked_at": progress.times}, f)
-"""
-
 ACCOUNTS = 100
 
 
@@ -215,7 +164,7 @@ def test_a_bank_over_shards_keeps_its_total_through_leaders_killed_and_every_tra
 
     names = [f"bank.{i}" for i in range(ACCOUNTS)]
     assert {shard_of(n, SHARDS) for n in names} == set(range(SHARDS))
-    roles = ["transfer"] * 8 + ["audit"] * 2
+    roles = bank.ROLES
     client = Client(cluster.addresses)
     try:
         for n in names:
@@ -237,7 +186,7 @@ def test_a_bank_over_shards_keeps_its_total_through_leaders_killed_and_every_tra
         victim.start()  # its data directory is intact
         assert wait_until(lambda: cluster.caught_up(victim), 30), cluster.describe()
 
-    script = BANK.replace("NAMES", repr(names))
+    script = bank.client_script(names, "bank.history.{me}")  # one per client: no hot key
     address = cluster.addresses
     env = dict(os.environ, SPINDLE_ADDRESS=address)
     with LoadClients(script, lambda i: [address, roles[i], str(i)], len(roles), tmp_path, env) as load:
@@ -253,15 +202,4 @@ def test_a_bank_over_shards_keeps_its_total_through_leaders_killed_and_every_tra
                    for tid in client.call("List", f"bank.history.{i}", "items", [])]
     finally:
         client.close()
-    print(f"bank: {sum(len(r['acked']) for r in results)} transfers acknowledged, "
-          f"{sum(r['snapshots'] for r in results)} snapshots, {sum(r['unknown'] for r in results)} unknown")
-    assert sum(balances) == ACCOUNTS * 100
-    assert min(balances) >= 0
-    # Every acknowledged transfer is in the history exactly once, and no transfer twice.
-    assert len(history) == len(set(history))
-    acked = [tid for r in results for tid in r["acked"]]
-    assert acked, "no transfer was acknowledged"
-    assert set(acked) <= set(history), f"lost: {sorted(set(acked) - set(history))[:10]}"
-    audits = results[8:]
-    assert all(r["snapshots"] > 0 for r in audits), "an auditor never got a snapshot"
-    assert [r["bad"] for r in audits] == [[], []]
+    bank.check(results, balances, history)

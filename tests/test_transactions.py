@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import bank
+
 import spindle
 from conftest import ServerProcess, connected_to, stable_port
 
@@ -390,58 +392,6 @@ def test_a_caches_reads_inside_move_its_keys_as_outside(uniq: str) -> None:
     assert sorted(single.keys()) == seen == sorted(inside.keys()) == ["a", "c"]
 
 
-# A bank's client: `transfer` processes move random amounts between random accounts, each
-# transfer appending its id to the bank's history in the same transaction; `audit`
-# processes read every balance in read-only transactions and note any snapshot whose total
-# is off or with a negative balance. Arguments: address, role, this client's number.
-BANK = r"""
-import json, os, random, sys
-import spindle, spindle.client
-from load import Progress
-spindle.client.RETRIES = 9  # reconnect for up to ~25 s: a restart takes milliseconds
-address, role, me, stop, progress, out = sys.argv[1:]
-spindle.connect(address, embedded=False)
-accounts = [spindle.Counter(name=f"bank.{i}", persistent=True) for i in range(ACCOUNTS)]
-history = spindle.List(name="bank.history", persistent=True)
-progress = Progress(progress)
-rng = random.Random(me)
-acked, snapshots, bad, unknown = [], 0, [], 0
-
-@spindle.transactional
-def transfer(src, dst, amount, tid):
-    if src.get() < amount:
-        return False
-    src.add(-amount)
-    dst.add(amount)
-    history.append(tid)
-    return True
-
-@spindle.transactional
-def snapshot():
-    return [a.get() for a in accounts]
-
-n = 0
-while not os.path.exists(stop):
-    try:
-        if role == "transfer":
-            n += 1
-            tid = f"{me}-{n}"
-            src, dst = rng.sample(accounts, 2)
-            if transfer(src, dst, rng.randint(1, 30), tid):
-                acked.append(tid)
-        else:
-            balances = snapshot()
-            snapshots += 1
-            if sum(balances) != ACCOUNTS * 100 or min(balances) < 0:
-                bad.append(balances)
-        progress.acknowledged()
-    except (spindle.ServerUnavailable, spindle.TransactionConflict):
-        unknown += 1  # the server stayed down past the retries, or the attempts ran out
-with open(out, "w") as f:
-    json.dump({"acked": acked, "snapshots": snapshots, "bad": bad, "unknown": unknown,
-               "acked_at": progress.times}, f)
-"""
-
 ACCOUNTS = 100
 
 
@@ -462,11 +412,10 @@ def test_a_bank_keeps_its_total_through_kill_9s_and_every_transfer_lands_once(tm
         server.kill()  # SIGKILL
         server = ServerProcess(*args, port=port)
 
-    roles = ["transfer"] * 8 + ["audit"] * 2
-    script = BANK.replace("ACCOUNTS", str(ACCOUNTS))
+    script = bank.client_script([f"bank.{i}" for i in range(ACCOUNTS)], "bank.history")
     env = dict(os.environ, SPINDLE_ADDRESS=address)
     try:
-        with LoadClients(script, lambda i: [address, roles[i], str(i)], len(roles), tmp_path, env) as load:
+        with LoadClients(script, lambda i: [address, bank.ROLES[i], str(i)], len(bank.ROLES), tmp_path, env) as load:
             began = time.monotonic()
             window = kills_under_load(load, kill_and_restart, 10, random.Random(7))
             time.sleep(max(0.0, 20 - (time.monotonic() - began)))  # at least 20 s of transfers
@@ -479,15 +428,4 @@ def test_a_bank_keeps_its_total_through_kill_9s_and_every_transfer_lands_once(tm
             history = spindle.List(name="bank.history", persistent=True).copy()
     finally:
         server.kill()
-    print(f"bank: {sum(len(r['acked']) for r in results)} transfers acknowledged, "
-          f"{sum(r['snapshots'] for r in results)} snapshots, {sum(r['unknown'] for r in results)} unknown")
-    assert sum(balances) == ACCOUNTS * 100
-    assert min(balances) >= 0
-    # Every acknowledged transfer is in the history exactly once, and no transfer twice.
-    assert len(history) == len(set(history))
-    acked = [tid for r in results for tid in r["acked"]]
-    assert acked, "no transfer was acknowledged"
-    assert set(acked) <= set(history), f"lost: {sorted(set(acked) - set(history))[:10]}"
-    audits = results[8:]
-    assert all(r["snapshots"] > 0 for r in audits), "an auditor never got a snapshot"
-    assert [r["bad"] for r in audits] == [[], []]
+    bank.check(results, balances, history)
