@@ -43,19 +43,22 @@ BALANCE = 1_000_000_000  # never short: every transfer moves money
 ROUNDS = 1 if QUICK else 3
 
 
+def move(src, dst, amount: int) -> bool:
+    """A transfer's body: read the source's balance, move ``amount`` if it suffices."""
+    if src.get() < amount:
+        return False
+    src.add(-amount)
+    dst.add(amount)
+    return True
+
+
 def spindle_transfer(port: int, accounts: int):
     import spindle
 
     spindle.connect(f"127.0.0.1:{port}", embedded=False)
     names = [spindle.Counter(BALANCE, name=f"acct:{i}") for i in range(accounts)]
 
-    @spindle.transactional
-    def transfer(src, dst, amount: int) -> bool:
-        if src.get() < amount:
-            return False
-        src.add(-amount)
-        dst.add(amount)
-        return True
+    transfer = spindle.transactional(move)
 
     def one(rng: random.Random) -> None:
         src, dst = rng.sample(names, 2)
@@ -155,13 +158,7 @@ def _cluster_worker(addresses: str, kind: str, seed: int, seconds: float, start_
         by_shard.setdefault(shard_of(name, SHARDS), []).append(spindle.Counter(BALANCE, name=name, persistent=True))
     shards = [s for s, accounts in by_shard.items() if len(accounts) >= 2]
 
-    @spindle.transactional
-    def transfer(src, dst, amount: int) -> bool:
-        if src.get() < amount:
-            return False
-        src.add(-amount)
-        dst.add(amount)
-        return True
+    transfer = spindle.transactional(move)
 
     rng = random.Random(seed)
 
