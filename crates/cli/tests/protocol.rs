@@ -161,7 +161,11 @@ fn malformed_bodies_get_protocol_errors_and_the_connection_stays() {
     assert_eq!(id, 77);
     let error = reply.unwrap_err();
     assert_eq!(error.kind, "ProtocolError");
-    assert!(error.message.contains("'call' takes 8 to 10 items"), "{}", error.message);
+    assert!(
+        error.message.contains("'call' takes 8 to 10 items"),
+        "{}",
+        error.message
+    );
 
     conn.send(&request(78, "explode", vec![]));
     let (id, reply) = conn.recv_reply();
