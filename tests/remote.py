@@ -104,6 +104,10 @@ def wait_event(release: spindle.Event) -> bool:
     return release.wait(120)
 
 
+def meet(barrier: spindle.Barrier, timeout: float) -> int:
+    return barrier.wait(timeout)
+
+
 def whoami(i: int) -> List[Any]:
     """``[i * i, the session this invocation runs as, pid]``."""
     return [i * i, spindle.client.current().session, os.getpid()]

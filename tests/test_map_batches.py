@@ -12,6 +12,7 @@ import pytest
 
 import remote
 import spindle
+from conftest import ServerProcess, connected_to, gateway_args
 from spindle.errors import RemoteTraceback
 
 
@@ -32,13 +33,30 @@ def test_tiny_tasks_go_in_batches_in_order(capsys):
         assert numbers == sorted(numbers) and len(numbers) == 10
 
 
-def test_a_pool_larger_than_the_cores_gets_4_batches_per_core(capsys):
-    cores = spindle.status()["cores"]
+def test_a_pool_larger_than_the_cores_gets_4_batches_per_core_or_one_per_worker(capsys):
+    status = spindle.status()
+    cores, pool = status["cores"], status["max_workers"]
     tasks = 40 * cores
-    with spindle.Executor() as ex:  # the server's pool: 8 workers per core
+    with spindle.Executor() as ex:  # the server's pool
         assert list(ex.map(remote.shout, range(tasks))) == list(range(tasks))
     calls = {label for label, _ in labels_of(capsys.readouterr().out)}
-    assert len(calls) == 4 * cores  # not 4 per worker of the pool: 32 per core
+    # Not 4 per worker of the pool; but never fewer calls than the pool runs at once.
+    assert len(calls) == max(4 * min(cores, pool), pool)
+
+
+def test_tasks_that_could_all_run_at_once_each_get_a_call():
+    # They may wait for each other, as threads would: batched, they would never meet. A pool
+    # larger than 4 batches per core, which is where batching would otherwise begin.
+    pool = 4 * spindle.status()["cores"] + 4
+    server = ServerProcess(*gateway_args(pool))
+    try:
+        with connected_to(server):
+            meeting = spindle.Barrier(pool)
+            with spindle.Executor(echo=False) as ex:
+                indices = list(ex.map(remote.meet, [meeting] * pool, [60] * pool))
+            assert sorted(indices) == list(range(pool))
+    finally:
+        server.stop()
 
 
 def test_a_task_failure_is_raised_at_its_place_with_its_traceback():

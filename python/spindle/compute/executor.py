@@ -97,7 +97,7 @@ class Executor(concurrent.futures.Executor):
         self._lock = threading.Lock()
         self._waiting: Deque[Call] = collections.deque()  # beyond max_workers, not yet sent
         self._in_flight = 0
-        self._cores: Optional[int] = None  # the server's, and its pool's size: see _parallelism
+        self._cores: Optional[int] = None  # the server's, and its pool's size: see _capacity
         self._pool = 0
         self._futures: Set[Invocation] = set()
         self._shutdown = False
@@ -161,11 +161,12 @@ class Executor(concurrent.futures.Executor):
         """Like ``concurrent.futures``: the results in order, a task's exception raised where
         its result would be; ``chunksize`` tasks per function call.
 
-        Without ``chunksize`` the tasks go in batches, about ``BATCHES_PER_WORKER`` per
-        worker that can run at once (``max_workers``, else the gateway's pool, but at most the
-        server's cores), since a call costs far more than a tiny task; but one call per task
-        when the executor has ``retries`` or a per-call ``timeout``, which apply to each task. A batch whose results cannot be
-        pickled, or whose worker crashes, fails each of its tasks.
+        Without ``chunksize`` the tasks go in batches, since a call costs far more than a tiny
+        task: never fewer batches than tasks that could run at once one call each (so tasks
+        that wait for each other still meet), and ``BATCHES_PER_WORKER`` per worker that can
+        run at once, but at most per server core. One call per task when the executor has
+        ``retries`` or a per-call ``timeout``, which apply to each task. A batch whose results
+        cannot be pickled, or whose worker crashes, fails each of its tasks.
         """
         if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
@@ -194,18 +195,20 @@ class Executor(concurrent.futures.Executor):
     def _batch_size(self, tasks: int) -> int:
         if self.retries or self.timeout is not None:
             return 1
-        return max(1, math.ceil(tasks / (self._parallelism() * BATCHES_PER_WORKER)))
+        slots, cores = self._capacity()
+        batches = max(min(tasks, slots), BATCHES_PER_WORKER * min(slots, cores))
+        return max(1, math.ceil(tasks / batches))
 
-    def _parallelism(self) -> int:
-        """How many of this executor's batches run at once: ``max_workers`` (else the
-        server's pool), but no more than the server's cores. Its pool outnumbers them for
-        functions that wait; a batch of tasks runs them one after another anyway, so more
-        batches than cores would only add calls, each costing far more than a tiny task."""
+    def _capacity(self) -> tuple[int, int]:
+        """How many of this executor's calls run at once (``max_workers``, else the server's
+        pool) and the server's cores. The pool outnumbers the cores for functions that wait;
+        a batch runs its tasks one after another anyway, so more batches than the cores would
+        only add calls."""
         if self._cores is None:
             status = _client_mod.current().status()
             self._cores = int(status.get("cores") or os.cpu_count() or 1)
             self._pool = int(status.get("max_workers") or default_workers())
-        return min(self.max_workers or self._pool, self._cores)
+        return self.max_workers or self._pool, self._cores
 
     @staticmethod
     def _results(calls: List[Invocation], single: bool, end: Optional[float], bar: Any) -> Iterator[Any]:
