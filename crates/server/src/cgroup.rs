@@ -166,7 +166,8 @@ impl Cgroup {
     }
 
     /// SIGKILL every live process in the cgroup but `except`, round after round until none
-    /// is left (they may fork meanwhile). Returns whether it emptied.
+    /// is left (they may fork meanwhile). Returns whether it emptied: a killed process takes
+    /// a moment to go, so a caller that must see the cgroup empty retries (see `release`).
     pub(crate) fn kill(&self, except: Option<u32>) -> bool {
         if self.mode == Mode::V2 && except.is_none() && write(&self.dirs[0].join("cgroup.kill"), "1").is_ok() {
             return true;
@@ -190,7 +191,6 @@ impl Cgroup {
             }
             std::thread::yield_now();
         }
-        tracing::warn!(cgroup = %self.path().display(), "processes still running after {KILL_ROUNDS} rounds of SIGKILL");
         false
     }
 
