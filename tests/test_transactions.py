@@ -79,7 +79,7 @@ def test_a_single_call_on_an_object_a_transaction_read_fails_its_commit(uniq: st
     assert (a.get(), b.get()) == (6, 0)
 
 
-def test_the_younger_of_two_transactions_on_one_object_conflicts(uniq: str) -> None:
+def test_the_younger_of_two_transactions_on_one_object_waits_for_the_older(uniq: str) -> None:
     c = spindle.Counter(0, name=f"{uniq}c")
     inside, go = threading.Event(), threading.Event()
 
@@ -89,15 +89,24 @@ def test_the_younger_of_two_transactions_on_one_object_conflicts(uniq: str) -> N
             inside.set()
             go.wait(10)
 
+    seen = []
+
+    def younger() -> None:
+        with spindle.transaction():
+            seen.append(c.add(10))
+
     first = threading.Thread(target=older)
     first.start()
     assert inside.wait(10)
-    with pytest.raises(spindle.TransactionConflict, match="held by an older transaction"):
-        with spindle.transaction():
-            c.add(10)
+    second = threading.Thread(target=younger)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and seen == []  # waiting for the older one, not aborted
     go.set()
     first.join()
-    assert c.get() == 1
+    second.join(10)
+    assert seen == [11]  # it ran on what the older one committed
+    assert c.get() == 11
 
 
 def test_transactional_functions_retry_until_every_transfer_lands(uniq: str) -> None:

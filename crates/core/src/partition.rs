@@ -26,6 +26,7 @@ mod prepared;
 mod reply_log;
 mod snapshot;
 mod transaction;
+mod txn_waits;
 mod users;
 mod waiting;
 
@@ -161,6 +162,8 @@ pub struct Partition {
     locks: HashMap<String, TxnId>,
     /// When each open transaction expires, earliest first.
     txn_deadlines: BTreeSet<(Instant, TxnId)>,
+    /// Transactions' calls waiting for objects older transactions hold (see [`txn_waits`]).
+    lock_waits: txn_waits::LockWaits,
     /// A transaction's calls are being applied at its commit (accepted already).
     committing: bool,
     /// Cluster transactions prepared here, and decisions kept (see [`prepared`]).

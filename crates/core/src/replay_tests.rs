@@ -827,6 +827,7 @@ fn a_committed_transaction_is_replayed_whole_with_its_reply_and_an_aborted_one_n
             max_bytes: 1 << 20,
         };
         l.p.apply_in(call, &caller, Token { conn: 1, req: 50 }, 0, op, l.now)
+            .remove(0)
             .reply
     };
     assert_eq!(
@@ -842,7 +843,7 @@ fn a_committed_transaction_is_replayed_whole_with_its_reply_and_an_aborted_one_n
     .unwrap();
     // An aborted one leaves nothing to replay.
     run(&mut l, 8, true, call_op("Counter", "b", "add", vec![1.into()])).unwrap_err();
-    l.p.drop_txn(&txn(8));
+    l.p.drop_txn(&txn(8), l.now);
     l.p.validate(&txn(7)).unwrap();
     let out = l.p.commit(&txn(7), 1, 9, &Ok(true.into()), l.now);
     l.drain(out);

@@ -1295,8 +1295,7 @@ impl Connection {
         };
         let token = Token { conn: self.id, req: id };
         match transactions::call(&self.shared, &caller, token, seq, txn, op) {
-            Ok(Some(delivery)) => self.reply(id, delivery.reply),
-            Ok(None) => {}
+            Ok(deliveries) => self.route(deliveries),
             Err(e) => self.reply(id, Err(e)),
         }
     }

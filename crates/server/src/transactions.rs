@@ -174,8 +174,9 @@ impl Transactions {
 }
 
 /// Run call `op` (request `token`, `seq` of its session) of transaction `txn` on the
-/// workspace of its shard. Returns its reply (`None`: it waits for a transaction being
-/// committed across shards, and its reply comes with the decision).
+/// workspace of its shard. Returns its reply, if it did not wait (for an older transaction,
+/// or one being committed across shards: its reply comes when they end), with the replies
+/// of the calls it woke.
 pub(crate) fn call(
     shared: &Shared,
     caller: &Caller,
@@ -183,7 +184,7 @@ pub(crate) fn call(
     seq: u64,
     txn: TxnRef,
     op: Op,
-) -> Result<Option<Delivery>, Error> {
+) -> Result<Vec<Delivery>, Error> {
     crate::cluster::two_phase::check_format(shared)?;
     let id = TxnId {
         client: caller.client.clone(),
@@ -217,18 +218,18 @@ pub(crate) fn call(
         deadline,
         max_bytes: limits.bytes,
     };
-    let delivery = shared.shards.with(index, |s| {
+    let deliveries = shared.shards.with(index, |s| {
         if !s.serving() {
             return Err(crate::cluster::two_phase::redirect(shared, index));
         }
         s.calls += 1;
-        Ok(s.partition
-            .apply_in_or_wait(txn, caller, token, seq, op, Instant::now()))
+        let out = s.partition.apply_in(txn, caller, token, seq, op, Instant::now());
+        Ok(s.journal(out))
     })??;
-    if let Some(Delivery { reply: Err(e), .. }) = &delivery {
+    if let Some(Delivery { reply: Err(e), .. }) = deliveries.iter().find(|d| d.token == token) {
         aborted_by(shared, &id, e);
     }
-    Ok(delivery)
+    Ok(deliveries)
 }
 
 /// A transaction that got `TransactionError` is aborted everywhere here (its message says
@@ -297,11 +298,14 @@ pub(crate) fn commit(
                 .and_then(|bytes| fits_one_record(number, bytes, states.len())),
         };
         if let Err(e) = checked {
+            let mut out = Vec::new();
             for (_, s) in states.iter_mut() {
-                s.partition.drop_txn(&id);
+                let woken = s.partition.drop_txn(&id, now);
+                out.extend(s.journal(woken));
             }
             shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
-            return vec![Delivery { token, reply: Err(e) }];
+            out.push(Delivery { token, reply: Err(e) });
+            return out;
         }
         let reply: Reply = Ok(Value::Boolean(true));
         let mut out = Vec::new();
@@ -359,7 +363,12 @@ pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
     shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
     for index in open.shards {
         // A poisoned shard holds nothing of it any more.
-        let _ = shared.shards.with(index, |s| s.partition.drop_txn(&id));
+        if let Ok(woken) = shared.shards.with(index, |s| {
+            let out = s.partition.drop_txn(&id, Instant::now());
+            s.journal(out)
+        }) {
+            shared.registry.deliver(woken);
+        }
     }
     true
 }

@@ -23,7 +23,8 @@ use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
 
 use super::transaction::COMMIT_TOKEN;
-use super::{Op, TxnCall, TxnId};
+use super::txn_waits::TxnWaiter;
+use super::{Op, TxnId};
 
 /// Prepared transactions, the calls waiting for them, and the coordinator's decisions.
 #[derive(Default)]
@@ -55,24 +56,15 @@ enum Blocked {
         acked: u64,
         op: Op,
     },
-    /// A call of another transaction (see [`TxnCall`]).
-    InTxn {
-        id: TxnId,
-        age: u64,
-        first: bool,
-        deadline: Instant,
-        max_bytes: usize,
-        caller: Caller,
-        token: Token,
-        seq: u64,
-        op: Op,
-    },
+    /// A call of another transaction.
+    InTxn(TxnWaiter),
 }
 
 impl Blocked {
     fn token(&self) -> Token {
         match self {
-            Blocked::Single { token, .. } | Blocked::InTxn { token, .. } => *token,
+            Blocked::Single { token, .. } => *token,
+            Blocked::InTxn(w) => w.token,
         }
     }
 }
@@ -133,22 +125,12 @@ impl Partition {
     }
 
     /// A transaction's call on a key a prepared transaction holds: it waits for the decision.
-    pub(super) fn wait_in_txn(&mut self, txn: TxnCall<'_>, caller: &Caller, token: Token, seq: u64, op: Op) {
-        let Some(id) = self.two_phase.holder(op.key()).cloned() else {
+    pub(super) fn wait_in_txn(&mut self, w: TxnWaiter) {
+        let Some(id) = self.two_phase.holder(w.op.key()).cloned() else {
             return;
         };
         let prepared = self.two_phase.prepared.get_mut(&id).expect("a holder is prepared");
-        prepared.blocked.push(Blocked::InTxn {
-            id: txn.id.clone(),
-            age: txn.age,
-            first: txn.first,
-            deadline: txn.deadline,
-            max_bytes: txn.max_bytes,
-            caller: caller.clone(),
-            token,
-            seq,
-            op,
-        });
+        prepared.blocked.push(Blocked::InTxn(w));
     }
 
     /// The prepared transaction holding `key` (a transaction wanting it gives way).
@@ -159,14 +141,21 @@ impl Partition {
     /// Prepare transaction `id` here, its decision to be kept by shard `coordinator`: its
     /// workspace must validate. Logs its `prepare` record; the vote is yes once that is
     /// durable. Preparing one already prepared changes nothing (a resent prepare), but its
-    /// answer still waits for the log.
-    pub fn prepare(&mut self, id: &TxnId, coordinator: u64) -> Result<(), Error> {
+    /// answer still waits for the log. The replies of calls that waited for the objects of
+    /// one that does not validate (and is dropped) go in `out`.
+    pub fn prepare(
+        &mut self,
+        id: &TxnId,
+        coordinator: u64,
+        now: Instant,
+        out: &mut Vec<Delivery>,
+    ) -> Result<(), Error> {
         if self.two_phase.prepared.contains_key(id) {
             self.touched_persistent = true;
             return Ok(());
         }
         if let Err(e) = self.validate(id) {
-            self.drop_txn(id);
+            out.extend(self.drop_txn(id, now));
             return Err(e);
         }
         let (keys, ops) = self.take_workspace(id);
@@ -192,7 +181,8 @@ impl Partition {
         };
         self.log(record.encode());
         self.logged_clients.insert(id.client.clone());
-        self.hold(id.clone(), coordinator, keys, records, Some(ops));
+        self.hold(id.clone(), coordinator, keys.clone(), records, Some(ops));
+        self.wait_for_prepared(&keys);
         Ok(())
     }
 
@@ -305,37 +295,11 @@ impl Partition {
                     acked,
                     op,
                 } => out.extend(self.apply_as(&caller, token, seq, acked, op, now, None)),
-                Blocked::InTxn {
-                    id, deadline, token, ..
-                } if deadline <= now => out.push(Delivery {
-                    token,
-                    reply: Err(Error::new(
-                        ErrorKind::TransactionConflict,
-                        format!("transaction {} ran past its time limit and was aborted", id.number),
-                    )),
-                }),
-                Blocked::InTxn {
-                    id,
-                    age,
-                    first,
-                    deadline,
-                    max_bytes,
-                    caller,
-                    token,
-                    seq,
-                    op,
-                } => {
-                    let txn = TxnCall {
-                        id: &id,
-                        age,
-                        first,
-                        deadline,
-                        max_bytes,
-                    };
-                    out.extend(self.apply_in_or_wait(txn, &caller, token, seq, op, now));
-                }
+                // Past its deadline, it is aborted there.
+                Blocked::InTxn(w) => out.extend(self.run_in(w, now)),
             }
         }
+        out.extend(self.wake(now));
         out
     }
 
@@ -436,8 +400,9 @@ impl Partition {
                 self.logged_clients.insert(client.clone());
                 let id = TxnId { client, number };
                 // A workspace of it here (on a replica: none) is now prepared.
-                self.drop_txn(&id);
-                self.hold(id, coordinator, keys, records, None);
+                self.forget_txn(&id, "");
+                self.hold(id, coordinator, keys.clone(), records, None);
+                self.wait_for_prepared(&keys);
             }
             Record::Decide { client, number, commit } => {
                 let id = TxnId {
@@ -533,6 +498,7 @@ mod tests {
 
     use super::*;
     use crate::objects::testing::who;
+    use crate::partition::TxnCall;
 
     fn id(number: u64) -> TxnId {
         TxnId {
@@ -593,10 +559,10 @@ mod tests {
                 deadline: self.now + Duration::from_secs(5),
                 max_bytes: 1 << 20,
             };
-            let d = self
+            let out = self
                 .p
                 .apply_in(call, &who(1), Token { conn: 1, req: 1 }, 0, op, self.now);
-            self.drain(vec![d]).remove(0).reply
+            self.drain(out).remove(0).reply
         }
 
         fn single(&mut self, req: u64, op: Op) -> Vec<Delivery> {
@@ -632,7 +598,7 @@ mod tests {
         let t = id(1);
         assert_eq!(l.in_txn(&t, call("a", "add", vec![5.into()])), Ok(5.into()));
         assert_eq!(l.in_txn(&t, call("b", "get", vec![])), Ok(0.into()));
-        l.p.prepare(&t, 0).unwrap();
+        l.p.prepare(&t, 0, l.now, &mut Vec::new()).unwrap();
         l.drain(Vec::new());
         // Reads and writes wait for the decision, another transaction's calls too.
         assert!(l.single(10, call("a", "get", vec![])).is_empty());
@@ -644,7 +610,7 @@ mod tests {
             deadline: l.now + Duration::from_secs(5),
             max_bytes: 1 << 20,
         };
-        let waiting = l.p.apply_in_or_wait(
+        let waiting = l.p.apply_in(
             other,
             &who(4),
             Token { conn: 4, req: 12 },
@@ -652,7 +618,7 @@ mod tests {
             call("a", "get", vec![]),
             l.now,
         );
-        assert!(waiting.is_none());
+        assert!(waiting.is_empty());
         // An old transaction cannot wound it.
         assert!(l.p.is_prepared(&t));
         // A replica rebuilt from the log holds the same keys.
@@ -688,7 +654,7 @@ mod tests {
         let mut l = Leader::new();
         let t = id(1);
         l.in_txn(&t, call("a", "add", vec![5.into()])).unwrap();
-        l.p.prepare(&t, 3).unwrap();
+        l.p.prepare(&t, 3, l.now, &mut Vec::new()).unwrap();
         l.drain(Vec::new());
         let now = l.now;
         let out = l.p.decide(&t, false, now);
@@ -703,7 +669,10 @@ mod tests {
         let t = id(1);
         l.in_txn(&t, call("a", "get", vec![])).unwrap();
         l.single(10, call("a", "add", vec![1.into()]));
-        assert_eq!(l.p.prepare(&t, 0).unwrap_err().kind, ErrorKind::TransactionConflict);
+        assert_eq!(
+            l.p.prepare(&t, 0, l.now, &mut Vec::new()).unwrap_err().kind,
+            ErrorKind::TransactionConflict
+        );
         assert!(!l.p.is_prepared(&t));
     }
 
@@ -712,7 +681,7 @@ mod tests {
         let mut l = Leader::new();
         let t = id(1);
         l.in_txn(&t, call("a", "add", vec![2.into()])).unwrap();
-        l.p.prepare(&t, 0).unwrap();
+        l.p.prepare(&t, 0, l.now, &mut Vec::new()).unwrap();
         let commit = Decision {
             commit: true,
             message: String::new(),
@@ -744,7 +713,7 @@ mod tests {
         let mut l = Leader::new();
         let (t, u) = (id(1), id(2));
         l.in_txn(&t, call("a", "add", vec![4.into()])).unwrap();
-        l.p.prepare(&t, 1).unwrap();
+        l.p.prepare(&t, 1, l.now, &mut Vec::new()).unwrap();
         let decision = Decision {
             commit: false,
             message: "no".into(),

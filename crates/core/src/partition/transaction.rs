@@ -6,13 +6,13 @@
 //! replicas see are those of ordinary calls, wrapped in one `commit` record (all or none).
 //!
 //! Concurrency control: a transaction takes each object it touches for itself (an exclusive
-//! lock). A younger transaction wanting an object an older one holds gives up at once
-//! (`TransactionConflict`); an older one takes it from a younger one, which is aborted here
-//! (wound-die, by age: the time its first attempt began; retries keep it, so the oldest
-//! always gets through). Nobody waits, so there is no deadlock. Single calls never wait for
-//! a transaction either: they change objects as always, and a transaction whose objects
-//! changed since it read them fails its commit ([`Partition::validate`]). Commit is the
-//! serialization point: it runs under the shard locks of every partition involved.
+//! lock). A younger transaction wanting an object an older one holds waits for it
+//! ([`txn_waits`](super::txn_waits)); an older one takes it from a younger one, which is
+//! aborted here (wound-wait, by age: the time its first attempt began; retries keep it, so
+//! the oldest always gets through). Single calls never wait for a transaction: they change
+//! objects as always, and a transaction whose objects changed since it read them fails its
+//! commit ([`Partition::validate`]). Commit is the serialization point: it runs under the
+//! shard locks of every partition involved.
 
 use ahash::HashMap;
 use std::sync::Arc;
@@ -23,6 +23,7 @@ use crate::objects::{self, user};
 use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{Caller, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
+use super::txn_waits::TxnWaiter;
 use super::Op;
 
 /// A transaction: its session and its number there.
@@ -76,7 +77,7 @@ pub(super) const COMMIT_TOKEN: Token = Token { conn: 0, req: u64::MAX };
 
 impl Workspace {
     /// Whether `self` (of `id`) is older than `other` (of `other_id`): by age, then by id.
-    fn older_than(&self, id: &TxnId, other: &Workspace, other_id: &TxnId) -> bool {
+    pub(super) fn older_than(&self, id: &TxnId, other: &Workspace, other_id: &TxnId) -> bool {
         (self.age, id) < (other.age, other_id)
     }
 }
@@ -86,8 +87,10 @@ fn conflict(message: String) -> Error {
 }
 
 impl Partition {
-    /// Run one call of transaction `txn` on its workspace here. Returns its reply: the
-    /// transaction's own view, which nobody else sees before it commits.
+    /// Run one call of transaction `txn` on its workspace here. Returns its reply (the
+    /// transaction's own view, which nobody else sees before it commits) with the replies
+    /// of the calls it woke; no reply of its own while it waits for an older transaction's
+    /// object, or for a prepared transaction's decision (it comes when they end).
     pub fn apply_in(
         &mut self,
         txn: TxnCall<'_>,
@@ -96,52 +99,73 @@ impl Partition {
         seq: u64,
         op: Op,
         now: Instant,
-    ) -> Delivery {
-        let reply = self.txn_step(txn, caller, seq, op, now);
-        if let (Some(ws), true) = (self.txns.get_mut(txn.id), seq != 0) {
-            ws.last_reply = Some((seq, reply.clone()));
-        }
-        Delivery { token, reply }
+    ) -> Vec<Delivery> {
+        let mut out: Vec<Delivery> = self
+            .run_in(TxnWaiter::new(txn, caller, token, seq, op), now)
+            .into_iter()
+            .collect();
+        out.extend(self.wake(now));
+        out
     }
 
-    /// [`apply_in`](Self::apply_in), except that a call on an object a prepared transaction
-    /// holds waits for its decision (it cannot be long): `None` then, and its reply comes
-    /// with the decision.
-    pub fn apply_in_or_wait(
-        &mut self,
-        txn: TxnCall<'_>,
-        caller: &Caller,
-        token: Token,
-        seq: u64,
-        op: Op,
-        now: Instant,
-    ) -> Option<Delivery> {
-        let answered = self
+    /// Run (or run again) one call of a transaction: `None` while it waits.
+    pub(super) fn run_in(&mut self, w: TxnWaiter, now: Instant) -> Option<Delivery> {
+        // Its fields borrowed apart: `w.op` moves into the step.
+        let txn = TxnCall {
+            id: &w.id,
+            age: w.age,
+            first: w.first,
+            deadline: w.deadline,
+            max_bytes: w.max_bytes,
+        };
+        if let Some((_, reply)) = self
             .txns
             .get(txn.id)
-            .is_some_and(|ws| seq != 0 && ws.last_reply.as_ref().is_some_and(|(last, _)| *last == seq));
-        if !answered && self.prepared_holder(op.key()).is_some() {
-            self.wait_in_txn(txn, caller, token, seq, op);
+            .and_then(|ws| ws.last_reply.as_ref())
+            .filter(|(last, _)| w.seq != 0 && *last == w.seq)
+        {
+            return Some(Delivery {
+                token: w.token,
+                reply: reply.clone(),
+            });
+        }
+        // A prepared transaction cannot be wounded, and holds its keys only until its
+        // decision: wait for it.
+        if self.prepared_holder(w.op.key()).is_some() {
+            self.wait_in_txn(w);
             return None;
         }
-        Some(self.apply_in(txn, caller, token, seq, op, now))
+        let reply = match self.open_workspace(txn, now) {
+            Err(e) => Err(e),
+            Ok(()) if self.must_wait(txn.id, w.op.key()) => {
+                self.wait_for_lock(w);
+                return None;
+            }
+            Ok(()) => self.txn_step(txn, &w.caller, w.op, now),
+        };
+        if let (Some(ws), true) = (self.txns.get_mut(&w.id), w.seq != 0) {
+            ws.last_reply = Some((w.seq, reply.clone()));
+        }
+        Some(Delivery { token: w.token, reply })
     }
 
-    fn txn_step(&mut self, txn: TxnCall<'_>, caller: &Caller, seq: u64, op: Op, now: Instant) -> Reply {
+    /// Make transaction `txn`'s workspace here on its first call; later calls need it.
+    fn open_workspace(&mut self, txn: TxnCall<'_>, now: Instant) -> Result<(), Error> {
         let id = txn.id;
+        if txn.deadline <= now {
+            self.forget_txn(id, "it ran past its time limit");
+            return Err(conflict(format!(
+                "transaction {} ran past its time limit and was aborted",
+                id.number
+            )));
+        }
         match self.txns.get(id) {
-            Some(ws) => {
-                if let Some((_, reply)) = ws.last_reply.as_ref().filter(|(last, _)| seq != 0 && *last == seq) {
-                    return reply.clone();
-                }
-            }
-            None if !txn.first => {
-                return Err(conflict(format!(
-                    "transaction {} was aborted: an older transaction took an object it held, or it ran past its \
-                     time limit",
-                    id.number
-                )))
-            }
+            Some(_) => Ok(()),
+            None if !txn.first => Err(conflict(format!(
+                "transaction {} was aborted: an older transaction took an object it held, or it ran past its \
+                 time limit",
+                id.number
+            ))),
             None => {
                 let ws = Workspace {
                     age: txn.age,
@@ -153,15 +177,20 @@ impl Partition {
                 };
                 self.txn_deadlines.insert((txn.deadline, id.clone()));
                 self.txns.insert(id.clone(), ws);
+                Ok(())
             }
         }
+    }
+
+    fn txn_step(&mut self, txn: TxnCall<'_>, caller: &Caller, op: Op, now: Instant) -> Reply {
+        let id = txn.id;
         let key = op.key().to_string();
         if let Some((new_key, _)) = self.moved.get(&key) {
             return Err(moved(&key, new_key));
         }
         // The copy first: a refused one (too large, no memory) leaves no ownership behind.
         self.fork(id, &key, txn.max_bytes)?;
-        self.lock_for(id, &key)?;
+        self.lock_for(id, &key);
         let ws = self.txns.get_mut(id).expect("the workspace was made above");
         let fork = ws.forks.get_mut(&key).expect("forked above");
         match op {
@@ -248,44 +277,19 @@ impl Partition {
                      non-blocking form (blocking=False, timeout=0, get_nowait...); transaction {} was aborted",
                     id.number
                 );
-                self.drop_txn(id);
+                self.forget_txn(id, "");
                 Err(Error::new(ErrorKind::TransactionError, message))
             }
         }
     }
 
-    /// Take `key` for transaction `id`, from a younger holder if need be (wound-die).
-    fn lock_for(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
-        // A prepared transaction cannot be wounded (`apply_in_or_wait` waits for it; this
-        // call did not ask to).
-        if self.prepared_holder(key).is_some() {
-            let number = id.number;
-            self.drop_txn(id);
-            return Err(conflict(format!(
-                "transaction {number} was aborted: '{key}' is held by a transaction being committed (run it again)"
-            )));
+    /// Take `key` for transaction `id`, from a younger holder if need be (an older one
+    /// made it wait: [`must_wait`](Self::must_wait)).
+    fn lock_for(&mut self, id: &TxnId, key: &str) {
+        if let Some(holder) = self.locks.get(key).filter(|h| *h != id).cloned() {
+            self.forget_txn(&holder, "an older transaction took an object it held (run it again)");
         }
-        let Some(holder) = self.locks.get(key).filter(|h| *h != id).cloned() else {
-            if !self.locks.contains_key(key) {
-                self.locks.insert(key.to_string(), id.clone());
-            }
-            return Ok(());
-        };
-        let Some(them) = self.txns.get(&holder) else {
-            // Its workspace went without its locks (cannot happen; never a panic over it).
-            self.locks.insert(key.to_string(), id.clone());
-            return Ok(());
-        };
-        if them.older_than(&holder, &self.txns[id], id) {
-            let number = id.number;
-            self.drop_txn(id);
-            return Err(conflict(format!(
-                "transaction {number} was aborted: '{key}' is held by an older transaction (run it again)"
-            )));
-        }
-        self.drop_txn(&holder);
         self.locks.insert(key.to_string(), id.clone());
-        Ok(())
     }
 
     /// Give transaction `id` its copy of `key` unless it has one. A copy counts in the
@@ -358,19 +362,30 @@ impl Partition {
         let ops = std::mem::take(&mut ws.ops);
         let mut keys: Vec<String> = ws.forks.keys().cloned().collect();
         keys.sort_unstable();
-        self.drop_txn(id);
+        self.forget_txn(id, "");
         (keys, ops)
     }
 
-    /// Forget transaction `id` here: its workspace and its objects go (an abort, or a
-    /// transaction wounded or expired). Its later calls here get `TransactionConflict`.
-    pub fn drop_txn(&mut self, id: &TxnId) {
+    /// Forget transaction `id` here (an abort): its workspace and its objects go, and its
+    /// later calls here get `TransactionConflict`. Returns the replies of the calls this
+    /// woke (those that waited for its objects).
+    pub fn drop_txn(&mut self, id: &TxnId, now: Instant) -> Vec<Delivery> {
+        self.forget_txn(id, "it was aborted");
+        self.wake(now)
+    }
+
+    /// [`drop_txn`](Self::drop_txn) without running the woken calls yet (the caller's
+    /// entry point does, [`wake`](Self::wake)); its waiting call, if any, is answered
+    /// with `why`.
+    pub(super) fn forget_txn(&mut self, id: &TxnId, why: &str) {
+        self.stop_waiting(id, why);
         let Some(ws) = self.txns.remove(id) else { return };
         self.txn_deadlines.remove(&(ws.deadline, id.clone()));
         self.objects.memory().sub(ws.bytes, false);
         for key in ws.forks.keys() {
             if self.locks.get(key) == Some(id) {
                 self.locks.remove(key);
+                self.lock_released(key);
             }
         }
     }
@@ -435,7 +450,7 @@ impl Partition {
             .get_mut(id)
             .map(|ws| std::mem::take(&mut ws.ops))
             .unwrap_or_default();
-        self.drop_txn(id);
+        self.forget_txn(id, "");
         let before = self.records.len();
         let mut out = Vec::new();
         self.committing = true;
@@ -462,6 +477,8 @@ impl Partition {
             self.log(Record::Commit { client, seq, records }.encode());
             self.logged_clients.insert(id.client.clone());
         }
+        // The calls that waited for its objects run on what it left.
+        out.extend(self.wake(now));
         out
     }
 
@@ -508,7 +525,7 @@ impl Partition {
             if at > now {
                 break;
             }
-            self.drop_txn(&id);
+            self.forget_txn(&id, "it ran past its time limit");
         }
     }
 
@@ -516,7 +533,7 @@ impl Partition {
     pub(super) fn end_txns(&mut self, client: &str) {
         let ended: Vec<TxnId> = self.txns.keys().filter(|id| &*id.client == client).cloned().collect();
         for id in ended {
-            self.drop_txn(&id);
+            self.forget_txn(&id, "its session ended");
         }
     }
 }
@@ -574,8 +591,10 @@ mod tests {
         p.apply(&who(9), Token { conn: 9, req: 1 }, 0, 0, create, now);
     }
 
-    /// Call `op` in transaction `id` of age `age`, its `first` call here or not.
-    fn step(p: &mut Partition, id: &TxnId, age: u64, first: bool, op: Op, now: Instant) -> Reply {
+    /// Call `op` in transaction `id` of age `age`, its `first` call here or not, as request
+    /// `req` of connection `age`: every reply it gave (its own, if it did not wait, and
+    /// those of the calls it woke).
+    fn send(p: &mut Partition, id: &TxnId, age: u64, first: bool, req: u64, op: Op, now: Instant) -> Vec<Delivery> {
         let txn = TxnCall {
             id,
             age,
@@ -583,7 +602,14 @@ mod tests {
             deadline: now + Duration::from_secs(5),
             max_bytes: 1 << 20,
         };
-        p.apply_in(txn, &who(1), Token { conn: 1, req: 1 }, 0, op, now).reply
+        p.apply_in(txn, &who(age), Token { conn: age, req }, 0, op, now)
+    }
+
+    /// [`send`] of a call that does not wait: its reply.
+    fn step(p: &mut Partition, id: &TxnId, age: u64, first: bool, op: Op, now: Instant) -> Reply {
+        let mut out = send(p, id, age, first, 1, op, now);
+        assert_eq!(out.len(), 1, "one reply: {out:?}");
+        out.remove(0).reply
     }
 
     fn single(p: &mut Partition, op: Op, now: Instant) -> Reply {
@@ -592,8 +618,12 @@ mod tests {
             .reply
     }
 
+    fn token(conn: u64, req: u64) -> Token {
+        Token { conn, req }
+    }
+
     #[test]
-    fn the_younger_gives_way_and_the_older_takes_from_a_younger() {
+    fn the_younger_waits_for_the_older_and_the_older_takes_from_a_younger() {
         let now = Instant::now();
         let mut p = Partition::new();
         counter(&mut p, "c", now);
@@ -602,20 +632,134 @@ mod tests {
         assert_eq!(step(&mut p, &old, 10, true, add("c", 1), now), Ok(1.into()));
         // A copy counts in the memory account, until its transaction ends.
         assert!(p.memory().used() > idle);
-        let refused = step(&mut p, &young, 20, true, add("c", 5), now).unwrap_err();
-        assert_eq!(refused.kind, ErrorKind::TransactionConflict);
+        // The younger waits: no reply yet.
+        assert!(send(&mut p, &young, 20, true, 7, add("c", 5), now).is_empty());
         assert!(p.validate(&old).is_ok());
-        assert!(p.validate(&young).is_err());
-        // An even older one takes the object, and the one it took it from is aborted.
-        let oldest = id("c", 3);
-        assert_eq!(step(&mut p, &oldest, 5, true, add("c", 100), now), Ok(100.into()));
-        assert_eq!(p.validate(&old).unwrap_err().kind, ErrorKind::TransactionConflict);
-        let later = step(&mut p, &old, 10, false, get("c"), now).unwrap_err();
+        // The older commits: the younger's call runs on what it left.
+        let out = p.commit(&old, 10, 0, &Ok(true.into()), now);
+        assert_eq!(
+            out,
+            vec![Delivery {
+                token: token(20, 7),
+                reply: Ok(6.into())
+            }]
+        );
+        p.validate(&young).unwrap();
+        p.commit(&young, 20, 0, &Ok(true.into()), now);
+        assert_eq!(single(&mut p, get("c"), now), Ok(6.into()));
+        // An older one takes an object from a younger, which is aborted here.
+        let (younger, oldest) = (id("c", 3), id("d", 4));
+        assert_eq!(step(&mut p, &younger, 30, true, add("c", 1), now), Ok(7.into()));
+        assert_eq!(step(&mut p, &oldest, 5, true, add("c", 100), now), Ok(106.into()));
+        assert_eq!(p.validate(&younger).unwrap_err().kind, ErrorKind::TransactionConflict);
+        let later = step(&mut p, &younger, 30, false, get("c"), now).unwrap_err();
         assert_eq!(later.kind, ErrorKind::TransactionConflict);
         p.validate(&oldest).unwrap();
-        p.commit(&oldest, 1, 0, &Ok(true.into()), now);
-        assert_eq!(single(&mut p, get("c"), now), Ok(100.into()));
+        p.commit(&oldest, 5, 0, &Ok(true.into()), now);
+        assert_eq!(single(&mut p, get("c"), now), Ok(106.into()));
         assert_eq!(p.open_txns(), 0);
         assert_eq!(p.memory().used(), idle);
+    }
+
+    #[test]
+    fn a_waiting_transaction_taken_from_by_an_older_one_is_answered_aborted() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        counter(&mut p, "a", now);
+        counter(&mut p, "b", now);
+        let (t10, t20, t5) = (id("x", 1), id("y", 2), id("z", 3));
+        step(&mut p, &t10, 10, true, add("a", 1), now).unwrap();
+        step(&mut p, &t20, 20, true, add("b", 1), now).unwrap();
+        // t20 waits for a (t10 holds it); t5, older than both, takes b from t20, whose
+        // waiting call is answered.
+        assert!(send(&mut p, &t20, 20, false, 8, add("a", 1), now).is_empty());
+        let out = send(&mut p, &t5, 5, true, 1, add("b", 2), now);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(
+            out[0],
+            Delivery {
+                token: token(5, 1),
+                reply: Ok(2.into())
+            }
+        );
+        assert_eq!(out[1].token, token(20, 8));
+        assert_eq!(out[1].reply.as_ref().unwrap_err().kind, ErrorKind::TransactionConflict);
+        // Nothing of t20 is left to wake when t10 ends.
+        assert!(p.drop_txn(&t10, now).is_empty());
+        assert_eq!(
+            step(&mut p, &t20, 20, false, get("a"), now).unwrap_err().kind,
+            ErrorKind::TransactionConflict
+        );
+    }
+
+    #[test]
+    fn waiters_run_oldest_first_when_the_holder_aborts() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        counter(&mut p, "c", now);
+        let (holder, t30, t20) = (id("h", 1), id("y", 2), id("z", 3));
+        step(&mut p, &holder, 10, true, add("c", 1), now).unwrap();
+        assert!(send(&mut p, &t30, 30, true, 1, add("c", 30), now).is_empty());
+        assert!(send(&mut p, &t20, 20, true, 1, add("c", 20), now).is_empty());
+        // The holder's abort: the older waiter takes c, the younger waits for it in turn.
+        let out = p.drop_txn(&holder, now);
+        assert_eq!(
+            out,
+            vec![Delivery {
+                token: token(20, 1),
+                reply: Ok(20.into())
+            }]
+        );
+        let out = p.commit(&t20, 20, 0, &Ok(true.into()), now);
+        assert_eq!(
+            out,
+            vec![Delivery {
+                token: token(30, 1),
+                reply: Ok(50.into())
+            }]
+        );
+    }
+
+    #[test]
+    fn a_waiting_call_ends_at_its_deadline_on_withdrawal_or_with_its_connection() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        counter(&mut p, "c", now);
+        let (holder, waiter) = (id("h", 1), id("w", 2));
+        let txn = |id| TxnCall {
+            id,
+            age: 20,
+            first: true,
+            deadline: now + Duration::from_secs(1),
+            max_bytes: 1 << 20,
+        };
+        step(&mut p, &holder, 10, true, add("c", 1), now).unwrap();
+        // Its deadline (earlier than the holder's) is the partition's next one.
+        assert!(p
+            .apply_in(txn(&waiter), &who(20), token(20, 1), 0, add("c", 1), now)
+            .is_empty());
+        assert_eq!(p.next_deadline(), Some(now + Duration::from_secs(1)));
+        let out = p.tick(now + Duration::from_secs(2));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].token, token(20, 1));
+        assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::TransactionConflict);
+        // Withdrawn: answered, and its transaction aborted.
+        let waiter = id("w", 3);
+        assert!(p
+            .apply_in(txn(&waiter), &who(20), token(20, 2), 0, add("c", 1), now)
+            .is_empty());
+        let out = p.withdraw(token(20, 2), "c", now);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::TransactionConflict);
+        assert!(p.validate(&waiter).is_err());
+        // Its connection closed: dropped unanswered, the transaction still open (a client
+        // that reconnects sends the call again), and the holder's end wakes nobody.
+        let waiter = id("w", 4);
+        assert!(p
+            .apply_in(txn(&waiter), &who(20), token(20, 3), 0, add("c", 1), now)
+            .is_empty());
+        assert!(p.disconnect(20, now).is_empty());
+        assert!(p.drop_txn(&holder, now).is_empty());
+        assert!(p.validate(&waiter).is_ok());
     }
 }

@@ -63,7 +63,7 @@ impl Partition {
     /// Answer parked calls whose deadline has passed.
     pub fn tick(&mut self, now: Instant) -> Vec<Delivery> {
         self.expire_txns(now);
-        let mut out = Vec::new();
+        let mut out = self.wake(now);
         let caller = system_caller();
         while let Some(entry) = self.timers.first_entry() {
             if entry.key().0 > now {
@@ -94,8 +94,12 @@ impl Partition {
     /// The caller of a parked call gave up waiting (an interrupted client): answer the call now
     /// with its timeout result, as if its deadline had passed, so the connection stays in step
     /// and keeps what it holds. Returns the replies, the withdrawn call's among them if it was
-    /// still parked on `key`. A call running in an object host cannot be withdrawn.
+    /// still parked on `key`. A call running in an object host cannot be withdrawn; a
+    /// transaction's call waiting for another's object is, and its transaction aborted.
     pub fn withdraw(&mut self, token: Token, key: &str, now: Instant) -> Vec<Delivery> {
+        if self.withdraw_waiting(token, key) {
+            return self.wake(now);
+        }
         let mut out = Vec::new();
         let caller = system_caller();
         // The call may have been answered by a change still being written: the `withdraw`
@@ -122,6 +126,7 @@ impl Partition {
 
     /// A connection closed: drop its parked calls and release what it held.
     pub fn disconnect(&mut self, conn: ConnId, now: Instant) -> Vec<Delivery> {
+        self.drop_waiting_of(conn);
         let mut out = Vec::new();
         if self.logged_conns.remove(&conn) {
             self.log(Record::Disconnect { conn }.encode());
@@ -171,6 +176,8 @@ impl Partition {
         for key in doomed {
             self.delete(&key, now, &mut out);
         }
+        // Calls that waited for its transactions' objects.
+        out.extend(self.wake(now));
         self.moved.retain(|_, (_, owner)| owner.as_deref() != Some(client));
         // Parked calls of other sessions answered NotFound keep exactly-once.
         self.settle(&out);

@@ -134,9 +134,11 @@ fn commit_one(shared: &Shared, caller: &Caller, token: Token, seq: u64, id: &Txn
             return s.journal(vec![Delivery { token, reply }]);
         }
         if let Err(e) = s.partition.validate(id) {
-            s.partition.drop_txn(id);
+            let woken = s.partition.drop_txn(id, Instant::now());
+            let mut out = s.journal(woken);
             shared.transactions.count(false);
-            return vec![Delivery { token, reply: Err(e) }];
+            out.push(Delivery { token, reply: Err(e) });
+            return out;
         }
         let reply: Reply = Ok(Value::Boolean(true));
         let mut out = s.partition.commit(id, caller.conn, seq, &reply, Instant::now());
@@ -251,7 +253,12 @@ pub(crate) async fn prepare_here(shared: &Shared, id: &TxnId, shard: usize, home
         if !s.serving() {
             return Err(redirect(shared, shard));
         }
-        s.partition.prepare(id, home as u64)?;
+        let mut woken = Vec::new();
+        if let Err(e) = s.partition.prepare(id, home as u64, Instant::now(), &mut woken) {
+            // Dropped: the calls that waited for its objects run.
+            shared.registry.deliver(s.journal(woken));
+            return Err(e);
+        }
         let records = s.partition.take_log().unwrap_or_default();
         match s.replica.as_mut() {
             Some(replica) => Ok(replica.submit_signal(records, Vec::new()).1),

@@ -1,0 +1,175 @@
+//! Transactions' calls that wait (wound-wait): a call wanting an object an older transaction
+//! holds waits until that one commits or aborts, then runs again, oldest transaction first.
+//! Waits only ever go from younger to older, so they cannot form a cycle; an older
+//! transaction wanting an object a younger one holds still takes it (the younger is aborted
+//! here, and its own waiting call, if any, is answered `TransactionConflict`). A waiting
+//! call ends at its transaction's deadline at the latest.
+
+use ahash::HashMap;
+use std::time::Instant;
+
+use super::{Op, Partition, TxnCall, TxnId};
+use crate::{Caller, Delivery, Error, ErrorKind, Token};
+
+/// A transaction's call put aside: it waits for an older transaction's object, or (in a
+/// cluster) for a prepared transaction's decision.
+pub(super) struct TxnWaiter {
+    pub(super) id: TxnId,
+    pub(super) age: u64,
+    pub(super) first: bool,
+    pub(super) deadline: Instant,
+    pub(super) max_bytes: usize,
+    pub(super) caller: Caller,
+    pub(super) token: Token,
+    pub(super) seq: u64,
+    pub(super) op: Op,
+}
+
+impl TxnWaiter {
+    pub(super) fn new(txn: TxnCall<'_>, caller: &Caller, token: Token, seq: u64, op: Op) -> Self {
+        Self {
+            id: txn.id.clone(),
+            age: txn.age,
+            first: txn.first,
+            deadline: txn.deadline,
+            max_bytes: txn.max_bytes,
+            caller: caller.clone(),
+            token,
+            seq,
+            op,
+        }
+    }
+}
+
+/// The calls waiting for objects transactions hold, in one partition.
+#[derive(Default)]
+pub(super) struct LockWaits {
+    /// By key: the calls waiting for it.
+    waiters: HashMap<String, Vec<TxnWaiter>>,
+    /// By transaction: the key its call waits for (a transaction has one call in flight).
+    waiting: HashMap<TxnId, String>,
+    /// Keys released since the waiters last ran.
+    released: Vec<String>,
+    /// Replies to waiting calls of transactions that ended here, not sent yet.
+    replies: Vec<Delivery>,
+}
+
+impl Partition {
+    /// Whether transaction `id` must wait for `key`: an older transaction holds it.
+    pub(super) fn must_wait(&self, id: &TxnId, key: &str) -> bool {
+        let Some(holder) = self.locks.get(key).filter(|h| *h != id) else {
+            return false;
+        };
+        match (self.txns.get(holder), self.txns.get(id)) {
+            (Some(them), Some(us)) => them.older_than(holder, us, id),
+            _ => false,
+        }
+    }
+
+    /// Put `w` aside until `key`'s holder ends.
+    pub(super) fn wait_for_lock(&mut self, w: TxnWaiter) {
+        let key = w.op.key().to_string();
+        self.lock_waits.waiting.insert(w.id.clone(), key.clone());
+        self.lock_waits.waiters.entry(key).or_default().push(w);
+    }
+
+    /// `key` is free again (its holder committed or ended): its waiters run at the next
+    /// [`wake`](Self::wake).
+    pub(super) fn lock_released(&mut self, key: &str) {
+        if self.lock_waits.waiters.contains_key(key) {
+            self.lock_waits.released.push(key.to_string());
+        }
+    }
+
+    /// Transaction `id` ended here (`why`): its waiting call, if any, is answered with it.
+    pub(super) fn stop_waiting(&mut self, id: &TxnId, why: &str) {
+        let Some(key) = self.lock_waits.waiting.remove(id) else {
+            return;
+        };
+        let Some(waiters) = self.lock_waits.waiters.get_mut(&key) else {
+            return;
+        };
+        let Some(at) = waiters.iter().position(|w| w.id == *id) else {
+            return;
+        };
+        let w = waiters.remove(at);
+        if waiters.is_empty() {
+            self.lock_waits.waiters.remove(&key);
+        }
+        self.lock_waits.replies.push(Delivery {
+            token: w.token,
+            reply: Err(Error::new(
+                ErrorKind::TransactionConflict,
+                format!(
+                    "transaction {} was aborted while it waited for '{key}': {why}",
+                    id.number
+                ),
+            )),
+        });
+    }
+
+    /// Run the calls waiting for the keys released since the last time, oldest transaction
+    /// first (the first takes the key; the others wait again, for it), and return their
+    /// replies with those of waiting calls whose transaction ended.
+    pub(super) fn wake(&mut self, now: Instant) -> Vec<Delivery> {
+        let mut out = std::mem::take(&mut self.lock_waits.replies);
+        while let Some(key) = self.lock_waits.released.pop() {
+            let Some(mut waiters) = self.lock_waits.waiters.remove(&key) else {
+                continue;
+            };
+            waiters.sort_by(|a, b| (a.age, &a.id).cmp(&(b.age, &b.id)));
+            for w in waiters {
+                // Answered already if its transaction ended meanwhile (another waiter of
+                // this key, older, took one of its objects).
+                if self.lock_waits.waiting.remove(&w.id).is_some() {
+                    out.extend(self.run_in(w, now));
+                }
+            }
+            out.append(&mut self.lock_waits.replies);
+        }
+        out
+    }
+
+    /// The waiting calls on the keys a transaction being prepared held wait for its
+    /// decision instead.
+    pub(super) fn wait_for_prepared(&mut self, keys: &[String]) {
+        for key in keys {
+            for w in self.lock_waits.waiters.remove(key).unwrap_or_default() {
+                self.lock_waits.waiting.remove(&w.id);
+                self.wait_in_txn(w);
+            }
+        }
+    }
+
+    /// The waiting call `token` on `key` was withdrawn (its caller gave up): its
+    /// transaction is aborted here, and the call answered so.
+    pub(super) fn withdraw_waiting(&mut self, token: Token, key: &str) -> bool {
+        let Some(w) = self
+            .lock_waits
+            .waiters
+            .get(key)
+            .and_then(|ws| ws.iter().find(|w| w.token == token))
+        else {
+            return false;
+        };
+        let id = w.id.clone();
+        self.forget_txn(&id, "its call was withdrawn");
+        true
+    }
+
+    /// Connection `conn` closed: its waiting calls go unanswered (their transactions stay
+    /// open: a client that reconnects sends the call again).
+    pub(super) fn drop_waiting_of(&mut self, conn: u64) {
+        let waiting = &mut self.lock_waits.waiting;
+        self.lock_waits.waiters.retain(|_, ws| {
+            ws.retain(|w| {
+                let keep = w.token.conn != conn;
+                if !keep {
+                    waiting.remove(&w.id);
+                }
+                keep
+            });
+            !ws.is_empty()
+        });
+    }
+}
