@@ -17,7 +17,7 @@ use spindle_core::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::TxnRef;
 
 use crate::config::TransactionLimits;
-use crate::{journal, Shared};
+use crate::{hosts, journal, Shared};
 
 /// The open transactions of every session here, and counts for `status`.
 #[derive(Default)]
@@ -175,9 +175,10 @@ impl Transactions {
 
 /// Run call `op` (request `token`, `seq` of its session) of transaction `txn` on the
 /// workspace of its shard. Returns its reply (`None`: it waits for a transaction being
-/// committed across shards, and its reply comes with the decision).
+/// committed across shards, and its reply comes with the decision; or it runs on the
+/// transaction's copy of a user-defined object in its host, and its reply comes from there).
 pub(crate) fn call(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     caller: &Caller,
     token: Token,
     seq: u64,
@@ -217,14 +218,19 @@ pub(crate) fn call(
         deadline,
         max_bytes: limits.bytes,
     };
-    let delivery = shared.shards.with(index, |s| {
+    let (delivery, actions) = shared.shards.with(index, |s| {
         if !s.serving() {
             return Err(crate::cluster::two_phase::redirect(shared, index));
         }
         s.calls += 1;
-        Ok(s.partition
-            .apply_in_or_wait(txn, caller, token, seq, op, Instant::now()))
+        let delivery = s
+            .partition
+            .apply_in_or_wait(txn, caller, token, seq, op, Instant::now());
+        // Requests for the hosts of user-defined objects (copies, calls on them, copies of
+        // transactions it wounded dropped) leave in the order applied, as single calls' do.
+        Ok((delivery, hosts::forward(shared, &mut s.partition, None)))
     })??;
+    hosts::run(shared, actions);
     if let Some(Delivery { reply: Err(e), .. }) = &delivery {
         aborted_by(shared, &id, e);
     }
@@ -233,7 +239,7 @@ pub(crate) fn call(
 
 /// A transaction that got `TransactionError` is aborted everywhere here (its message says
 /// so): nothing it did may commit after an error its code may have caught.
-fn aborted_by(shared: &Shared, id: &TxnId, e: &Error) {
+fn aborted_by(shared: &Arc<Shared>, id: &TxnId, e: &Error) {
     if e.kind == ErrorKind::TransactionError {
         abort(shared, &id.client, id.number);
     }
@@ -244,7 +250,7 @@ fn aborted_by(shared: &Shared, id: &TxnId, e: &Error) {
 /// of the session's name records the reply, so a retried commit gets it. Returns the
 /// replies to send (the commit's among them).
 pub(crate) fn commit(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     caller: &Caller,
     token: Token,
     seq: u64,
@@ -261,7 +267,8 @@ pub(crate) fn commit(
     let indices: Vec<usize> = shards.into_iter().collect();
     let expired = open.as_ref().is_some_and(|o| Instant::now() >= o.deadline);
     let limits = &shared.config.limits.transactions;
-    shared.shards.with_many(&indices, |states| {
+    let mut actions = Vec::new();
+    let deliveries = shared.shards.with_many(&indices, |states| {
         let now = Instant::now();
         let at_home = states.iter().position(|(i, _)| *i == home).expect("home is among them");
         if let Some(reply) = states[at_home].1.partition.recorded(&caller.client, seq) {
@@ -299,6 +306,7 @@ pub(crate) fn commit(
         if let Err(e) = checked {
             for (_, s) in states.iter_mut() {
                 s.partition.drop_txn(&id);
+                actions.extend(hosts::forward(shared, &mut s.partition, None));
             }
             shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
             return vec![Delivery { token, reply: Err(e) }];
@@ -309,6 +317,8 @@ pub(crate) fn commit(
         for (index, s) in states.iter_mut() {
             let recorded = if *index == home { seq } else { 0 };
             out.extend(s.partition.commit(&id, caller.conn, recorded, &reply, now));
+            // Its copies of user-defined objects become the objects, before any later call.
+            actions.extend(hosts::forward(shared, &mut s.partition, None));
             if let Some(records) = s.partition.take_log().filter(|r| !r.is_empty()) {
                 parts.push((*index as u32, records));
             }
@@ -327,7 +337,9 @@ pub(crate) fn commit(
             }
             _ => journal::submit_group(states, parts, out),
         }
-    })
+    });
+    hosts::run(shared, actions);
+    deliveries
 }
 
 /// A commit whose records, `bytes` over `parts` partitions, fit one log record (its parts'
@@ -348,7 +360,7 @@ fn fits_one_record(number: u64, bytes: usize, parts: usize) -> Result<(), Error>
 
 /// Abort transaction `number` of `client`: nothing it did is ever seen. Replies whether it
 /// was open.
-pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
+pub(crate) fn abort(shared: &Arc<Shared>, client: &Arc<str>, number: u64) -> bool {
     let id = TxnId {
         client: client.clone(),
         number,
@@ -359,7 +371,11 @@ pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
     shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
     for index in open.shards {
         // A poisoned shard holds nothing of it any more.
-        let _ = shared.shards.with(index, |s| s.partition.drop_txn(&id));
+        let dropped = shared.shards.with(index, |s| {
+            s.partition.drop_txn(&id);
+            hosts::forward(shared, &mut s.partition, None)
+        });
+        hosts::run(shared, dropped.unwrap_or_default());
     }
     true
 }

@@ -19,11 +19,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{check_type, memory, moved, storage_error, Body, Partition, Storage};
-use crate::objects::{self, user};
+use crate::objects;
 use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{Caller, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
 use super::Op;
+
+pub(super) mod copies;
 
 /// A transaction: its session and its number there.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -124,37 +126,17 @@ impl Partition {
             self.wait_in_txn(txn, caller, token, seq, op);
             return None;
         }
+        if self.is_user_op(txn.id, &op) {
+            return self.apply_in_user(txn, caller, token, seq, op);
+        }
         Some(self.apply_in(txn, caller, token, seq, op, now))
     }
 
     fn txn_step(&mut self, txn: TxnCall<'_>, caller: &Caller, seq: u64, op: Op, now: Instant) -> Reply {
-        let id = txn.id;
-        match self.txns.get(id) {
-            Some(ws) => {
-                if let Some((_, reply)) = ws.last_reply.as_ref().filter(|(last, _)| seq != 0 && *last == seq) {
-                    return reply.clone();
-                }
-            }
-            None if !txn.first => {
-                return Err(conflict(format!(
-                    "transaction {} was aborted: an older transaction took an object it held, or it ran past its \
-                     time limit",
-                    id.number
-                )))
-            }
-            None => {
-                let ws = Workspace {
-                    age: txn.age,
-                    deadline: txn.deadline,
-                    forks: HashMap::default(),
-                    ops: Vec::new(),
-                    last_reply: None,
-                    bytes: 0,
-                };
-                self.txn_deadlines.insert((txn.deadline, id.clone()));
-                self.txns.insert(id.clone(), ws);
-            }
+        if let Some(reply) = self.open_workspace(txn, seq) {
+            return reply;
         }
+        let id = txn.id;
         let key = op.key().to_string();
         if let Some((new_key, _)) = self.moved.get(&key) {
             return Err(moved(&key, new_key));
@@ -175,9 +157,6 @@ impl Partition {
                 if let Some(obj) = &fork.obj {
                     check_type(&key, obj.type_name(), type_name)?;
                     return Ok(Value::Boolean(false));
-                }
-                if user::is_user_type(type_name) {
-                    return Err(user_objects_refused(type_name, &key));
                 }
                 // As `Partition::create` checks: the commit must not meet a refusal.
                 if key.is_empty() {
@@ -254,6 +233,40 @@ impl Partition {
         }
     }
 
+    /// The answer to call `seq` of transaction `txn` here without running it (a resend of
+    /// its last call, or a transaction aborted here); otherwise its workspace, opened on
+    /// its first call here.
+    fn open_workspace(&mut self, txn: TxnCall<'_>, seq: u64) -> Option<Reply> {
+        let id = txn.id;
+        match self.txns.get(id) {
+            Some(ws) => {
+                if let Some((_, reply)) = ws.last_reply.as_ref().filter(|(last, _)| seq != 0 && *last == seq) {
+                    return Some(reply.clone());
+                }
+            }
+            None if !txn.first => {
+                return Some(Err(conflict(format!(
+                    "transaction {} was aborted: an older transaction took an object it held, or it ran past its \
+                     time limit",
+                    id.number
+                ))))
+            }
+            None => {
+                let ws = Workspace {
+                    age: txn.age,
+                    deadline: txn.deadline,
+                    forks: HashMap::default(),
+                    ops: Vec::new(),
+                    last_reply: None,
+                    bytes: 0,
+                };
+                self.txn_deadlines.insert((txn.deadline, id.clone()));
+                self.txns.insert(id.clone(), ws);
+            }
+        }
+        None
+    }
+
     /// Take `key` for transaction `id`, from a younger holder if need be (wound-die).
     fn lock_for(&mut self, id: &TxnId, key: &str) -> Result<(), Error> {
         // A prepared transaction cannot be wounded (`apply_in_or_wait` waits for it; this
@@ -313,7 +326,8 @@ impl Partition {
                 self.objects.memory().check()?;
                 Some(obj.fork())
             }
-            Some(Body::User(u)) => return Err(user_objects_refused(&u.type_name, key)),
+            // Calls on user-defined objects go to `copies` (`is_user_op`): not a built-in's.
+            Some(Body::User(u)) => return Err(user_object_here(&u.type_name, key)),
             None => None,
         };
         let size = obj.as_ref().map_or(0, |o| o.size());
@@ -366,6 +380,7 @@ impl Partition {
     /// transaction wounded or expired). Its later calls here get `TransactionConflict`.
     pub fn drop_txn(&mut self, id: &TxnId) {
         let Some(ws) = self.txns.remove(id) else { return };
+        self.drop_copies(id);
         self.txn_deadlines.remove(&(ws.deadline, id.clone()));
         self.objects.memory().sub(ws.bytes, false);
         for key in ws.forks.keys() {
@@ -395,7 +410,7 @@ impl Partition {
                 )));
             }
         }
-        let mut bytes = 0;
+        let mut bytes = self.check_copies(id)?;
         for (caller, op) in &ws.ops {
             let persistent = match op {
                 Op::Create { persistent, .. } => *persistent,
@@ -435,6 +450,7 @@ impl Partition {
             .get_mut(id)
             .map(|ws| std::mem::take(&mut ws.ops))
             .unwrap_or_default();
+        let copies = self.take_copies(id);
         self.drop_txn(id);
         let before = self.records.len();
         let mut out = Vec::new();
@@ -445,6 +461,7 @@ impl Partition {
             let caller = Caller { conn, ..caller };
             out.extend(self.apply_as(&caller, COMMIT_TOKEN, 0, 0, op, now, None));
         }
+        self.adopt_copies(copies);
         self.committing = false;
         // The calls ran on the copies first, with the same checks: none fails now.
         debug_assert!(
@@ -521,14 +538,8 @@ impl Partition {
     }
 }
 
-fn user_objects_refused(type_name: &str, key: &str) -> Error {
-    Error::new(
-        ErrorKind::TransactionError,
-        format!(
-            "'{key}' is a user-defined object ({type_name}): user-defined objects cannot take part in transactions \
-             yet; built-in objects can"
-        ),
-    )
+fn user_object_here(type_name: &str, key: &str) -> Error {
+    Error::new(ErrorKind::TypeMismatch, format!("'{key}' is a {type_name}"))
 }
 
 #[cfg(test)]

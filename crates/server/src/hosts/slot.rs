@@ -76,6 +76,12 @@ enum What {
         method: String,
     },
     Drop,
+    /// A transaction's copy of the object (`Pending::object_id` is the copy's id).
+    Copy,
+    /// The copy becomes the instance: an instance that did not would miss a commit.
+    Adopt,
+    /// The copy goes; the host holds it until it answers.
+    DropCopy,
 }
 
 /// A request sent (or buffered) and not answered yet.
@@ -97,6 +103,9 @@ struct Host {
     buffered: Vec<Value>,
     /// The instances it holds (constructed or constructing): key → object id.
     objects: HashMap<String, u64>,
+    /// The transactions' copies it holds (asked for, and not dropped or adopted yet), as
+    /// (key, copy id): lost with it like the instances.
+    copies: HashSet<(String, u64)>,
     /// Types and versions whose code it has been sent.
     versions: HashSet<(String, String)>,
     /// Requests in the order sent; the host answers the front first.
@@ -116,6 +125,7 @@ impl Host {
             started: now,
             buffered: Vec::new(),
             objects: HashMap::default(),
+            copies: HashSet::default(),
             versions: HashSet::default(),
             pending: VecDeque::new(),
             front_since: None,
@@ -126,6 +136,10 @@ impl Host {
 
     fn holds(&self, key: &str, object_id: u64) -> bool {
         self.objects.get(key) == Some(&object_id)
+    }
+
+    fn holds_copy(&self, key: &str, copy_id: u64) -> bool {
+        !self.copies.is_empty() && self.copies.contains(&(key.to_string(), copy_id))
     }
 
     /// Queue `request` (whose first item is filled in with its rid) and send it if connected.
@@ -356,8 +370,104 @@ impl Slot {
                     host.send(pending, request, now, &mut actions);
                 }
             }
+            Forward::Copy {
+                key,
+                object_id,
+                copy_id,
+            } => match self.live.as_mut().filter(|h| h.holds(&key, object_id)) {
+                Some(host) => {
+                    host.copies.insert((key.clone(), copy_id));
+                    let request = vec![Value::Nil, "copy".into(), key.as_str().into(), copy_id.into()];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::Copy,
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+                // The instance is gone with its host (or going): so is the copy.
+                None => actions.push(Action::Orphan {
+                    key,
+                    object_id: copy_id,
+                    reason: self.loss_reason(),
+                }),
+            },
+            Forward::CopyCall {
+                key,
+                copy_id,
+                type_name,
+                method,
+                args,
+                kwargs,
+            } => match self.live.as_mut().filter(|h| h.holds_copy(&key, copy_id)) {
+                Some(host) => {
+                    let request = vec![
+                        Value::Nil,
+                        "call".into(),
+                        key.as_str().into(),
+                        method.as_str().into(),
+                        Value::Array(args),
+                        kwargs,
+                        copy_id.into(),
+                    ];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::Call { type_name, method },
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+                // Its host is being killed: the copy is lost when it is gone, this call too.
+                None if self.dying.iter().any(|h| h.holds_copy(&key, copy_id)) => {}
+                None => actions.push(Action::Orphan {
+                    key,
+                    object_id: copy_id,
+                    reason: self.loss_reason(),
+                }),
+            },
+            Forward::Adopt {
+                key,
+                object_id,
+                copy_id,
+            } => {
+                // A host that died with the copy lost the object too: nothing to adopt.
+                if let Some(host) = self.live.as_mut().filter(|h| h.holds_copy(&key, copy_id)) {
+                    host.copies.remove(&(key.clone(), copy_id));
+                    host.objects.insert(key.clone(), object_id);
+                    let request = vec![Value::Nil, "adopt".into(), key.as_str().into(), copy_id.into()];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::Adopt,
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+            }
+            // A dying host's copies are lost with it (its calls answered then).
+            Forward::DropCopy { key, copy_id } => {
+                if let Some(host) = self.live.as_mut().filter(|h| h.holds_copy(&key, copy_id)) {
+                    let request = vec![Value::Nil, "drop".into(), key.as_str().into(), copy_id.into()];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::DropCopy,
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+            }
         }
         actions
+    }
+
+    /// Why an object no host of this slot holds is gone.
+    fn loss_reason(&self) -> String {
+        self.last_loss
+            .clone()
+            .unwrap_or_else(|| "its object host stopped".to_string())
     }
 
     /// The live host, started if there is none.
@@ -464,6 +574,25 @@ impl Slot {
                 state,
             }],
             What::Drop => Vec::new(),
+            What::Copy => vec![Action::Complete {
+                key,
+                object_id,
+                reply: reply.map(|_| Value::Nil),
+                state: None,
+            }],
+            What::Adopt => match reply {
+                Ok(_) => Vec::new(),
+                // Its instance misses a committed change: it must not serve another call.
+                Err(e) => self.kill(format!(
+                    "its object host could not adopt a transaction's copy of '{key}' ({}: {})",
+                    e.kind.as_str(),
+                    e.message
+                )),
+            },
+            What::DropCopy => {
+                host.copies.remove(&(key, object_id));
+                Vec::new()
+            }
         }
     }
 
@@ -530,7 +659,7 @@ impl Slot {
         } else if objects > 0 {
             tracing::warn!(host = id, slot = self.index, objects, "objects lost: {reason}");
         }
-        let mut lost: Vec<(String, u64)> = host.objects.into_iter().collect();
+        let mut lost: Vec<(String, u64)> = host.objects.into_iter().chain(host.copies).collect();
         lost.sort_unstable();
         self.last_loss = Some(reason.clone());
         lost.into_iter()
@@ -570,6 +699,9 @@ impl Slot {
                     What::Construct { type_name, .. } => format!("the {} constructor", short_name(type_name)),
                     What::Restore { type_name, .. } => format!("restoring a {}", short_name(type_name)),
                     What::Drop => format!("dropping '{}'", front.key),
+                    What::Copy => format!("copying '{}' for a transaction", front.key),
+                    What::Adopt => format!("committing a transaction's copy of '{}'", front.key),
+                    What::DropCopy => format!("dropping a transaction's copy of '{}'", front.key),
                 };
                 format!("{what} ran longer than the object call timeout ({timeout} s); its host was restarted")
             }
