@@ -911,6 +911,91 @@ mod tests {
     }
 
     #[test]
+    fn a_transactions_copy_is_made_called_adopted_or_dropped_and_lost_with_its_host() {
+        let now = Instant::now();
+        let (mut slot, id) = connected(now);
+        let copy = |copy_id| Forward::Copy {
+            key: "a".into(),
+            object_id: 1,
+            copy_id,
+        };
+        let copy_call = |copy_id| Forward::CopyCall {
+            key: "a".into(),
+            copy_id,
+            type_name: T.into(),
+            method: "update".into(),
+            args: vec![],
+            kwargs: Value::Map(vec![]),
+        };
+        let mut requests = sent(&slot.forward(copy(7), None, now));
+        requests.extend(sent(&slot.forward(copy_call(7), None, now)));
+        let adopt = Forward::Adopt {
+            key: "a".into(),
+            object_id: 1,
+            copy_id: 7,
+        };
+        requests.extend(sent(&slot.forward(adopt, None, now)));
+        requests.extend(sent(&slot.forward(copy(8), None, now)));
+        let drop = Forward::DropCopy {
+            key: "a".into(),
+            copy_id: 8,
+        };
+        requests.extend(sent(&slot.forward(drop, None, now)));
+        assert_eq!(
+            requests,
+            vec![
+                Value::Array(vec![2.into(), "copy".into(), "a".into(), 7.into()]),
+                Value::Array(vec![
+                    3.into(),
+                    "call".into(),
+                    "a".into(),
+                    "update".into(),
+                    Value::Array(vec![]),
+                    Value::Map(vec![]),
+                    7.into(),
+                ]),
+                Value::Array(vec![4.into(), "adopt".into(), "a".into(), 7.into()]),
+                Value::Array(vec![5.into(), "copy".into(), "a".into(), 8.into()]),
+                Value::Array(vec![6.into(), "drop".into(), "a".into(), 8.into()]),
+            ]
+        );
+        // The copy's answer and its call's go to the copy.
+        assert_eq!(
+            slot.reply(id, ok(2, Value::Nil), now),
+            vec![Action::Complete {
+                key: "a".into(),
+                object_id: 7,
+                reply: Ok(Value::Nil),
+                state: None,
+            }]
+        );
+        assert!(matches!(
+            &slot.reply(id, ok(3, 5.into()), now)[..],
+            [Action::Complete { object_id: 7, .. }]
+        ));
+        assert!(slot.reply(id, ok(4, Value::Nil), now).is_empty(), "adopted");
+        // Copy 9 is asked for and the host dies with it (copy 8's drop was not answered:
+        // lost too); the object and the copies are lost, copy 7 is the object now.
+        slot.forward(copy(9), None, now);
+        slot.disconnected(id);
+        let mut lost: Vec<u64> = slot
+            .exited(id, Exit::default(), None)
+            .into_iter()
+            .map(|a| match a {
+                Action::Lose { object_id, .. } => object_id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        lost.sort_unstable();
+        assert_eq!(lost, vec![1, 8, 9]);
+        // No host holds the object now: a copy asked for is lost at once.
+        assert!(matches!(
+            &slot.forward(copy(10), None, now)[..],
+            [Action::Orphan { object_id: 10, .. }]
+        ));
+    }
+
+    #[test]
     fn a_failed_constructor_leaves_nothing_on_the_host() {
         let now = Instant::now();
         let (mut slot, id) = connected(now);

@@ -434,10 +434,13 @@ impl Partition {
              never saw its changes (run it again)",
             copy.number, copy.key
         ));
-        if let Some(txn) = copy.txn.clone() {
+        // Forgotten first: its host is gone, nothing is sent about it.
+        let txn = copy.txn.clone();
+        let out = self.fail_copy(copy_id, why);
+        if let Some(txn) = txn {
             self.drop_txn(&txn);
         }
-        self.fail_copy(copy_id, why)
+        out
     }
 
     /// Forget copy `copy_id`, answering its calls in flight with `why`.
