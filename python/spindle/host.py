@@ -3,7 +3,9 @@ user-defined objects (``@spindle.shared`` classes).
 
 docs/protocol.md ("User-defined objects", "Hosts"): the host connects to
 ``$SPINDLE_ADDRESS``, says ``[id, "host", {"id": $SPINDLE_HOST_ID, "pid": ...}]`` and then
-answers the server's ``construct``, ``call`` and ``drop`` requests one at a time, in order.
+answers the server's ``construct``, ``call`` and ``drop`` requests one at a time, in order,
+and a transaction's ``copy``, calls on the copy, ``adopt`` (its commit) and ``drop`` of the
+copy (docs/transactions.md, "User-defined objects").
 Running one call at a time is what makes calls on one object linearizable without locks;
 the server gets parallelism by spreading objects over several hosts.
 

@@ -13,6 +13,9 @@
 //! a transaction either: they change objects as always, and a transaction whose objects
 //! changed since it read them fails its commit ([`Partition::validate`]). Commit is the
 //! serialization point: it runs under the shard locks of every partition involved.
+//!
+//! User-defined objects, whose state lives in object hosts, take part through copies made
+//! there, under the same ownership and versions: see [`copies`].
 
 use ahash::HashMap;
 use std::sync::Arc;
