@@ -184,24 +184,6 @@ def test_non_blocking_forms_work_inside(uniq: str) -> None:
     assert q.get_nowait() == 2
 
 
-@spindle.shared
-class Tally:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def add(self, n: int) -> int:
-        self.n += n
-        return self.n
-
-
-def test_user_defined_objects_are_refused_clearly(uniq: str) -> None:
-    tally = Tally(name=f"{uniq}t")
-    with pytest.raises(spindle.TransactionError, match="user-defined objects cannot take part"):
-        with spindle.transaction():
-            tally.add(1)
-    assert tally.add(0) == 0
-
-
 def test_cloud_threads_and_executor_functions_run_transactions(uniq: str) -> None:
     import remote
 

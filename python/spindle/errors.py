@@ -188,9 +188,10 @@ class TransactionConflict(SpindleError):
 
 class TransactionError(SpindleError):
     """A transaction cannot go on as written: a call that would wait (``Lock.acquire()``,
-    ``Queue.get()``...; use the non-blocking form), a limit passed (time, objects, bytes), or
-    a user-defined object (not yet in transactions). It was aborted: nothing it did is
-    visible. Running it again fails the same way."""
+    ``Queue.get()``...; use the non-blocking form), a limit passed (time, objects, bytes),
+    constructing a user-defined object inside (construct it before), or a user-defined object
+    whose state does not pickle (a transaction works on a copy of it). It was aborted:
+    nothing it did is visible. Running it again fails the same way."""
 
 
 class ObjectLost(SpindleError):

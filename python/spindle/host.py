@@ -3,7 +3,9 @@ user-defined objects (``@spindle.shared`` classes).
 
 docs/protocol.md ("User-defined objects", "Hosts"): the host connects to
 ``$SPINDLE_ADDRESS``, says ``[id, "host", {"id": $SPINDLE_HOST_ID, "pid": ...}]`` and then
-answers the server's ``construct``, ``call`` and ``drop`` requests one at a time, in order.
+answers the server's ``construct``, ``call`` and ``drop`` requests one at a time, in order,
+and a transaction's ``copy``, calls on the copy, ``adopt`` (its commit) and ``drop`` of the
+copy (docs/transactions.md, "User-defined objects").
 Running one call at a time is what makes calls on one object linearizable without locks;
 the server gets parallelism by spreading objects over several hosts.
 
@@ -127,9 +129,10 @@ class Host:
 
     def __init__(self) -> None:
         self.classes: Dict[Tuple[str, str], type] = {}  # by (type, version)
-        self.instances: Dict[str, Tuple[Any, type, str]] = {}  # by key: (instance, class, type)
+        # By key, and transactions' copies by _copy_name: (instance, class, type).
+        self.instances: Dict[Any, Tuple[Any, type, str]] = {}
         self._methods: Dict[Tuple[type, str], bool] = {}  # (class, name): is it shared?
-        self.states: Dict[str, bytes] = {}  # persistent instances by key: their last state sent
+        self.states: Dict[Any, bytes] = {}  # persistent instances (and copies): their last state sent
 
     # -- requests ----------------------------------------------------------------------
 
@@ -143,10 +146,11 @@ class Host:
         try:
             op = request[1]
             if op == "call":
-                _, _, key, method, args, kwargs = request
-                if key in self.states:
-                    return self._call_persistent(rid, key, method, args, kwargs)
-                where, value, me = self.call(key, method, args, kwargs)
+                _, _, key, method, args, kwargs, *copy = request
+                name = _copy_name(copy[0]) if copy else key
+                if name in self.states:
+                    return self._call_persistent(rid, name, method, args, kwargs, key)
+                where, value, me = self.call(name, method, args, kwargs, key)
                 return self._reply(rid, value, where, me)
             if op == "construct":
                 _, _, key, type_name, version, code, args, kwargs, *rest = request
@@ -167,8 +171,17 @@ class Host:
                 self.restore(key, type_name, version, code, state)
                 return frame([rid, 0, None])
             if op == "drop":
-                self.instances.pop(request[2], None)
-                self.states.pop(request[2], None)
+                name = _copy_name(request[3]) if len(request) > 3 else request[2]
+                self.instances.pop(name, None)
+                self.states.pop(name, None)
+                return frame([rid, 0, None])
+            if op == "copy":
+                _, _, key, copy_id = request
+                self.copy(key, _copy_name(copy_id))
+                return frame([rid, 0, None])
+            if op == "adopt":
+                _, _, key, copy_id = request
+                self.adopt(key, _copy_name(copy_id))
                 return frame([rid, 0, None])
             if op == "ping":
                 return frame([rid, 0, "pong"])
@@ -267,6 +280,38 @@ class Host:
         self.instances[key] = (obj, cls, type_name)
         self.states[key] = state
 
+    def copy(self, key: str, name: Tuple[str, int]) -> None:
+        """Keep a copy of instance ``key`` as ``name`` for a transaction (docs/transactions.md):
+        rebuilt from its pickled state as ``restore`` does, so the transaction's calls change
+        the copy only. A persistent object's copy starts from its last state sent (which is
+        the instance's), and sends its state with every answer as the instance does."""
+        entry = self.instances.get(key)
+        if entry is None:
+            raise HostError("NotFound", f"this host holds no object {key!r}")
+        obj, cls, type_name = entry
+        where = f"copying {cls.__qualname__} for a transaction"
+        state = self.states.get(key)
+        if state is None:
+            try:
+                state = cloudpickle.dumps(_getstate(obj), protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException as exc:
+                err = TypeError(f"cannot pickle the state of {cls.__qualname__} to copy it for a "
+                                f"transaction ({type(exc).__name__}: {exc})")
+                raise _Raised(raised(err, where)) from None
+        else:
+            self.states[name] = state
+        self.instances[name] = (self._rebuild(cls, state, where), cls, type_name)
+
+    def adopt(self, key: str, name: Tuple[str, int]) -> None:
+        """A transaction committed: its copy ``name`` becomes instance ``key``."""
+        entry = self.instances.pop(name, None)
+        if entry is None:
+            raise HostError("NotFound", f"this host holds no copy {name[1]} of {key!r}")
+        self.instances[key] = entry
+        state = self.states.pop(name, None)
+        if state is not None:
+            self.states[key] = state
+
     @staticmethod
     def _rebuild(cls: type, state: bytes, where: str) -> Any:
         """An instance of ``cls`` with the pickled ``state``, as ``pickle`` builds one."""
@@ -315,18 +360,19 @@ class Host:
             raise _Raised(raised(err, where)) from None
         return state
 
-    def _call_persistent(self, rid: int, key: str, method: str, args: List[Any],
-                         kwargs: Dict[str, Any]) -> bytes:
-        """A call on a persistent instance: its reply carries the state after it (also when
-        the method raised); if that state does not pickle, the instance goes back to its last
-        state sent and the call is a ``TypeError``."""
-        entry = self.instances.get(key)
+    def _call_persistent(self, rid: int, name: Any, method: str, args: List[Any],
+                         kwargs: Dict[str, Any], key: str) -> bytes:
+        """A call on a persistent instance (or a transaction's copy of one: ``name``): its
+        reply carries the state after it (also when the method raised); if that state does
+        not pickle, the instance goes back to its last state sent and the call is a
+        ``TypeError``."""
+        entry = self.instances.get(name)
         if entry is None:
             raise HostError("NotFound", f"this host holds no object {key!r}")
         cls = entry[1]
         where = f"{cls.__qualname__}.{method}"
         try:
-            where, value, me = self.call(key, method, args, kwargs)
+            where, value, me = self.call(name, method, args, kwargs, key)
             error: Optional[List[Any]] = None
         except _Raised as err:
             error, value, me = err.error, None, (entry[0], entry[2], key)
@@ -335,13 +381,13 @@ class Host:
             state = self._state_of(me[0], where)
         except _Raised as err:
             try:
-                obj = self._rebuild(cls, self.states[key], f"restoring {cls.__qualname__}")
-                self.instances[key] = (obj, cls, entry[2])
+                obj = self._rebuild(cls, self.states[name], f"restoring {cls.__qualname__}")
+                self.instances[name] = (obj, cls, entry[2])
             except _Raised:  # cannot happen for a state that loaded before; drop it then
-                self.instances.pop(key, None)
-                self.states.pop(key, None)
+                self.instances.pop(name, None)
+                self.states.pop(name, None)
             return frame([rid, 1, err.error])
-        self.states[key] = state
+        self.states[name] = state
         if error is not None:
             return frame([rid, 1, error, state])
         # The result's frame (a fixarray of 3) with the state as a 4th item.
@@ -357,10 +403,11 @@ class Host:
         out = b"\x94" + body[1:] + extra
         return len(out).to_bytes(4, "big") + out
 
-    def call(self, key: str, method: str, args: List[Any],
-             kwargs: Dict[str, Any]) -> Tuple[str, Any, Tuple[Any, str, str]]:
-        """``(where, result, (object, type, key))`` of a method call."""
-        entry = self.instances.get(key)
+    def call(self, name: Any, method: str, args: List[Any], kwargs: Dict[str, Any],
+             key: str) -> Tuple[str, Any, Tuple[Any, str, str]]:
+        """``(where, result, (object, type, key))`` of a method call on instance ``name``
+        (``key``, or a transaction's copy of object ``key``)."""
+        entry = self.instances.get(name)
         if entry is None:
             raise HostError("NotFound", f"this host holds no object {key!r}")
         obj, cls, type_name = entry
@@ -445,6 +492,13 @@ class Host:
             err = TypeError(f"cannot unpickle an argument in this object host "
                             f"({type(exc).__name__}: {exc})")
         return frame([rid, 1, raised(err, where)])
+
+
+def _copy_name(copy_id: int) -> Tuple[str, int]:
+    """Where a transaction's copy is kept in ``Host.instances`` (keys are strings: never this)."""
+    if not isinstance(copy_id, int):
+        raise TypeError("a copy id is an integer")
+    return ("copy", copy_id)
 
 
 class _Raised(Exception):

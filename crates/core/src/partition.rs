@@ -158,6 +158,9 @@ pub struct Partition {
     capture: Option<snapshot::Capture>,
     /// Open transactions' workspaces (see [`transaction`]).
     txns: HashMap<TxnId, transaction::Workspace>,
+    /// The user-defined objects transactions hold, and their copies in hosts
+    /// (see `transaction::copies`).
+    txn_copies: transaction::copies::Copies,
     /// The transaction holding each key a transaction touched.
     locks: HashMap<String, TxnId>,
     /// When each open transaction expires, earliest first.
@@ -456,6 +459,8 @@ impl Partition {
                 let forwarded = forward_call(u, token, key, method, args, ids, &mut self.forwards);
                 if forwarded.is_ok() {
                     self.hosted.insert(token);
+                    // It may change the object: a transaction that read it must not commit.
+                    meter.changed(counted, memory::object_size(key, 0));
                 }
                 // Every method may change the object: its reply is recorded.
                 return (forwarded.map(|()| None), true);

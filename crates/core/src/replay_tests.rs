@@ -651,6 +651,11 @@ mod user_objects {
                     Forward::Drop { key, .. } => {
                         self.hosted.remove(&key);
                     }
+                    // No transactions here.
+                    Forward::Copy { .. }
+                    | Forward::CopyCall { .. }
+                    | Forward::Adopt { .. }
+                    | Forward::DropCopy { .. } => {}
                 }
             }
         }

@@ -336,16 +336,19 @@ pub(crate) async fn run_timer(shared: Arc<Shared>, index: usize) {
             if !s.serving() {
                 // A follower's parked calls are answered by the leader's logged expiries.
                 s.armed = None;
-                return (Vec::new(), None);
+                return (Vec::new(), None, Vec::new());
             }
             let replies = s.partition.tick(Instant::now());
             let replies = s.journal(replies);
             s.armed = s.partition.next_deadline();
-            (replies, s.armed)
+            // Expired transactions' copies of user-defined objects go.
+            let actions = crate::hosts::forward(&shared, &mut s.partition, None);
+            (replies, s.armed, actions)
         });
         let next = match ticked {
-            Ok((replies, next)) => {
+            Ok((replies, next, actions)) => {
                 shared.registry.deliver(replies);
+                crate::hosts::run(&shared, actions);
                 next
             }
             Err(_) => return,

@@ -17,7 +17,7 @@ use spindle_core::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::TxnRef;
 
 use crate::config::TransactionLimits;
-use crate::{journal, Shared};
+use crate::{hosts, journal, Shared};
 
 /// The open transactions of every session here, and counts for `status`.
 #[derive(Default)]
@@ -175,10 +175,11 @@ impl Transactions {
 
 /// Run call `op` (request `token`, `seq` of its session) of transaction `txn` on the
 /// workspace of its shard. Returns its reply, if it did not wait (for an older transaction,
-/// or one being committed across shards: its reply comes when they end), with the replies
-/// of the calls it woke.
+/// or one being committed across shards: its reply comes when they end; or it runs on the
+/// transaction's copy of a user-defined object in its host, and its reply comes from there),
+/// with the replies of the calls it woke.
 pub(crate) fn call(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     caller: &Caller,
     token: Token,
     seq: u64,
@@ -218,14 +219,17 @@ pub(crate) fn call(
         deadline,
         max_bytes: limits.bytes,
     };
-    let deliveries = shared.shards.with(index, |s| {
+    let (deliveries, actions) = shared.shards.with(index, |s| {
         if !s.serving() {
             return Err(crate::cluster::two_phase::redirect(shared, index));
         }
         s.calls += 1;
         let out = s.partition.apply_in(txn, caller, token, seq, op, Instant::now());
-        Ok(s.journal(out))
+        // Requests for the hosts of user-defined objects (copies, calls on them, copies of
+        // transactions it wounded dropped) leave in the order applied, as single calls' do.
+        Ok((s.journal(out), hosts::forward(shared, &mut s.partition, None)))
     })??;
+    hosts::run(shared, actions);
     if let Some(Delivery { reply: Err(e), .. }) = deliveries.iter().find(|d| d.token == token) {
         aborted_by(shared, &id, e);
     }
@@ -234,7 +238,7 @@ pub(crate) fn call(
 
 /// A transaction that got `TransactionError` is aborted everywhere here (its message says
 /// so): nothing it did may commit after an error its code may have caught.
-fn aborted_by(shared: &Shared, id: &TxnId, e: &Error) {
+fn aborted_by(shared: &Arc<Shared>, id: &TxnId, e: &Error) {
     if e.kind == ErrorKind::TransactionError {
         abort(shared, &id.client, id.number);
     }
@@ -245,7 +249,7 @@ fn aborted_by(shared: &Shared, id: &TxnId, e: &Error) {
 /// of the session's name records the reply, so a retried commit gets it. Returns the
 /// replies to send (the commit's among them).
 pub(crate) fn commit(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     caller: &Caller,
     token: Token,
     seq: u64,
@@ -262,7 +266,8 @@ pub(crate) fn commit(
     let indices: Vec<usize> = shards.into_iter().collect();
     let expired = open.as_ref().is_some_and(|o| Instant::now() >= o.deadline);
     let limits = &shared.config.limits.transactions;
-    shared.shards.with_many(&indices, |states| {
+    let mut actions = Vec::new();
+    let deliveries = shared.shards.with_many(&indices, |states| {
         let now = Instant::now();
         let at_home = states.iter().position(|(i, _)| *i == home).expect("home is among them");
         if let Some(reply) = states[at_home].1.partition.recorded(&caller.client, seq) {
@@ -302,6 +307,7 @@ pub(crate) fn commit(
             for (_, s) in states.iter_mut() {
                 let woken = s.partition.drop_txn(&id, now);
                 out.extend(s.journal(woken));
+                actions.extend(hosts::forward(shared, &mut s.partition, None));
             }
             shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
             out.push(Delivery { token, reply: Err(e) });
@@ -313,6 +319,8 @@ pub(crate) fn commit(
         for (index, s) in states.iter_mut() {
             let recorded = if *index == home { seq } else { 0 };
             out.extend(s.partition.commit(&id, caller.conn, recorded, &reply, now));
+            // Its copies of user-defined objects become the objects, before any later call.
+            actions.extend(hosts::forward(shared, &mut s.partition, None));
             if let Some(records) = s.partition.take_log().filter(|r| !r.is_empty()) {
                 parts.push((*index as u32, records));
             }
@@ -331,7 +339,9 @@ pub(crate) fn commit(
             }
             _ => journal::submit_group(states, parts, out),
         }
-    })
+    });
+    hosts::run(shared, actions);
+    deliveries
 }
 
 /// A commit whose records, `bytes` over `parts` partitions, fit one log record (its parts'
@@ -352,7 +362,7 @@ fn fits_one_record(number: u64, bytes: usize, parts: usize) -> Result<(), Error>
 
 /// Abort transaction `number` of `client`: nothing it did is ever seen. Replies whether it
 /// was open.
-pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
+pub(crate) fn abort(shared: &Arc<Shared>, client: &Arc<str>, number: u64) -> bool {
     let id = TxnId {
         client: client.clone(),
         number,
@@ -363,11 +373,13 @@ pub(crate) fn abort(shared: &Shared, client: &Arc<str>, number: u64) -> bool {
     shared.transactions.aborted.fetch_add(1, Ordering::Relaxed);
     for index in open.shards {
         // A poisoned shard holds nothing of it any more.
-        if let Ok(woken) = shared.shards.with(index, |s| {
+        let dropped = shared.shards.with(index, |s| {
             let out = s.partition.drop_txn(&id, Instant::now());
-            s.journal(out)
-        }) {
+            (s.journal(out), hosts::forward(shared, &mut s.partition, None))
+        });
+        if let Ok((woken, actions)) = dropped {
             shared.registry.deliver(woken);
+            hosts::run(shared, actions);
         }
     }
     true

@@ -86,6 +86,24 @@ pub enum Forward {
     },
     /// The object was deleted: the host forgets its instance.
     Drop { key: String, object_id: u64 },
+    /// A transaction's first touch of the object: the host keeps a copy of instance
+    /// `object_id` (its state pickled and rebuilt; a persistent object's copy starts from
+    /// its last state sent) under `copy_id`, for that transaction's calls.
+    Copy { key: String, object_id: u64, copy_id: u64 },
+    /// A call of a transaction, on its copy (answered, with the copy's state for a
+    /// persistent object, as a call is).
+    CopyCall {
+        key: String,
+        copy_id: u64,
+        type_name: String,
+        method: String,
+        args: Vec<Value>,
+        kwargs: Value,
+    },
+    /// The transaction committed: its copy becomes instance `object_id` of the object.
+    Adopt { key: String, object_id: u64, copy_id: u64 },
+    /// The transaction ended without it (aborted, or the copy is not needed): the copy goes.
+    DropCopy { key: String, copy_id: u64 },
 }
 
 impl Forward {
@@ -94,16 +112,25 @@ impl Forward {
             Forward::Construct { key, .. }
             | Forward::Restore { key, .. }
             | Forward::Call { key, .. }
-            | Forward::Drop { key, .. } => key,
+            | Forward::Drop { key, .. }
+            | Forward::Copy { key, .. }
+            | Forward::CopyCall { key, .. }
+            | Forward::Adopt { key, .. }
+            | Forward::DropCopy { key, .. } => key,
         }
     }
 
+    /// The instance the request is about in its host: the object's, or a transaction's copy.
     pub fn object_id(&self) -> u64 {
         match self {
             Forward::Construct { object_id, .. }
             | Forward::Restore { object_id, .. }
             | Forward::Call { object_id, .. }
-            | Forward::Drop { object_id, .. } => *object_id,
+            | Forward::Drop { object_id, .. }
+            | Forward::Adopt { object_id, .. } => *object_id,
+            Forward::Copy { copy_id, .. } | Forward::CopyCall { copy_id, .. } | Forward::DropCopy { copy_id, .. } => {
+                *copy_id
+            }
         }
     }
 }

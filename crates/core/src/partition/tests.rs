@@ -826,13 +826,19 @@ mod user_objects {
 
         /// A harness whose partition logs, and a persistent create of `key` (class code
         /// offered first, as the server does).
-        fn durable() -> Harness {
+        pub(super) fn durable() -> Harness {
             let mut h = Harness::new();
             h.p.enable_storage();
             h
         }
 
-        fn create_p(h: &mut Harness, caller: &Caller, seq: u64, key: &str, owned: bool) -> (Token, Vec<Delivery>) {
+        pub(super) fn create_p(
+            h: &mut Harness,
+            caller: &Caller,
+            seq: u64,
+            key: &str,
+            owned: bool,
+        ) -> (Token, Vec<Delivery>) {
             h.p.offer_class(T, "v1", &Arc::new(vec![0xc0, 0xde]));
             let token = h.token(caller.conn);
             let op = Op::Create {
@@ -846,12 +852,12 @@ mod user_objects {
             (token, out)
         }
 
-        fn decode_all(log: &[Vec<u8>]) -> Vec<Record> {
+        pub(super) fn decode_all(log: &[Vec<u8>]) -> Vec<Record> {
             log.iter().map(|r| Record::decode(r).expect("decodes")).collect()
         }
 
         /// Construct persistent `key` with state `s0`; returns its id and the records.
-        fn constructed_p(h: &mut Harness, key: &str) -> (u64, Vec<Vec<u8>>) {
+        pub(super) fn constructed_p(h: &mut Harness, key: &str) -> (u64, Vec<Vec<u8>>) {
             let (t, out) = create_p(h, &who(1), 1, key, false);
             assert!(out.is_empty());
             assert_eq!(h.p.take_log(), Some(vec![]), "the create itself is not logged");
@@ -1188,6 +1194,311 @@ mod user_objects {
             assert_eq!(error_of(&out, t).kind, ErrorKind::Internal);
             assert!(h.p.is_empty());
             assert!(matches!(h.p.take_forwards().as_slice(), [Forward::Drop { .. }]));
+        }
+    }
+
+    /// User-defined objects in transactions (`transaction::copies`): copies in the host,
+    /// adopted at commit, dropped otherwise.
+    mod in_transactions {
+        use super::*;
+        use std::time::Duration;
+
+        fn txn(client: u64, number: u64) -> TxnId {
+            TxnId {
+                client: Arc::from(format!("c{client}")),
+                number,
+            }
+        }
+
+        /// Call `op` as transaction `id` (of age `age`) from connection `id`'s client;
+        /// returns its token and its reply if it did not park.
+        fn step(h: &mut Harness, id: &TxnId, age: u64, seq: u64, op: Op) -> (Token, Option<Reply>) {
+            let conn: u64 = id.client[1..].parse().unwrap();
+            let token = h.token(conn);
+            let call = TxnCall {
+                id,
+                age,
+                first: true,
+                deadline: h.now + Duration::from_secs(5),
+                max_bytes: 1 << 20,
+            };
+            let out = h.p.apply_in(call, &who(conn), token, seq, op, h.now);
+            (token, out.into_iter().find(|d| d.token == token).map(|d| d.reply))
+        }
+
+        fn update(key: &str, n: i64) -> Op {
+            Op::Call {
+                type_name: T.into(),
+                key: key.into(),
+                method: "update".into(),
+                args: margs(vec![n.into()]),
+            }
+        }
+
+        /// The copy a transaction's first call asked for, and the call on it.
+        fn copied(h: &mut Harness, key: &str, object_id: u64) -> u64 {
+            match h.p.take_forwards().as_slice() {
+                [Forward::Copy {
+                    key: k,
+                    object_id: o,
+                    copy_id,
+                }, Forward::CopyCall { copy_id: c, .. }]
+                    if k == key && *o == object_id && c == copy_id =>
+                {
+                    *copy_id
+                }
+                other => panic!("expected a Copy and a CopyCall, got {other:?}"),
+            }
+        }
+
+        #[test]
+        fn calls_run_on_a_copy_and_the_commit_makes_it_the_object() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let t1 = txn(1, 1);
+            let (call, reply) = step(&mut h, &t1, 10, 1, update("c", 5));
+            assert_eq!(reply, None, "it waits for the host");
+            let copy = copied(&mut h, "c", id);
+            assert_ne!(copy, id);
+            // The copy's answer, then the call's: the call is answered from the copy.
+            assert!(h.p.complete("c", copy, Ok(Value::Nil), h.now).is_empty());
+            let out = h.p.complete("c", copy, Ok(5.into()), h.now);
+            assert_eq!(value_of(&out, call), Value::from(5));
+            // Resent once answered: the same reply, nothing reaches the host.
+            assert_eq!(step(&mut h, &t1, 10, 1, update("c", 5)).1, Some(Ok(5.into())));
+            // Its next call goes to the same copy.
+            let (call, _) = step(&mut h, &t1, 10, 2, update("c", 1));
+            assert!(matches!(h.p.take_forwards().as_slice(), [Forward::CopyCall { copy_id, .. }] if *copy_id == copy));
+            assert_eq!(
+                value_of(&h.p.complete("c", copy, Ok(6.into()), h.now), call),
+                Value::from(6)
+            );
+            h.p.validate(&t1).unwrap();
+            h.p.commit(&t1, 1, 0, &Ok(true.into()), h.now);
+            assert_eq!(
+                h.p.take_forwards(),
+                vec![Forward::Adopt {
+                    key: "c".into(),
+                    object_id: id,
+                    copy_id: copy,
+                }]
+            );
+            assert_eq!(h.p.open_txns(), 0);
+            // Single calls go to the instance (the adopted copy) again.
+            h.call(&who(2), 0, T, "c", "update", margs(vec![]));
+            assert!(matches!(h.p.take_forwards().as_slice(), [Forward::Call { object_id, .. }] if *object_id == id));
+        }
+
+        #[test]
+        fn an_abort_drops_the_copy_and_a_single_call_in_between_fails_the_commit() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let t1 = txn(1, 1);
+            let (call, _) = step(&mut h, &t1, 10, 1, update("c", 5));
+            let copy = copied(&mut h, "c", id);
+            h.p.complete("c", copy, Ok(Value::Nil), h.now);
+            h.p.complete("c", copy, Ok(5.into()), h.now);
+            // A single call (any method may change the object) between the copy and the commit.
+            let (single, _) = h.call(&who(2), 0, T, "c", "get", margs(vec![]));
+            assert!(matches!(h.p.take_forwards().as_slice(), [Forward::Call { .. }]));
+            assert_eq!(
+                value_of(&h.p.complete("c", id, Ok(0.into()), h.now), single),
+                Value::from(0)
+            );
+            let e = h.p.validate(&t1).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::TransactionConflict);
+            assert!(e.message.contains("changed after the transaction read it"), "{e}");
+            h.p.drop_txn(&t1, h.now);
+            assert_eq!(
+                h.p.take_forwards(),
+                vec![Forward::DropCopy {
+                    key: "c".into(),
+                    copy_id: copy,
+                }]
+            );
+            // A late answer about the dropped copy goes nowhere.
+            assert!(h.p.complete("c", copy, Ok(1.into()), h.now).is_empty());
+            let _ = call;
+        }
+
+        #[test]
+        fn a_wounded_transactions_call_in_flight_is_answered_conflict() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let (young, old) = (txn(1, 1), txn(2, 1));
+            let (call, _) = step(&mut h, &young, 20, 1, update("c", 5));
+            let copy = copied(&mut h, "c", id);
+            // The older one takes the object: the younger's copy is dropped behind its call.
+            let (_, reply) = step(&mut h, &old, 10, 1, update("c", 7));
+            assert_eq!(reply, None);
+            let forwards = h.p.take_forwards();
+            assert!(
+                matches!(&forwards[..], [Forward::DropCopy { copy_id, .. }, Forward::Copy { object_id, .. }, Forward::CopyCall { .. }]
+                    if *copy_id == copy && *object_id == id),
+                "{forwards:?}"
+            );
+            h.p.complete("c", copy, Ok(Value::Nil), h.now);
+            let e = error_of(&h.p.complete("c", copy, Ok(5.into()), h.now), call);
+            assert_eq!(e.kind, ErrorKind::TransactionConflict);
+            // Its next call (not a first one) learns it was aborted.
+            let next = TxnCall {
+                id: &young,
+                age: 20,
+                first: false,
+                deadline: h.now + Duration::from_secs(5),
+                max_bytes: 1 << 20,
+            };
+            let token = h.token(1);
+            let out = h.p.apply_in(next, &who(1), token, 2, update("c", 1), h.now);
+            assert_eq!(error_of(&out, token).kind, ErrorKind::TransactionConflict);
+        }
+
+        #[test]
+        fn a_host_dying_with_a_copy_aborts_the_transaction_not_the_object() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let t1 = txn(1, 1);
+            let (call, _) = step(&mut h, &t1, 10, 1, update("c", 5));
+            let copy = copied(&mut h, "c", id);
+            let out = h.p.lose("c", copy, "its object host was killed", h.now);
+            let e = error_of(&out, call);
+            assert_eq!(e.kind, ErrorKind::TransactionConflict);
+            assert!(e.message.contains("was lost with its object host"), "{e}");
+            assert_eq!(h.p.validate(&t1).unwrap_err().kind, ErrorKind::TransactionConflict);
+            // A copy that could not be made (its state does not pickle) cannot be retried.
+            let t2 = txn(1, 2);
+            let (call, _) = step(&mut h, &t2, 10, 1, update("c", 5));
+            let copy = copied(&mut h, "c", id);
+            let raised = Error::new(ErrorKind::Raised, "TypeError: cannot pickle '_thread.lock' object");
+            let out = h.p.complete("c", copy, Err(raised), h.now);
+            let e = error_of(&out, call);
+            assert_eq!(e.kind, ErrorKind::TransactionError);
+            assert!(e.message.contains("could not be copied"), "{e}");
+            assert_eq!(h.p.open_txns(), 0);
+        }
+
+        #[test]
+        fn creates_attach_deletes_commit_and_constructing_inside_is_refused() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let t1 = txn(1, 1);
+            let attach = Op::Create {
+                type_name: T.into(),
+                key: "c".into(),
+                args: ctor("v1", vec![]),
+                owned: false,
+                persistent: false,
+            };
+            assert_eq!(step(&mut h, &t1, 10, 1, attach).1, Some(Ok(false.into())));
+            let copy = match h.p.take_forwards().as_slice() {
+                [Forward::Copy { copy_id, .. }] => *copy_id,
+                other => panic!("{other:?}"),
+            };
+            let delete = Op::Delete { key: "c".into() };
+            assert_eq!(step(&mut h, &t1, 10, 2, delete).1, Some(Ok(true.into())));
+            let (_, gone) = step(&mut h, &t1, 10, 3, update("c", 1));
+            assert_eq!(gone.unwrap().unwrap_err().kind, ErrorKind::NotFound);
+            let fresh = Op::Create {
+                type_name: T.into(),
+                key: "d".into(),
+                args: ctor("v1", vec![]),
+                owned: false,
+                persistent: false,
+            };
+            let e = step(&mut h, &t1, 10, 4, fresh).1.unwrap().unwrap_err();
+            assert_eq!(e.kind, ErrorKind::TransactionError);
+            h.p.complete("c", copy, Ok(Value::Nil), h.now);
+            h.p.validate(&t1).unwrap();
+            h.p.commit(&t1, 1, 0, &Ok(true.into()), h.now);
+            let forwards = h.p.take_forwards();
+            assert!(
+                forwards.contains(&Forward::Drop {
+                    key: "c".into(),
+                    object_id: id
+                }),
+                "{forwards:?}"
+            );
+            assert!(
+                forwards.contains(&Forward::DropCopy {
+                    key: "c".into(),
+                    copy_id: copy
+                }),
+                "{forwards:?}"
+            );
+            assert!(!h.p.is_live("c"));
+        }
+
+        mod persistent {
+            use super::super::persistent::*;
+            use super::*;
+
+            #[test]
+            fn a_commit_logs_the_copys_state_and_a_replay_restores_it() {
+                let mut h = durable();
+                let (id, mut log) = constructed_p(&mut h, "c");
+                // Committed: the state the copy's last call sent is in the commit's record.
+                let t1 = txn(1, 1);
+                let (call, _) = step(&mut h, &t1, 10, 1, update("c", 5));
+                let copy = copied(&mut h, "c", id);
+                h.p.complete("c", copy, Ok(Value::Nil), h.now);
+                let out =
+                    h.p.complete_with_state("c", copy, Ok(5.into()), Some(b"s5".to_vec()), h.now);
+                assert_eq!(value_of(&out, call), Value::from(5));
+                assert_eq!(h.p.take_log(), None, "nothing is logged before the commit");
+                h.p.validate(&t1).unwrap();
+                h.p.commit(&t1, 1, 7, &Ok(true.into()), h.now);
+                let committed = h.p.take_log().unwrap();
+                match &decode_all(&committed)[..] {
+                    [Record::Commit { records, .. }] => {
+                        assert!(
+                            matches!(&decode_all(records)[..], [Record::UserState { key, state, .. }] if key == "c" && state == b"s5")
+                        );
+                    }
+                    other => panic!("expected one commit record, got {other:?}"),
+                }
+                log.extend(committed);
+                assert!(matches!(h.p.take_forwards().as_slice(), [Forward::Adopt { .. }]));
+                // Aborted: its copy's state never reaches the log.
+                let t2 = txn(1, 2);
+                step(&mut h, &t2, 10, 1, update("c", 100));
+                let copy = copied(&mut h, "c", id);
+                h.p.complete("c", copy, Ok(Value::Nil), h.now);
+                h.p.complete_with_state("c", copy, Ok(105.into()), Some(b"s105".to_vec()), h.now);
+                h.p.drop_txn(&t2, h.now);
+                assert_eq!(h.p.take_log(), None);
+                assert_eq!(h.p.stored_user_objects()[0].state, b"s5".to_vec());
+
+                let mut r = Partition::new();
+                r.enable_storage();
+                for rec in &log {
+                    r.replay(rec, h.now).unwrap();
+                }
+                assert_eq!(r.stored_user_objects()[0].state, b"s5".to_vec());
+                assert_eq!(r.recorded("c1", 7), Some(Ok(true.into())), "the commit's reply");
+                // Restored from the committed state on its next call.
+                let mut h2 = Harness::new();
+                h2.p = r;
+                h2.call(&who(2), 1, T, "c", "update", margs(vec![]));
+                assert!(matches!(&h2.p.take_forwards()[0], Forward::Restore { state, .. } if state == b"s5"));
+            }
+
+            #[test]
+            fn a_call_whose_state_did_not_take_effect_aborts_the_transactions_copying_it() {
+                let mut h = durable();
+                let (id, _) = constructed_p(&mut h, "c");
+                // A single call runs, then a transaction copies the object behind it...
+                let (single, _) = h.call(&who(2), 5, T, "c", "update", margs(vec![]));
+                h.p.take_forwards();
+                let t1 = txn(1, 1);
+                step(&mut h, &t1, 10, 1, update("c", 5));
+                copied(&mut h, "c", id);
+                // ...and that call's state is too large to log: it did not take effect, and
+                // the copy (which holds its change) must not commit.
+                let huge = vec![0u8; MAX_RECORD_LEN + 1];
+                let out = h.p.complete_with_state("c", id, Ok(1.into()), Some(huge), h.now);
+                assert_eq!(error_of(&out, single).kind, ErrorKind::ValueError);
+                assert_eq!(h.p.validate(&t1).unwrap_err().kind, ErrorKind::TransactionConflict);
+            }
         }
     }
 

@@ -13,18 +13,23 @@
 //! objects as always, and a transaction whose objects changed since it read them fails its
 //! commit ([`Partition::validate`]). Commit is the serialization point: it runs under the
 //! shard locks of every partition involved.
+//!
+//! User-defined objects, whose state lives in object hosts, take part through copies made
+//! there, under the same ownership and versions: see [`copies`].
 
 use ahash::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::{check_type, memory, moved, storage_error, Body, Partition, Storage};
-use crate::objects::{self, user};
+use crate::objects;
 use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{Caller, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
 use super::txn_waits::TxnWaiter;
 use super::Op;
+
+pub(super) mod copies;
 
 /// A transaction: its session and its number there.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -141,6 +146,7 @@ impl Partition {
                 self.wait_for_lock(w);
                 return None;
             }
+            Ok(()) if self.is_user_op(txn.id, &w.op) => self.user_step(txn, &w.caller, w.token, w.seq, w.op)?,
             Ok(()) => self.txn_step(txn, &w.caller, w.op, now),
         };
         if let (Some(ws), true) = (self.txns.get_mut(&w.id), w.seq != 0) {
@@ -204,9 +210,6 @@ impl Partition {
                 if let Some(obj) = &fork.obj {
                     check_type(&key, obj.type_name(), type_name)?;
                     return Ok(Value::Boolean(false));
-                }
-                if user::is_user_type(type_name) {
-                    return Err(user_objects_refused(type_name, &key));
                 }
                 // As `Partition::create` checks: the commit must not meet a refusal.
                 if key.is_empty() {
@@ -317,7 +320,8 @@ impl Partition {
                 self.objects.memory().check()?;
                 Some(obj.fork())
             }
-            Some(Body::User(u)) => return Err(user_objects_refused(&u.type_name, key)),
+            // Calls on user-defined objects go to `copies` (`is_user_op`): not a built-in's.
+            Some(Body::User(u)) => return Err(user_object_here(&u.type_name, key)),
             None => None,
         };
         let size = obj.as_ref().map_or(0, |o| o.size());
@@ -380,6 +384,7 @@ impl Partition {
     pub(super) fn forget_txn(&mut self, id: &TxnId, why: &str) {
         self.stop_waiting(id, why);
         let Some(ws) = self.txns.remove(id) else { return };
+        self.drop_copies(id);
         self.txn_deadlines.remove(&(ws.deadline, id.clone()));
         self.objects.memory().sub(ws.bytes, false);
         for key in ws.forks.keys() {
@@ -410,7 +415,7 @@ impl Partition {
                 )));
             }
         }
-        let mut bytes = 0;
+        let mut bytes = self.check_copies(id)?;
         for (caller, op) in &ws.ops {
             let persistent = match op {
                 Op::Create { persistent, .. } => *persistent,
@@ -450,6 +455,7 @@ impl Partition {
             .get_mut(id)
             .map(|ws| std::mem::take(&mut ws.ops))
             .unwrap_or_default();
+        let copies = self.take_copies(id);
         self.forget_txn(id, "");
         let before = self.records.len();
         let mut out = Vec::new();
@@ -460,6 +466,7 @@ impl Partition {
             let caller = Caller { conn, ..caller };
             out.extend(self.apply_as(&caller, COMMIT_TOKEN, 0, 0, op, now, None));
         }
+        self.adopt_copies(copies);
         self.committing = false;
         // The calls ran on the copies first, with the same checks: none fails now.
         debug_assert!(
@@ -538,14 +545,8 @@ impl Partition {
     }
 }
 
-fn user_objects_refused(type_name: &str, key: &str) -> Error {
-    Error::new(
-        ErrorKind::TransactionError,
-        format!(
-            "'{key}' is a user-defined object ({type_name}): user-defined objects cannot take part in transactions \
-             yet; built-in objects can"
-        ),
-    )
+fn user_object_here(type_name: &str, key: &str) -> Error {
+    Error::new(ErrorKind::TypeMismatch, format!("'{key}' is a {type_name}"))
 }
 
 #[cfg(test)]

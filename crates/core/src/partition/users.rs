@@ -36,6 +36,17 @@ pub(super) fn uncount(versions: &mut HashMap<(String, String), usize>, u: &UserO
     }
 }
 
+/// Refuse a method that is not shared (private and special ones), before it reaches a host.
+pub(super) fn shared_method(type_name: &str, method: &str) -> Result<(), Error> {
+    if method.starts_with('_') {
+        return Err(Error::new(
+            ErrorKind::UnknownMethod,
+            format!("{type_name} has no shared method '{method}': private and special methods are not shared"),
+        ));
+    }
+    Ok(())
+}
+
 /// Queue a call on a user-defined object for its host.
 pub(super) fn forward_call(
     u: &mut UserObject,
@@ -46,19 +57,27 @@ pub(super) fn forward_call(
     next_object_id: &mut u64,
     forwards: &mut Vec<Forward>,
 ) -> Result<(), Error> {
-    if method.starts_with('_') {
-        return Err(Error::new(
-            ErrorKind::UnknownMethod,
-            format!(
-                "{} has no shared method '{method}': private and special methods are not shared",
-                u.type_name
-            ),
-        ));
-    }
+    shared_method(&u.type_name, method)?;
     let (args, kwargs) = user::parse_call_args(&u.type_name, method, args)?;
     if let UserState::Lost(reason) = &u.state {
         return Err(user::lost(&u.type_name, key, reason));
     }
+    restore_if_stored(u, key, next_object_id, forwards);
+    u.calls.push_back(token);
+    forwards.push(Forward::Call {
+        key: key.to_string(),
+        object_id: u.id,
+        type_name: u.type_name.clone(),
+        method: method.to_string(),
+        args,
+        kwargs,
+    });
+    Ok(())
+}
+
+/// A persistent object that no host holds is rebuilt in one from its last logged state
+/// before anything else reaches it.
+pub(super) fn restore_if_stored(u: &mut UserObject, key: &str, next_object_id: &mut u64, forwards: &mut Vec<Forward>) {
     if u.state == UserState::Stored {
         // Rebuilt from its last logged state, under a new id: answers about the instance
         // its dead host held are dropped.
@@ -73,16 +92,6 @@ pub(super) fn forward_call(
             state: u.last_state.clone().unwrap_or_default(),
         });
     }
-    u.calls.push_back(token);
-    forwards.push(Forward::Call {
-        key: key.to_string(),
-        object_id: u.id,
-        type_name: u.type_name.clone(),
-        method: method.to_string(),
-        args,
-        kwargs,
-    });
-    Ok(())
 }
 
 impl Partition {
@@ -323,6 +332,12 @@ impl Partition {
         state: Option<Vec<u8>>,
         now: Instant,
     ) -> Vec<Delivery> {
+        if self.is_copy(object_id) {
+            let mut out = self.complete_copy(object_id, reply, state);
+            // A transaction it aborted held objects others wait for.
+            out.extend(self.wake(now));
+            return out;
+        }
         let mut out = Vec::new();
         let persistent = match self.objects.get(key) {
             Some(Entry {
@@ -452,8 +467,23 @@ impl Partition {
     /// had raised. A persistent object is not lost: it goes back to its last logged state
     /// ([`UserState::Stored`]), its calls in flight are answered `ObjectLost` (they did not
     /// take effect), and the next call restores it in a host.
-    pub fn lose(&mut self, key: &str, object_id: u64, reason: &str, _now: Instant) -> Vec<Delivery> {
+    pub fn lose(&mut self, key: &str, object_id: u64, reason: &str, now: Instant) -> Vec<Delivery> {
+        let mut out = self.lose_object(key, object_id, reason);
+        // The transactions it aborted held objects others wait for.
+        out.extend(self.wake(now));
+        out
+    }
+
+    fn lose_object(&mut self, key: &str, object_id: u64, reason: &str) -> Vec<Delivery> {
+        if self.is_copy(object_id) {
+            return self.lose_copy(object_id, reason);
+        }
         let mut out = Vec::new();
+        let found = matches!(self.objects.get(key), Some(Entry { body: Body::User(u), .. }) if u.id == object_id);
+        if found {
+            // A transaction's copy may hold a change of a call that did not take effect.
+            self.abort_copies_of(key);
+        }
         let (u, persistent) = match self.objects.get_mut(key) {
             Some(Entry {
                 body: Body::User(u),

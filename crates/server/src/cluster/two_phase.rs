@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::{format, not_leader};
-use crate::Shared;
+use crate::{hosts, Shared};
 
 /// How often a leader looks for prepared transactions to ask about, and decisions to
 /// tell or forget.
@@ -121,8 +121,9 @@ pub(crate) async fn commit(shared: Arc<Shared>, caller: Caller, token: Token, se
 }
 
 /// One shard: validate and apply in one `commit` entry, as on one server.
-fn commit_one(shared: &Shared, caller: &Caller, token: Token, seq: u64, id: &TxnId, shard: usize) {
+fn commit_one(shared: &Arc<Shared>, caller: &Caller, token: Token, seq: u64, id: &TxnId, shard: usize) {
     shared.transactions.forget(id);
+    let mut actions = Vec::new();
     let outcome = shared.shards.with(shard, |s| {
         if !s.serving() {
             return vec![Delivery {
@@ -136,16 +137,21 @@ fn commit_one(shared: &Shared, caller: &Caller, token: Token, seq: u64, id: &Txn
         if let Err(e) = s.partition.validate(id) {
             let woken = s.partition.drop_txn(id, Instant::now());
             let mut out = s.journal(woken);
+            actions = hosts::forward(shared, &mut s.partition, None);
             shared.transactions.count(false);
             out.push(Delivery { token, reply: Err(e) });
             return out;
         }
         let reply: Reply = Ok(Value::Boolean(true));
         let mut out = s.partition.commit(id, caller.conn, seq, &reply, Instant::now());
+        // Its copies of user-defined objects become the objects (on this leader's hosts;
+        // replicas restore a persistent one's state from the entry).
+        actions = hosts::forward(shared, &mut s.partition, None);
         out.push(Delivery { token, reply });
         shared.transactions.count(true);
         s.journal(out)
     });
+    hosts::run(shared, actions);
     match outcome {
         Ok(deliveries) => shared.registry.deliver(deliveries),
         Err(e) => shared.registry.deliver([Delivery { token, reply: Err(e) }]),

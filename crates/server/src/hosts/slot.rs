@@ -76,6 +76,12 @@ enum What {
         method: String,
     },
     Drop,
+    /// A transaction's copy of the object (`Pending::object_id` is the copy's id).
+    Copy,
+    /// The copy becomes the instance: an instance that did not would miss a commit.
+    Adopt,
+    /// The copy goes; the host holds it until it answers.
+    DropCopy,
 }
 
 /// A request sent (or buffered) and not answered yet.
@@ -97,6 +103,9 @@ struct Host {
     buffered: Vec<Value>,
     /// The instances it holds (constructed or constructing): key → object id.
     objects: HashMap<String, u64>,
+    /// The transactions' copies it holds (asked for, and not dropped or adopted yet), as
+    /// (key, copy id): lost with it like the instances.
+    copies: HashSet<(String, u64)>,
     /// Types and versions whose code it has been sent.
     versions: HashSet<(String, String)>,
     /// Requests in the order sent; the host answers the front first.
@@ -116,6 +125,7 @@ impl Host {
             started: now,
             buffered: Vec::new(),
             objects: HashMap::default(),
+            copies: HashSet::default(),
             versions: HashSet::default(),
             pending: VecDeque::new(),
             front_since: None,
@@ -126,6 +136,10 @@ impl Host {
 
     fn holds(&self, key: &str, object_id: u64) -> bool {
         self.objects.get(key) == Some(&object_id)
+    }
+
+    fn holds_copy(&self, key: &str, copy_id: u64) -> bool {
+        !self.copies.is_empty() && self.copies.contains(&(key.to_string(), copy_id))
     }
 
     /// Queue `request` (whose first item is filled in with its rid) and send it if connected.
@@ -356,8 +370,104 @@ impl Slot {
                     host.send(pending, request, now, &mut actions);
                 }
             }
+            Forward::Copy {
+                key,
+                object_id,
+                copy_id,
+            } => match self.live.as_mut().filter(|h| h.holds(&key, object_id)) {
+                Some(host) => {
+                    host.copies.insert((key.clone(), copy_id));
+                    let request = vec![Value::Nil, "copy".into(), key.as_str().into(), copy_id.into()];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::Copy,
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+                // The instance is gone with its host (or going): so is the copy.
+                None => actions.push(Action::Orphan {
+                    key,
+                    object_id: copy_id,
+                    reason: self.loss_reason(),
+                }),
+            },
+            Forward::CopyCall {
+                key,
+                copy_id,
+                type_name,
+                method,
+                args,
+                kwargs,
+            } => match self.live.as_mut().filter(|h| h.holds_copy(&key, copy_id)) {
+                Some(host) => {
+                    let request = vec![
+                        Value::Nil,
+                        "call".into(),
+                        key.as_str().into(),
+                        method.as_str().into(),
+                        Value::Array(args),
+                        kwargs,
+                        copy_id.into(),
+                    ];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::Call { type_name, method },
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+                // Its host is being killed: the copy is lost when it is gone, this call too.
+                None if self.dying.iter().any(|h| h.holds_copy(&key, copy_id)) => {}
+                None => actions.push(Action::Orphan {
+                    key,
+                    object_id: copy_id,
+                    reason: self.loss_reason(),
+                }),
+            },
+            Forward::Adopt {
+                key,
+                object_id,
+                copy_id,
+            } => {
+                // A host that died with the copy lost the object too: nothing to adopt.
+                if let Some(host) = self.live.as_mut().filter(|h| h.holds_copy(&key, copy_id)) {
+                    host.copies.remove(&(key.clone(), copy_id));
+                    host.objects.insert(key.clone(), object_id);
+                    let request = vec![Value::Nil, "adopt".into(), key.as_str().into(), copy_id.into()];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::Adopt,
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+            }
+            // A dying host's copies are lost with it (its calls answered then).
+            Forward::DropCopy { key, copy_id } => {
+                if let Some(host) = self.live.as_mut().filter(|h| h.holds_copy(&key, copy_id)) {
+                    let request = vec![Value::Nil, "drop".into(), key.as_str().into(), copy_id.into()];
+                    let pending = Pending {
+                        rid: 0,
+                        key,
+                        object_id: copy_id,
+                        what: What::DropCopy,
+                    };
+                    host.send(pending, request, now, &mut actions);
+                }
+            }
         }
         actions
+    }
+
+    /// Why an object no host of this slot holds is gone.
+    fn loss_reason(&self) -> String {
+        self.last_loss
+            .clone()
+            .unwrap_or_else(|| "its object host stopped".to_string())
     }
 
     /// The live host, started if there is none.
@@ -464,6 +574,25 @@ impl Slot {
                 state,
             }],
             What::Drop => Vec::new(),
+            What::Copy => vec![Action::Complete {
+                key,
+                object_id,
+                reply: reply.map(|_| Value::Nil),
+                state: None,
+            }],
+            What::Adopt => match reply {
+                Ok(_) => Vec::new(),
+                // Its instance misses a committed change: it must not serve another call.
+                Err(e) => self.kill(format!(
+                    "its object host could not adopt a transaction's copy of '{key}' ({}: {})",
+                    e.kind.as_str(),
+                    e.message
+                )),
+            },
+            What::DropCopy => {
+                host.copies.remove(&(key, object_id));
+                Vec::new()
+            }
         }
     }
 
@@ -530,7 +659,7 @@ impl Slot {
         } else if objects > 0 {
             tracing::warn!(host = id, slot = self.index, objects, "objects lost: {reason}");
         }
-        let mut lost: Vec<(String, u64)> = host.objects.into_iter().collect();
+        let mut lost: Vec<(String, u64)> = host.objects.into_iter().chain(host.copies).collect();
         lost.sort_unstable();
         self.last_loss = Some(reason.clone());
         lost.into_iter()
@@ -570,6 +699,9 @@ impl Slot {
                     What::Construct { type_name, .. } => format!("the {} constructor", short_name(type_name)),
                     What::Restore { type_name, .. } => format!("restoring a {}", short_name(type_name)),
                     What::Drop => format!("dropping '{}'", front.key),
+                    What::Copy => format!("copying '{}' for a transaction", front.key),
+                    What::Adopt => format!("committing a transaction's copy of '{}'", front.key),
+                    What::DropCopy => format!("dropping a transaction's copy of '{}'", front.key),
                 };
                 format!("{what} ran longer than the object call timeout ({timeout} s); its host was restarted")
             }
@@ -776,6 +908,91 @@ mod tests {
             ])
         );
         assert_eq!(slot.in_flight(), 2);
+    }
+
+    #[test]
+    fn a_transactions_copy_is_made_called_adopted_or_dropped_and_lost_with_its_host() {
+        let now = Instant::now();
+        let (mut slot, id) = connected(now);
+        let copy = |copy_id| Forward::Copy {
+            key: "a".into(),
+            object_id: 1,
+            copy_id,
+        };
+        let copy_call = |copy_id| Forward::CopyCall {
+            key: "a".into(),
+            copy_id,
+            type_name: T.into(),
+            method: "update".into(),
+            args: vec![],
+            kwargs: Value::Map(vec![]),
+        };
+        let mut requests = sent(&slot.forward(copy(7), None, now));
+        requests.extend(sent(&slot.forward(copy_call(7), None, now)));
+        let adopt = Forward::Adopt {
+            key: "a".into(),
+            object_id: 1,
+            copy_id: 7,
+        };
+        requests.extend(sent(&slot.forward(adopt, None, now)));
+        requests.extend(sent(&slot.forward(copy(8), None, now)));
+        let drop = Forward::DropCopy {
+            key: "a".into(),
+            copy_id: 8,
+        };
+        requests.extend(sent(&slot.forward(drop, None, now)));
+        assert_eq!(
+            requests,
+            vec![
+                Value::Array(vec![2.into(), "copy".into(), "a".into(), 7.into()]),
+                Value::Array(vec![
+                    3.into(),
+                    "call".into(),
+                    "a".into(),
+                    "update".into(),
+                    Value::Array(vec![]),
+                    Value::Map(vec![]),
+                    7.into(),
+                ]),
+                Value::Array(vec![4.into(), "adopt".into(), "a".into(), 7.into()]),
+                Value::Array(vec![5.into(), "copy".into(), "a".into(), 8.into()]),
+                Value::Array(vec![6.into(), "drop".into(), "a".into(), 8.into()]),
+            ]
+        );
+        // The copy's answer and its call's go to the copy.
+        assert_eq!(
+            slot.reply(id, ok(2, Value::Nil), now),
+            vec![Action::Complete {
+                key: "a".into(),
+                object_id: 7,
+                reply: Ok(Value::Nil),
+                state: None,
+            }]
+        );
+        assert!(matches!(
+            &slot.reply(id, ok(3, 5.into()), now)[..],
+            [Action::Complete { object_id: 7, .. }]
+        ));
+        assert!(slot.reply(id, ok(4, Value::Nil), now).is_empty(), "adopted");
+        // Copy 9 is asked for and the host dies with it (copy 8's drop was not answered:
+        // lost too); the object and the copies are lost, copy 7 is the object now.
+        slot.forward(copy(9), None, now);
+        slot.disconnected(id);
+        let mut lost: Vec<u64> = slot
+            .exited(id, Exit::default(), None)
+            .into_iter()
+            .map(|a| match a {
+                Action::Lose { object_id, .. } => object_id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        lost.sort_unstable();
+        assert_eq!(lost, vec![1, 8, 9]);
+        // No host holds the object now: a copy asked for is lost at once.
+        assert!(matches!(
+            &slot.forward(copy(10), None, now)[..],
+            [Action::Orphan { object_id: 10, .. }]
+        ));
     }
 
     #[test]
