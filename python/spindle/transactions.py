@@ -86,8 +86,11 @@ def transactional(fn: Optional[F] = None, *, attempts: int = ATTEMPTS) -> Any:
                 except TransactionConflict:
                     if current().transaction() is not None or attempt == attempts - 1:
                         raise  # the outer transaction retries, or no attempt is left
-                time.sleep(random.uniform(0, pause))
-                pause = min(pause * 2, MAX_BACKOFF)
+                # At once the first time: older by then than most it meets, it waits for
+                # the few older ones rather than conflicting with them again.
+                if attempt > 0:
+                    time.sleep(random.uniform(0, pause))
+                    pause = min(pause * 2, MAX_BACKOFF)
             raise AssertionError("unreachable")
 
         return run  # type: ignore[return-value]
