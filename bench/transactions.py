@@ -329,14 +329,14 @@ def misses(median: dict[tuple[str, int], float], rows: list[list[str]]) -> list[
             "transfer costs, client and server together, more than how each system isolates it.")
     if median[("spindle", high)] < 0.5 * median[("redis Lua", high)]:
         said.append(
-            f"At high contention {rows[1][6]} of Spindle's attempts abort: a transaction holds its "
-            "accounts from its first read to its commit, four round trips, and a younger one that "
-            "meets an older one's account aborts and backs off rather than waiting (wound-die); the "
-            "Lua script holds nothing across round trips, since it runs whole inside Redis. What would "
-            "meet 0.5x Lua: running the transaction's body next to the data, as LambdaStore does (a "
-            "transactional method in an object host, or compiled to WebAssembly), so it holds its "
-            "objects for microseconds instead of round trips; waiting instead of aborting (wound-wait) "
-            "would cut the aborts, not the time held.")
+            f"At high contention Spindle reaches {rows[1][5]} of the Lua script: a transaction holds "
+            "its accounts from its first read to its commit, four round trips, while the others that "
+            "want them wait (wound-wait), and an older one takes an account from a younger one, "
+            f"which is aborted ({rows[1][6]} of attempts); the Lua script holds nothing across round "
+            "trips, since it runs whole inside Redis. What would meet 0.5x Lua: running the "
+            "transaction's body next to the data, as LambdaStore does (a transactional method in an "
+            "object host, or compiled to WebAssembly), so it holds its objects for microseconds "
+            "instead of round trips.")
     return [" ".join(said), ""] if said else []
 
 

@@ -763,4 +763,50 @@ mod tests {
         assert!(p.drop_txn(&holder, now).is_empty());
         assert!(p.validate(&waiter).is_ok());
     }
+
+    #[test]
+    fn a_waiting_call_sent_again_on_a_new_connection_is_answered_once() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        counter(&mut p, "c", now);
+        let (holder, waiter) = (id("h", 1), id("w", 2));
+        step(&mut p, &holder, 10, true, add("c", 1), now).unwrap();
+        let txn = TxnCall {
+            id: &waiter,
+            age: 20,
+            first: true,
+            deadline: now + Duration::from_secs(5),
+            max_bytes: 1 << 20,
+        };
+        // Connection 20's call waits; its client reconnects (21) and sends it again before
+        // the server sees 20 close.
+        assert!(p.apply_in(txn, &who(20), token(20, 1), 3, add("c", 1), now).is_empty());
+        assert!(p.apply_in(txn, &who(21), token(21, 1), 3, add("c", 1), now).is_empty());
+        assert!(p.disconnect(20, now).is_empty());
+        let out = p.drop_txn(&holder, now);
+        assert_eq!(
+            out,
+            vec![Delivery {
+                token: token(21, 1),
+                reply: Ok(1.into())
+            }]
+        );
+    }
+
+    #[test]
+    fn a_waiter_aborted_while_its_key_wakes_is_answered() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        counter(&mut p, "a", now);
+        let (holder, waiter) = (id("h", 1), id("w", 2));
+        step(&mut p, &holder, 10, true, add("a", 1), now).unwrap();
+        assert!(send(&mut p, &waiter, 20, true, 4, add("a", 1), now).is_empty());
+        // Past the waiter's deadline when the holder ends: answered, not run.
+        let late = now + Duration::from_secs(6);
+        let out = p.drop_txn(&holder, late);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].token, token(20, 4));
+        assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::TransactionConflict);
+        assert_eq!(p.open_txns(), 0);
+    }
 }

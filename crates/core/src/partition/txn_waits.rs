@@ -46,8 +46,9 @@ impl TxnWaiter {
 pub(super) struct LockWaits {
     /// By key: the calls waiting for it.
     waiters: HashMap<String, Vec<TxnWaiter>>,
-    /// By transaction: the key its call waits for (a transaction has one call in flight).
-    waiting: HashMap<TxnId, String>,
+    /// By transaction: the key its call waits for, and the call (a transaction has one call
+    /// in flight).
+    waiting: HashMap<TxnId, (String, Token)>,
     /// Keys released since the waiters last ran.
     released: Vec<String>,
     /// Replies to waiting calls of transactions that ended here, not sent yet.
@@ -69,7 +70,15 @@ impl Partition {
     /// Put `w` aside until `key`'s holder ends.
     pub(super) fn wait_for_lock(&mut self, w: TxnWaiter) {
         let key = w.op.key().to_string();
-        self.lock_waits.waiting.insert(w.id.clone(), key.clone());
+        // A call sent again (its client reconnected) takes the first one's place.
+        if let Some((old, _)) = self.lock_waits.waiting.insert(w.id.clone(), (key.clone(), w.token)) {
+            if let Some(waiters) = self.lock_waits.waiters.get_mut(&old) {
+                waiters.retain(|other| other.id != w.id);
+                if waiters.is_empty() {
+                    self.lock_waits.waiters.remove(&old);
+                }
+            }
+        }
         self.lock_waits.waiters.entry(key).or_default().push(w);
     }
 
@@ -83,21 +92,18 @@ impl Partition {
 
     /// Transaction `id` ended here (`why`): its waiting call, if any, is answered with it.
     pub(super) fn stop_waiting(&mut self, id: &TxnId, why: &str) {
-        let Some(key) = self.lock_waits.waiting.remove(id) else {
+        let Some((key, token)) = self.lock_waits.waiting.remove(id) else {
             return;
         };
-        let Some(waiters) = self.lock_waits.waiters.get_mut(&key) else {
-            return;
-        };
-        let Some(at) = waiters.iter().position(|w| w.id == *id) else {
-            return;
-        };
-        let w = waiters.remove(at);
-        if waiters.is_empty() {
-            self.lock_waits.waiters.remove(&key);
+        // Not among them when its key's waiters are being run (`wake` skips it then).
+        if let Some(waiters) = self.lock_waits.waiters.get_mut(&key) {
+            waiters.retain(|w| w.id != *id);
+            if waiters.is_empty() {
+                self.lock_waits.waiters.remove(&key);
+            }
         }
         self.lock_waits.replies.push(Delivery {
-            token: w.token,
+            token,
             reply: Err(Error::new(
                 ErrorKind::TransactionConflict,
                 format!(
