@@ -161,12 +161,13 @@ class Executor(concurrent.futures.Executor):
         """Like ``concurrent.futures``: the results in order, a task's exception raised where
         its result would be; ``chunksize`` tasks per function call.
 
-        Without ``chunksize`` the tasks go in batches, since a call costs far more than a tiny
-        task: never fewer batches than tasks that could run at once one call each (so tasks
-        that wait for each other still meet), and ``BATCHES_PER_WORKER`` per worker that can
-        run at once, but at most per server core. One call per task when the executor has
-        ``retries`` or a per-call ``timeout``, which apply to each task. A batch whose results
-        cannot be pickled, or whose worker crashes, fails each of its tasks.
+        Without ``chunksize``, tasks that could all run at once (no more than ``max_workers``,
+        else the gateway's pool) get one call each, since they may wait for each other as
+        threads do; more go in batches, since a call costs far more than a tiny task:
+        ``BATCHES_PER_WORKER`` per worker that can run at once, but at most per server core.
+        One call per task when the executor has ``retries`` or a per-call ``timeout``, which
+        apply to each task. A batch whose results cannot be pickled, or whose worker crashes,
+        fails each of its tasks.
         """
         if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
@@ -196,8 +197,9 @@ class Executor(concurrent.futures.Executor):
         if self.retries or self.timeout is not None:
             return 1
         slots, cores = self._capacity()
-        batches = max(min(tasks, slots), BATCHES_PER_WORKER * min(slots, cores))
-        return max(1, math.ceil(tasks / batches))
+        if tasks <= slots:
+            return 1  # they could all run at once, and may wait for each other as threads do
+        return max(1, math.ceil(tasks / (BATCHES_PER_WORKER * min(slots, cores))))
 
     def _capacity(self) -> tuple[int, int]:
         """How many of this executor's calls run at once (``max_workers``, else the server's
