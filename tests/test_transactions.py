@@ -109,6 +109,49 @@ def test_the_younger_of_two_transactions_on_one_object_waits_for_the_older(uniq:
     assert c.get() == 11
 
 
+def test_a_client_cannot_claim_to_be_older_than_it_is(uniq: str) -> None:
+    # A client names its transaction's age, but the age that counts is when the server
+    # first saw it: one claiming an ancient age waits for an older transaction instead of
+    # taking its object from it.
+    from spindle.client import current
+
+    c = spindle.Counter(0, name=f"{uniq}c")
+    inside, go = threading.Event(), threading.Event()
+    honest = []
+
+    def older() -> None:
+        with spindle.transaction():
+            c.add(1)
+            inside.set()
+            go.wait(10)
+        honest.append("committed")
+
+    first = threading.Thread(target=older)
+    first.start()
+    assert inside.wait(10)
+    claimed = []
+
+    def ancient() -> None:
+        client = current()
+        txn = client.begin(age=1)  # 1 µs after 1970
+        try:
+            claimed.append(c.add(10))
+            client.commit(txn)
+        except BaseException:
+            client.end(txn)
+            raise
+
+    second = threading.Thread(target=ancient)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and claimed == []  # it waits: it is the younger
+    go.set()
+    first.join()
+    second.join(10)
+    assert honest == ["committed"] and claimed == [11]
+    assert c.get() == 11
+
+
 def test_transactional_functions_retry_until_every_transfer_lands(uniq: str) -> None:
     accounts = [spindle.Counter(100, name=f"{uniq}{i}") for i in range(3)]
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ahash::{HashMap, HashSet};
 use spindle_core::partition::{Op, TxnCall, TxnId};
@@ -19,10 +19,16 @@ use spindle_proto::TxnRef;
 use crate::config::TransactionLimits;
 use crate::{hosts, journal, Shared};
 
+/// How long a transaction's age is remembered after its last call here: far longer than
+/// the pause between a retry's attempts.
+const AGE_MEMORY: Duration = Duration::from_secs(60);
+
 /// The open transactions of every session here, and counts for `status`.
 #[derive(Default)]
 pub(crate) struct Transactions {
     open: Mutex<HashMap<TxnId, Open>>,
+    /// The ages given here, by session and by the age its client named (see [`age`](Self::age)).
+    ages: Mutex<HashMap<Arc<str>, HashMap<u64, Age>>>,
     committed: AtomicU64,
     aborted: AtomicU64,
     /// Cluster transactions this node coordinates the commit of, now.
@@ -38,6 +44,12 @@ struct Open {
     keys: HashSet<String>,
     /// Bytes of its calls' arguments (against the limit).
     bytes: usize,
+}
+
+/// An age given here, and when a call last named it.
+struct Age {
+    micros: u64,
+    used: Instant,
 }
 
 /// `(committed, aborted, open)`, for `status`.
@@ -77,8 +89,34 @@ impl Transactions {
         };
     }
 
+    /// The age that counts for a transaction of `client` whose client names `claimed`: the
+    /// time this node first saw that name (kept while calls name it, so a retry that names its
+    /// first attempt's age keeps it). A client cannot claim to be older than it is and win
+    /// every conflict. At most `most` ages per session are kept (the least recently named go).
+    fn age(&self, client: &Arc<str>, claimed: u64, most: usize, now: Instant) -> u64 {
+        let mut ages = self.ages.lock().unwrap_or_else(PoisonError::into_inner);
+        let session = ages.entry(client.clone()).or_default();
+        if let Some(age) = session.get_mut(&claimed) {
+            age.used = now;
+            return age.micros;
+        }
+        if session.len() >= most {
+            session.retain(|_, a| now.saturating_duration_since(a.used) < AGE_MEMORY);
+            if session.len() >= most {
+                let stalest = session.iter().min_by_key(|(_, a)| a.used).map(|(c, _)| *c);
+                session.remove(&stalest.expect("the session has ages"));
+            }
+        }
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        session.insert(claimed, Age { micros, used: now });
+        micros
+    }
+
     /// A session ended: its transactions went with it (each partition drops its workspaces).
     pub(crate) fn end_session(&self, client: &str) {
+        self.ages.lock().unwrap_or_else(PoisonError::into_inner).remove(client);
         let mut open = self.lock();
         let before = open.len();
         open.retain(|id, _| &*id.client != client);
@@ -212,9 +250,15 @@ pub(crate) fn call(
     // In a cluster `first` is the transaction's first call in this shard: a shard whose
     // leader changed must not open it again without its earlier calls there.
     let first = first && (txn.first || !clustered);
+    let age = shared.transactions.age(
+        &caller.client,
+        txn.age,
+        limits.per_session.clamp(1, 256),
+        Instant::now(),
+    );
     let txn = TxnCall {
         id: &id,
-        age: txn.age,
+        age,
         first,
         deadline,
         max_bytes: limits.bytes,
