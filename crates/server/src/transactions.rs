@@ -23,6 +23,10 @@ use crate::{hosts, journal, Shared};
 /// the pause between a retry's attempts.
 const AGE_MEMORY: Duration = Duration::from_secs(60);
 
+/// How long one age may be named at most: longer than a `@transactional` function's 100
+/// attempts of 5 s each (so a client cannot stay the oldest for ever by naming it again).
+const AGE_LIFETIME: Duration = Duration::from_secs(600);
+
 /// The open transactions of every session here, and counts for `status`.
 #[derive(Default)]
 pub(crate) struct Transactions {
@@ -49,6 +53,7 @@ struct Open {
 /// An age given here, and when a call last named it.
 struct Age {
     micros: u64,
+    given: Instant,
     used: Instant,
 }
 
@@ -91,12 +96,16 @@ impl Transactions {
 
     /// The age that counts for a transaction of `client` whose client names `claimed`: the
     /// time this node first saw that name (kept while calls name it, so a retry that names its
-    /// first attempt's age keeps it). A client cannot claim to be older than it is and win
-    /// every conflict. At most `most` ages per session are kept (the least recently named go).
+    /// first attempt's age keeps it, for at most `AGE_LIFETIME`). A client cannot claim to be
+    /// older than it is and win every conflict. At most `most` ages per session are kept
+    /// (the least recently named go).
     fn age(&self, client: &Arc<str>, claimed: u64, most: usize, now: Instant) -> u64 {
         let mut ages = self.ages.lock().unwrap_or_else(PoisonError::into_inner);
         let session = ages.entry(client.clone()).or_default();
-        if let Some(age) = session.get_mut(&claimed) {
+        if let Some(age) = session
+            .get_mut(&claimed)
+            .filter(|a| now.saturating_duration_since(a.given) < AGE_LIFETIME)
+        {
             age.used = now;
             return age.micros;
         }
@@ -110,7 +119,14 @@ impl Transactions {
         let micros = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        session.insert(claimed, Age { micros, used: now });
+        session.insert(
+            claimed,
+            Age {
+                micros,
+                given: now,
+                used: now,
+            },
+        );
         micros
     }
 
