@@ -152,6 +152,55 @@ def test_a_client_cannot_claim_to_be_older_than_it_is(uniq: str) -> None:
     assert c.get() == 11
 
 
+def test_a_refused_call_that_waited_aborts_its_transaction_too() -> None:
+    # A TransactionError aborts the transaction even if the code catches it, also when the
+    # refused call first waited for an older transaction's object (and is answered at its
+    # commit).
+    server = ServerProcess("--max-transaction-bytes", "100000")
+    try:
+        with connected_to(server):
+            blob = spindle.Blob(name="rb")
+            blob.set(b"x" * 60_000)
+            c = spindle.Counter(name="rc")
+            inside, go = threading.Event(), threading.Event()
+
+            def older() -> None:
+                with spindle.transaction():
+                    len(blob)  # takes the blob
+                    inside.set()
+                    go.wait(10)
+
+            first = threading.Thread(target=older)
+            first.start()
+            assert inside.wait(10)
+            outcome = []
+
+            def younger() -> None:
+                try:
+                    with spindle.transaction():
+                        c.add(1)
+                        try:
+                            blob.append(b"y" * 50_000)  # waits, then is refused: over 100000 bytes of copies
+                        except spindle.TransactionError as e:
+                            outcome.append(("refused", str(e)))
+                    outcome.append("committed")
+                except spindle.TransactionConflict as e:
+                    outcome.append(("conflict", str(e)))
+
+            second = threading.Thread(target=younger)
+            second.start()
+            second.join(0.5)
+            assert second.is_alive(), "it should wait for the older transaction"
+            go.set()
+            first.join(10)
+            second.join(10)
+            assert outcome and outcome[0][0] == "refused", outcome
+            assert len(blob) == 60_000, f"the refused append took effect ({outcome})"
+            assert c.get() == 0, f"a transaction with a refused call committed ({outcome})"
+    finally:
+        server.stop()
+
+
 def test_transactional_functions_retry_until_every_transfer_lands(uniq: str) -> None:
     accounts = [spindle.Counter(100, name=f"{uniq}{i}") for i in range(3)]
 

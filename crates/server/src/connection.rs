@@ -1347,11 +1347,15 @@ impl Connection {
                     token: this,
                     reply: Ok(Value::Boolean(withdrawn)),
                 });
-                Ok(s.journal(deliveries))
+                // A withdrawn transaction's copies go, and calls it woke may need hosts.
+                Ok((s.journal(deliveries), hosts::forward(shared, &mut s.partition, None)))
             })
             .and_then(|r| r)
         {
-            Ok(deliveries) => self.route(deliveries),
+            Ok((deliveries, actions)) => {
+                hosts::run(&self.shared, actions);
+                self.route(deliveries)
+            }
             Err(e) => self.reply(id, Err(e)),
         }
     }

@@ -155,6 +155,8 @@ impl Partition {
     pub fn abandon(&mut self, error: &Error, now: Instant) -> Vec<Delivery> {
         let keys: Vec<String> = self.objects.iter().map(|(k, _)| k.to_string()).collect();
         let mut out = self.abandon_waiting(error);
+        out.extend(self.abandon_lock_waits(error));
+        out.extend(self.abandon_copies(error));
         for key in keys {
             let Some(e) = self.remove(&key) else { continue };
             match e.body {

@@ -176,6 +176,8 @@ impl Partition {
         if records.iter().map(|r| r.len() + 5).sum::<usize>() + keys.iter().map(|k| k.len() + 5).sum::<usize>()
             > MAX_RECORD_LEN
         {
+            // Its workspace went: the calls that waited for its objects run.
+            out.extend(self.wake(now));
             return Err(Error::new(
                 ErrorKind::TransactionError,
                 format!(

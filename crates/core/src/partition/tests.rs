@@ -1353,6 +1353,31 @@ mod user_objects {
             assert_eq!(error_of(&out, token).kind, ErrorKind::TransactionConflict);
         }
 
+        /// A partition given up (its leader stepped down) answers a transaction's call
+        /// running on its copy, and its host drops the copy: the partition that would take
+        /// the host's answer is replaced.
+        #[test]
+        fn a_partition_given_up_answers_a_call_running_on_a_copy() {
+            let mut h = Harness::new();
+            let id = constructed(&mut h, "c");
+            let t1 = txn(1, 1);
+            let (call, _) = step(&mut h, &t1, 10, 1, update("c", 5));
+            let copy = copied(&mut h, "c", id);
+            let error = Error::new(ErrorKind::NotLeader, "this node no longer leads the shard");
+            let out = h.p.abandon(&error, h.now);
+            let forwards = h.p.take_forwards();
+            assert!(
+                out.iter().any(|d| d.token == call),
+                "the call on the copy is answered: {out:?}"
+            );
+            assert!(
+                forwards
+                    .iter()
+                    .any(|f| matches!(f, Forward::DropCopy { copy_id, .. } if *copy_id == copy)),
+                "the host drops the copy: {forwards:?}"
+            );
+        }
+
         #[test]
         fn a_host_dying_with_a_copy_aborts_the_transaction_not_the_object() {
             let mut h = Harness::new();
@@ -1398,15 +1423,6 @@ mod user_objects {
             assert_eq!(step(&mut h, &t1, 10, 2, delete).1, Some(Ok(true.into())));
             let (_, gone) = step(&mut h, &t1, 10, 3, update("c", 1));
             assert_eq!(gone.unwrap().unwrap_err().kind, ErrorKind::NotFound);
-            let fresh = Op::Create {
-                type_name: T.into(),
-                key: "d".into(),
-                args: ctor("v1", vec![]),
-                owned: false,
-                persistent: false,
-            };
-            let e = step(&mut h, &t1, 10, 4, fresh).1.unwrap().unwrap_err();
-            assert_eq!(e.kind, ErrorKind::TransactionError);
             h.p.complete("c", copy, Ok(Value::Nil), h.now);
             h.p.validate(&t1).unwrap();
             h.p.commit(&t1, 1, 0, &Ok(true.into()), h.now);
@@ -1426,6 +1442,18 @@ mod user_objects {
                 "{forwards:?}"
             );
             assert!(!h.p.is_live("c"));
+            // Constructing one inside is refused, and aborts the transaction here.
+            let t2 = txn(1, 2);
+            let fresh = Op::Create {
+                type_name: T.into(),
+                key: "d".into(),
+                args: ctor("v1", vec![]),
+                owned: false,
+                persistent: false,
+            };
+            let e = step(&mut h, &t2, 10, 1, fresh).1.unwrap().unwrap_err();
+            assert_eq!(e.kind, ErrorKind::TransactionError);
+            assert_eq!(h.p.validate(&t2).unwrap_err().kind, ErrorKind::TransactionConflict);
         }
 
         mod persistent {

@@ -134,14 +134,14 @@ impl Partition {
                 reply: reply.clone(),
             });
         }
-        // A prepared transaction cannot be wounded, and holds its keys only until its
-        // decision: wait for it.
-        if self.prepared_holder(w.op.key()).is_some() {
-            self.wait_in_txn(w);
-            return None;
-        }
         let reply = match self.open_workspace(txn, now) {
             Err(e) => Err(e),
+            // A prepared transaction cannot be wounded, and holds its keys only until its
+            // decision: wait for it (its workspace open here, so an abort meanwhile ends it).
+            Ok(()) if self.prepared_holder(w.op.key()).is_some() => {
+                self.wait_in_txn(TxnWaiter { first: false, ..w });
+                return None;
+            }
             Ok(()) if self.must_wait(txn.id, w.op.key()) => {
                 self.wait_for_lock(w);
                 return None;
@@ -149,6 +149,11 @@ impl Partition {
             Ok(()) if self.is_user_op(txn.id, &w.op) => self.user_step(txn, &w.caller, w.token, w.seq, w.op)?,
             Ok(()) => self.txn_step(txn, &w.caller, w.op, now),
         };
+        if matches!(&reply, Err(e) if e.kind == ErrorKind::TransactionError) {
+            // Nothing it did may commit, even if its code catches the error (its other
+            // shards learn it at commit, when this one no longer validates it).
+            self.forget_txn(&w.id, "");
+        }
         if let (Some(ws), true) = (self.txns.get_mut(&w.id), w.seq != 0) {
             ws.last_reply = Some((w.seq, reply.clone()));
         }
@@ -808,5 +813,83 @@ mod tests {
         assert_eq!(out[0].token, token(20, 4));
         assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::TransactionConflict);
         assert_eq!(p.open_txns(), 0);
+    }
+
+    /// A leader stepping down (`abandon`, then the partition is replaced) answers every
+    /// parked call and every call waiting for a prepared transaction: a transaction's call
+    /// waiting for an older one's object must be answered too, or its client waits on a
+    /// reply that never comes (the partition that held it is dropped).
+    #[test]
+    fn a_partition_given_up_answers_a_transactions_call_waiting_for_an_object() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        counter(&mut p, "c", now);
+        let (holder, waiter) = (id("h", 1), id("w", 2));
+        step(&mut p, &holder, 10, true, add("c", 1), now).unwrap();
+        assert!(send(&mut p, &waiter, 20, true, 7, add("c", 1), now).is_empty());
+        let error = Error::new(ErrorKind::NotLeader, "this node no longer leads the shard");
+        let out = p.abandon(&error, now);
+        assert!(
+            out.iter().any(|d| d.token == token(20, 7)),
+            "the waiting call is answered: {out:?}"
+        );
+    }
+
+    /// A call refused with `TransactionError` leaves nothing of its transaction to commit
+    /// ("The transaction is aborted even if the code catches the error"), also when it
+    /// waited and ran at the holder's commit, whose replies the server does not look into.
+    #[test]
+    fn a_woken_call_refused_over_the_byte_limit_leaves_nothing_to_commit() {
+        let now = Instant::now();
+        let mut p = Partition::new();
+        let create = Op::Create {
+            type_name: "List".into(),
+            key: "l".into(),
+            args: vec![],
+            owned: false,
+            persistent: false,
+        };
+        p.apply(&who(9), Token { conn: 9, req: 1 }, 0, 0, create, now);
+        let len = || Op::Call {
+            type_name: "List".into(),
+            key: "l".into(),
+            method: "len".into(),
+            args: vec![],
+        };
+        let append = Op::Call {
+            type_name: "List".into(),
+            key: "l".into(),
+            method: "append".into(),
+            args: vec![Value::from("x".repeat(4000))],
+        };
+        let (old, young) = (id("a", 1), id("b", 2));
+        assert_eq!(step(&mut p, &old, 10, true, len(), now), Ok(0.into()));
+        let txn = TxnCall {
+            id: &young,
+            age: 20,
+            first: true,
+            deadline: now + Duration::from_secs(5),
+            max_bytes: 2000,
+        };
+        // It waits for the older one's list.
+        assert!(p.apply_in(txn, &who(20), token(20, 1), 1, append, now).is_empty());
+        p.validate(&old).unwrap();
+        let out = p.commit(&old, 10, 0, &Ok(true.into()), now);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].token, token(20, 1));
+        assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::TransactionError);
+        // The client caught the TransactionError and commits.
+        if p.validate(&young).is_ok() {
+            p.commit(&young, 20, 0, &Ok(true.into()), now);
+            let reply = p
+                .apply(&who(2), Token { conn: 2, req: 1 }, 0, 0, len(), now)
+                .remove(0)
+                .reply;
+            assert_eq!(
+                reply,
+                Ok(0.into()),
+                "the call refused with TransactionError was committed"
+            );
+        }
     }
 }

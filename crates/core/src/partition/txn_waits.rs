@@ -163,6 +163,17 @@ impl Partition {
         true
     }
 
+    /// The partition is given up (its leader stepped down, or it moved away): every waiting
+    /// call is answered `error`.
+    pub(super) fn abandon_lock_waits(&mut self, error: &Error) -> Vec<Delivery> {
+        let waits = std::mem::take(&mut self.lock_waits);
+        let waiting = waits.waiters.into_values().flatten().map(|w| Delivery {
+            token: w.token,
+            reply: Err(error.clone()),
+        });
+        waits.replies.into_iter().chain(waiting).collect()
+    }
+
     /// Connection `conn` closed: its waiting calls go unanswered (their transactions stay
     /// open: a client that reconnects sends the call again).
     pub(super) fn drop_waiting_of(&mut self, conn: u64) {

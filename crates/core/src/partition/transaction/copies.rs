@@ -474,6 +474,21 @@ impl Partition {
         }
     }
 
+    /// The partition is given up (its leader stepped down, or it moved away): every call
+    /// running on a copy is answered `error`, and the hosts drop the copies.
+    pub(in crate::partition) fn abandon_copies(&mut self, error: &Error) -> Vec<Delivery> {
+        self.txn_copies.held.clear();
+        let mut out = Vec::new();
+        for (copy_id, copy) in std::mem::take(&mut self.txn_copies.copies) {
+            out.extend(copy.calls.into_iter().map(|(token, _)| Delivery {
+                token,
+                reply: Err(error.clone()),
+            }));
+            self.forwards.push(Forward::DropCopy { key: copy.key, copy_id });
+        }
+        out
+    }
+
     /// Transaction `id` ended here without committing: its copies go.
     pub(super) fn drop_copies(&mut self, id: &TxnId) {
         let Some(held) = self.txn_copies.held.remove(id) else {
