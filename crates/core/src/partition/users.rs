@@ -566,12 +566,7 @@ impl Partition {
             return Err(record.len());
         }
         let owner = owner.clone();
-        if !self.classes.contains_key(&class) {
-            if let Some(code) = self.unlogged_classes.remove(&class) {
-                self.log(encode_class(&class.0, &class.1, &code));
-                self.classes.insert(class, code);
-            }
-        }
+        self.log_class_once(class);
         self.log(record);
         self.logged_hosted.insert(token);
         self.logged_clients.extend(owner);
@@ -594,6 +589,17 @@ impl Partition {
                 body: Body::User(u), ..
             }) if u.id == object_id => Some(u),
             _ => None,
+        }
+    }
+
+    /// Log `class`'s code before the first state of an object of it that is logged (a
+    /// replay needs the class to rebuild the object).
+    pub(super) fn log_class_once(&mut self, class: (String, String)) {
+        if !self.classes.contains_key(&class) {
+            if let Some(code) = self.unlogged_classes.remove(&class) {
+                self.log(encode_class(&class.0, &class.1, &code));
+                self.classes.insert(class, code);
+            }
         }
     }
 }

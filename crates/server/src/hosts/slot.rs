@@ -346,13 +346,11 @@ impl Slot {
                 }
                 // Its host is being killed: the object is lost when it is gone, this call too.
                 None if self.dying.iter().any(|h| h.holds(&key, object_id)) => {}
-                None => {
-                    let reason = self
-                        .last_loss
-                        .clone()
-                        .unwrap_or_else(|| "its object host stopped".to_string());
-                    actions.push(Action::Orphan { key, object_id, reason });
-                }
+                None => actions.push(Action::Orphan {
+                    key,
+                    object_id,
+                    reason: self.loss_reason(),
+                }),
             },
             Forward::Drop { key, object_id } => {
                 for host in self.dying.iter_mut().filter(|h| h.holds(&key, object_id)) {

@@ -24,7 +24,7 @@ use crate::op::Op;
 use crate::partition::durability::storage_error;
 use crate::partition::users::{restore_if_stored, shared_method};
 use crate::partition::{check_type, memory, moved, Body, Entry, Partition, Storage};
-use crate::record::{encode_class, encode_user_state, UserStateRef};
+use crate::record::{encode_user_state, UserStateRef};
 use crate::{Caller, Delivery, Error, ErrorKind, Reply, Token, Value};
 
 use super::COMMIT_TOKEN;
@@ -605,12 +605,7 @@ impl Partition {
             state,
         });
         let owner = owner.clone();
-        if !self.classes.contains_key(&class) {
-            if let Some(code) = self.unlogged_classes.remove(&class) {
-                self.log(encode_class(&class.0, &class.1, &code));
-                self.classes.insert(class, code);
-            }
-        }
+        self.log_class_once(class);
         self.log(record);
         self.logged_clients.extend(owner);
         if let Some(Entry {
