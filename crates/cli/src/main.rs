@@ -545,11 +545,12 @@ fn run_server(args: ServerArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let shutdown = shutdown_signal(embedded);
         let mut stdout = io::stdout().lock();
         // Whoever started us waits for this exact line; if nobody reads stdout, carry on.
         let _ = writeln!(stdout, "spindle listening on {address}").and_then(|()| stdout.flush());
         drop(stdout);
-        match server.run(shutdown_signal(embedded)).await {
+        match server.run(shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 error!("server failed: {e}");
@@ -593,30 +594,35 @@ fn yield_before_sleeping(builder: &mut tokio::runtime::Builder) {
     });
 }
 
-/// Completes on SIGTERM or SIGINT, or (embedded) when stdin closes.
-async fn shutdown_signal(embedded: bool) {
+/// Completes on SIGTERM or SIGINT, or (embedded) when stdin closes. The handlers are
+/// installed at once, not when the future is first polled: a signal that comes as soon as
+/// the server listens must not meet the default action (the process killed).
+fn shutdown_signal(embedded: bool) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-        (Ok(term), Ok(int)) => (term, int),
-        (Err(e), _) | (_, Err(e)) => {
-            error!("cannot install signal handlers: {e}; stop the server with SIGKILL");
-            std::future::pending::<()>().await;
-            return;
-        }
-    };
-    let stdin_closed = async {
-        if embedded {
-            stdin_eof().await
-        } else {
-            std::future::pending().await
-        }
-    };
-    let reason = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-        _ = stdin_closed => "stdin closed",
-    };
-    info!("{reason}: shutting down");
+    let handlers = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()));
+    async move {
+        let (mut term, mut int) = match handlers {
+            (Ok(term), Ok(int)) => (term, int),
+            (Err(e), _) | (_, Err(e)) => {
+                error!("cannot install signal handlers: {e}; stop the server with SIGKILL");
+                std::future::pending::<()>().await;
+                return;
+            }
+        };
+        let stdin_closed = async {
+            if embedded {
+                stdin_eof().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let reason = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+            _ = stdin_closed => "stdin closed",
+        };
+        info!("{reason}: shutting down");
+    }
 }
 
 /// Completes when stdin reaches end of file (or fails). Read on a plain thread so the
