@@ -90,11 +90,13 @@ impl Partition {
         }
     }
 
-    /// Transaction `id` ended here (`why`): its waiting call, if any, is answered with it.
+    /// Transaction `id` ended here (`why`, if said): its waiting call, if any, is answered
+    /// with it.
     pub(super) fn stop_waiting(&mut self, id: &TxnId, why: &str) {
         let Some((key, token)) = self.lock_waits.waiting.remove(id) else {
             return;
         };
+        let why = if why.is_empty() { "it was aborted" } else { why };
         // Not among them when its key's waiters are being run (`wake` skips it then).
         if let Some(waiters) = self.lock_waits.waiters.get_mut(&key) {
             waiters.retain(|w| w.id != *id);
