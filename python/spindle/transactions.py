@@ -65,10 +65,11 @@ def transactional(*, attempts: int = ATTEMPTS) -> Callable[[F], F]: ...
 
 
 def transactional(fn: Optional[F] = None, *, attempts: int = ATTEMPTS) -> Any:
-    """Run ``fn`` as a transaction, again while it conflicts (up to ``attempts`` times, with
-    randomized exponential backoff; each attempt keeps the first one's age, so it wins over
-    younger transactions). Any other exception aborts it and goes on. ``fn`` should only
-    change Spindle objects: it may run more than once."""
+    """Run ``fn`` as a transaction, again while it conflicts (up to ``attempts`` times: the
+    first retry at once, later ones after a randomized exponential backoff; each attempt
+    keeps the first one's age, so younger transactions wait for it). Any other exception
+    aborts it and goes on. ``fn`` should only change Spindle objects: it may run more than
+    once."""
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
 
