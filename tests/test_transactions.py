@@ -5,6 +5,7 @@ the server is killed with `kill -9`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable, Iterator, List
 
 import pytest
 
@@ -79,31 +81,43 @@ def test_a_single_call_on_an_object_a_transaction_read_fails_its_commit(uniq: st
     assert (a.get(), b.get()) == (6, 0)
 
 
-def test_the_younger_of_two_transactions_on_one_object_waits_for_the_older(uniq: str) -> None:
-    c = spindle.Counter(0, name=f"{uniq}c")
+@contextlib.contextmanager
+def an_older_transaction(take: Callable[[], object]) -> Iterator[List[str]]:
+    """Inside the block, a transaction on another thread has done ``take()`` and stays open;
+    it commits when the block ends (the list it yields then says ``"committed"``)."""
     inside, go = threading.Event(), threading.Event()
+    committed: List[str] = []
 
     def older() -> None:
         with spindle.transaction():
-            c.add(1)
+            take()
             inside.set()
             go.wait(10)
+        committed.append("committed")
 
+    first = threading.Thread(target=older)
+    first.start()
+    assert inside.wait(10)
+    try:
+        yield committed
+    finally:
+        go.set()
+        first.join(10)
+
+
+def test_the_younger_of_two_transactions_on_one_object_waits_for_the_older(uniq: str) -> None:
+    c = spindle.Counter(0, name=f"{uniq}c")
     seen = []
 
     def younger() -> None:
         with spindle.transaction():
             seen.append(c.add(10))
 
-    first = threading.Thread(target=older)
-    first.start()
-    assert inside.wait(10)
-    second = threading.Thread(target=younger)
-    second.start()
-    second.join(0.5)
-    assert second.is_alive() and seen == []  # waiting for the older one, not aborted
-    go.set()
-    first.join()
+    with an_older_transaction(lambda: c.add(1)):
+        second = threading.Thread(target=younger)
+        second.start()
+        second.join(0.5)
+        assert second.is_alive() and seen == []  # waiting for the older one, not aborted
     second.join(10)
     assert seen == [11]  # it ran on what the older one committed
     assert c.get() == 11
@@ -116,19 +130,6 @@ def test_a_client_cannot_claim_to_be_older_than_it_is(uniq: str) -> None:
     from spindle.client import current
 
     c = spindle.Counter(0, name=f"{uniq}c")
-    inside, go = threading.Event(), threading.Event()
-    honest = []
-
-    def older() -> None:
-        with spindle.transaction():
-            c.add(1)
-            inside.set()
-            go.wait(10)
-        honest.append("committed")
-
-    first = threading.Thread(target=older)
-    first.start()
-    assert inside.wait(10)
     claimed = []
 
     def ancient() -> None:
@@ -141,12 +142,11 @@ def test_a_client_cannot_claim_to_be_older_than_it_is(uniq: str) -> None:
             client.end(txn)
             raise
 
-    second = threading.Thread(target=ancient)
-    second.start()
-    second.join(0.5)
-    assert second.is_alive() and claimed == []  # it waits: it is the younger
-    go.set()
-    first.join()
+    with an_older_transaction(lambda: c.add(1)) as honest:
+        second = threading.Thread(target=ancient)
+        second.start()
+        second.join(0.5)
+        assert second.is_alive() and claimed == []  # it waits: it is the younger
     second.join(10)
     assert honest == ["committed"] and claimed == [11]
     assert c.get() == 11
@@ -162,17 +162,6 @@ def test_a_refused_call_that_waited_aborts_its_transaction_too() -> None:
             blob = spindle.Blob(name="rb")
             blob.set(b"x" * 60_000)
             c = spindle.Counter(name="rc")
-            inside, go = threading.Event(), threading.Event()
-
-            def older() -> None:
-                with spindle.transaction():
-                    len(blob)  # takes the blob
-                    inside.set()
-                    go.wait(10)
-
-            first = threading.Thread(target=older)
-            first.start()
-            assert inside.wait(10)
             outcome = []
 
             def younger() -> None:
@@ -187,12 +176,11 @@ def test_a_refused_call_that_waited_aborts_its_transaction_too() -> None:
                 except spindle.TransactionConflict as e:
                     outcome.append(("conflict", str(e)))
 
-            second = threading.Thread(target=younger)
-            second.start()
-            second.join(0.5)
-            assert second.is_alive(), "it should wait for the older transaction"
-            go.set()
-            first.join(10)
+            with an_older_transaction(lambda: len(blob)):  # takes the blob
+                second = threading.Thread(target=younger)
+                second.start()
+                second.join(0.5)
+                assert second.is_alive(), "it should wait for the older transaction"
             second.join(10)
             assert outcome and outcome[0][0] == "refused", outcome
             assert len(blob) == 60_000, f"the refused append took effect ({outcome})"

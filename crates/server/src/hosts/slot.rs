@@ -328,14 +328,7 @@ impl Slot {
                 kwargs,
             } => match self.live.as_mut().filter(|h| h.holds(&key, object_id)) {
                 Some(host) => {
-                    let request = vec![
-                        Value::Nil,
-                        "call".into(),
-                        key.as_str().into(),
-                        method.as_str().into(),
-                        Value::Array(args),
-                        kwargs,
-                    ];
+                    let request = call_request(&key, &method, args, kwargs, None);
                     let pending = Pending {
                         rid: 0,
                         key,
@@ -400,15 +393,7 @@ impl Slot {
                 kwargs,
             } => match self.live.as_mut().filter(|h| h.holds_copy(&key, copy_id)) {
                 Some(host) => {
-                    let request = vec![
-                        Value::Nil,
-                        "call".into(),
-                        key.as_str().into(),
-                        method.as_str().into(),
-                        Value::Array(args),
-                        kwargs,
-                        copy_id.into(),
-                    ];
+                    let request = call_request(&key, &method, args, kwargs, Some(copy_id));
                     let pending = Pending {
                         rid: 0,
                         key,
@@ -748,6 +733,20 @@ fn error_from_value(value: Value) -> Result<Error, String> {
     let kind = ErrorKind::from_name(kind).ok_or_else(|| format!("unknown error kind '{kind}'"))?;
     let message = message.as_str().ok_or_else(bad)?;
     Ok(Error::new(kind, message).with_data(data))
+}
+
+/// A host's `call` request: a method call on the instance at `key`, or on its copy `copy`.
+fn call_request(key: &str, method: &str, args: Vec<Value>, kwargs: Value, copy: Option<u64>) -> Vec<Value> {
+    let mut request = vec![
+        Value::Nil,
+        "call".into(),
+        key.into(),
+        method.into(),
+        Value::Array(args),
+        kwargs,
+    ];
+    request.extend(copy.map(Value::from));
+    request
 }
 
 #[cfg(test)]
