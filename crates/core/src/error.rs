@@ -56,11 +56,14 @@ pub enum ErrorKind {
     /// A transaction cannot go on as asked: a call that would block, a limit passed, a
     /// transaction that ended or expired. It was aborted and left nothing behind.
     TransactionError,
+    /// A compiled (WebAssembly) method trapped or passed a limit (fuel, memory, stack); `data`
+    /// is `{"reason": "trap" | "fuel" | "memory" | "stack"}`. The object is as it was.
+    Trapped,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 34] = [
+    pub const ALL: [ErrorKind; 35] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -95,6 +98,7 @@ impl ErrorKind {
         ErrorKind::OutOfMemory,
         ErrorKind::TransactionConflict,
         ErrorKind::TransactionError,
+        ErrorKind::Trapped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -133,6 +137,7 @@ impl ErrorKind {
             ErrorKind::OutOfMemory => "OutOfMemory",
             ErrorKind::TransactionConflict => "TransactionConflict",
             ErrorKind::TransactionError => "TransactionError",
+            ErrorKind::Trapped => "Trapped",
         }
     }
 

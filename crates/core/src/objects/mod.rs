@@ -4,6 +4,7 @@ mod array;
 mod barrier;
 mod blob;
 mod cache;
+pub mod compiled;
 mod condition;
 mod counter;
 mod dict;
