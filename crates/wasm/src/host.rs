@@ -1,0 +1,214 @@
+//! The host's side of one call: what the guest can reach through the `spindle` imports, and
+//! the limiter that holds its memory to the limit.
+//!
+//! Every import checks the guest's pointers against the guest's memory and, when the guest
+//! breaks the ABI (a range outside its memory, a reply that is not one MessagePack value, a
+//! state over the limit), stops the call by returning an [`Abort`] from the host function:
+//! wasmtime unwinds the guest as for a trap, and the call's error names what was wrong.
+//! Nothing the guest does can make the host panic.
+
+use std::fmt;
+
+use spindle_core::Value;
+use wasmtime::{Caller, Extern, Linker, Memory, ResourceLimiter};
+
+use crate::abi::IMPORT_MODULE;
+
+/// A store's data: the call's inputs and what the guest handed back.
+pub(crate) struct Host {
+    /// The object's state as the call began.
+    pub state: Vec<u8>,
+    /// The last state the guest wrote, kept only if the call ends without error.
+    pub new_state: Option<Vec<u8>>,
+    /// The last reply, already decoded (so checked to be one MessagePack value).
+    pub reply: Option<Value>,
+    /// `(exception type, message)` from `spindle.fail`.
+    pub failure: Option<(String, String)>,
+    pub limiter: MemoryLimiter,
+    pub state_limit: usize,
+}
+
+impl Host {
+    pub fn new(state: Vec<u8>, memory_limit: usize, state_limit: usize) -> Host {
+        Host {
+            state,
+            new_state: None,
+            reply: None,
+            failure: None,
+            limiter: MemoryLimiter { limit: memory_limit },
+            state_limit,
+        }
+    }
+}
+
+/// Why the host stopped a call from inside an import or the limiter.
+#[derive(Debug)]
+pub(crate) enum Abort {
+    /// The guest broke the ABI; the text says how.
+    Fault(String),
+    /// The guest called `spindle.fail` (the details are in [`Host::failure`]).
+    Failed,
+    /// The guest asked for more memory than the limit.
+    Memory { desired: usize, limit: usize },
+    /// The guest wrote a state over the limit.
+    State { len: usize, limit: usize },
+}
+
+impl fmt::Display for Abort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Abort::Fault(what) => f.write_str(what),
+            Abort::Failed => f.write_str("the method failed"),
+            Abort::Memory { desired, limit } => {
+                write!(
+                    f,
+                    "memory growth to {desired} bytes refused: the limit is {limit} bytes per call"
+                )
+            }
+            Abort::State { len, limit } => write!(f, "state of {len} bytes refused: the limit is {limit} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for Abort {}
+
+/// Holds each instance to one memory of at most `limit` bytes. Growth past it traps (rather
+/// than `memory.grow` returning -1) so the call reports "memory" instead of whatever the
+/// guest does with a failed allocation.
+pub(crate) struct MemoryLimiter {
+    limit: usize,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            return Err(Abort::Memory {
+                desired,
+                limit: self.limit,
+            }
+            .into());
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        // Tables hold function references for indirect calls; a few thousand is plenty.
+        Ok(desired <= 100_000)
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn memories(&self) -> usize {
+        1
+    }
+}
+
+/// Define the `spindle` imports of [`crate::abi::IMPORTS`] in `linker`.
+pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> {
+    linker.func_wrap(IMPORT_MODULE, "state_len", |caller: Caller<'_, Host>| -> i32 {
+        // The state came from an earlier call, so it is within the state limit (< 2 GiB).
+        caller.data().state.len() as i32
+    })?;
+    linker.func_wrap(IMPORT_MODULE, "state_read", |mut caller: Caller<'_, Host>, ptr: i32| {
+        let memory = memory(&mut caller)?;
+        let (data, host) = memory.data_and_store_mut(&mut caller);
+        let range = guest_range(data.len(), "state_read", ptr, host.state.len() as i32)?;
+        data[range].copy_from_slice(&host.state);
+        Ok(())
+    })?;
+    linker.func_wrap(
+        IMPORT_MODULE,
+        "state_write",
+        |mut caller: Caller<'_, Host>, ptr: i32, len: i32| {
+            let limit = caller.data().state_limit;
+            if len as u32 as usize > limit {
+                return Err(Abort::State {
+                    len: len as u32 as usize,
+                    limit,
+                }
+                .into());
+            }
+            let memory = memory(&mut caller)?;
+            let (data, host) = memory.data_and_store_mut(&mut caller);
+            let range = guest_range(data.len(), "state_write", ptr, len)?;
+            let new_state = host.new_state.get_or_insert_with(Vec::new);
+            new_state.clear();
+            new_state.extend_from_slice(&data[range]);
+            Ok(())
+        },
+    )?;
+    linker.func_wrap(
+        IMPORT_MODULE,
+        "reply",
+        |mut caller: Caller<'_, Host>, ptr: i32, len: i32| {
+            let memory = memory(&mut caller)?;
+            let (data, host) = memory.data_and_store_mut(&mut caller);
+            let bytes = &data[guest_range(data.len(), "reply", ptr, len)?];
+            host.reply = Some(decode_one(bytes)?);
+            Ok(())
+        },
+    )?;
+    linker.func_wrap(
+        IMPORT_MODULE,
+        "fail",
+        |mut caller: Caller<'_, Host>,
+         kind_ptr: i32,
+         kind_len: i32,
+         msg_ptr: i32,
+         msg_len: i32|
+         -> wasmtime::Result<()> {
+            let memory = memory(&mut caller)?;
+            let (data, host) = memory.data_and_store_mut(&mut caller);
+            let kind = &data[guest_range(data.len(), "fail", kind_ptr, kind_len)?];
+            let message = &data[guest_range(data.len(), "fail", msg_ptr, msg_len)?];
+            let kind = String::from_utf8_lossy(kind).into_owned();
+            let kind = if kind.is_empty() {
+                "RuntimeError".to_string()
+            } else {
+                kind
+            };
+            host.failure = Some((kind, String::from_utf8_lossy(message).into_owned()));
+            // Never returns to the guest: unwinding stops the method where it failed.
+            Err(Abort::Failed.into())
+        },
+    )?;
+    Ok(())
+}
+
+fn memory(caller: &mut Caller<'_, Host>) -> wasmtime::Result<Memory> {
+    match caller.get_export("memory") {
+        Some(Extern::Memory(memory)) => Ok(memory),
+        _ => Err(Abort::Fault("the guest has no memory export".into()).into()),
+    }
+}
+
+/// The bytes `[ptr, ptr + len)` of a guest memory of `size` bytes. Wasm32 pointers and
+/// lengths are unsigned, so a negative `i32` is a large number, not an error of its own.
+fn guest_range(size: usize, import: &str, ptr: i32, len: i32) -> Result<std::ops::Range<usize>, Abort> {
+    let start = ptr as u32 as usize;
+    let end = start.saturating_add(len as u32 as usize);
+    if end > size {
+        return Err(Abort::Fault(format!(
+            "{IMPORT_MODULE}.{import} was given bytes [{start}, {end}), outside the guest's memory of {size} bytes"
+        )));
+    }
+    Ok(start..end)
+}
+
+fn decode_one(mut bytes: &[u8]) -> Result<Value, Abort> {
+    let total = bytes.len();
+    let value = rmpv::decode::read_value(&mut bytes).map_err(|e| {
+        Abort::Fault(format!(
+            "{IMPORT_MODULE}.reply was given {total} bytes that are not a MessagePack value ({e})"
+        ))
+    })?;
+    if !bytes.is_empty() {
+        return Err(Abort::Fault(format!(
+            "{IMPORT_MODULE}.reply was given {total} bytes: one MessagePack value and {} more bytes (a reply is one value)",
+            bytes.len()
+        )));
+    }
+    Ok(value)
+}
