@@ -153,7 +153,7 @@ impl Runtime {
             ));
         }
         let module = wasmtime::Module::new(&self.engine, code)
-            .map_err(|e| refuse(format!("not a valid WebAssembly module: {e:#}")))?;
+            .map_err(|e| refuse(format!("the module does not compile: {e:#}")))?;
         let exports = abi::check(type_name, &module, self.limits.memory_bytes)?;
         let pre = self
             .linker
