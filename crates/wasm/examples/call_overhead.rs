@@ -2,7 +2,7 @@
 //! arguments, the method, the reply. Compares the on-demand and the pooling instance
 //! allocators, from one thread and from several.
 //!
-//!     cargo run --release -p spindle-wasm --example call_overhead [calls]
+//!     cargo run --release -p spindle-wasm --example call_overhead [calls] [pooling|on-demand]
 //!
 //! Also times the example bank's `balance` (examples/wasm/build/bank.wasm, `make wasm`).
 
@@ -55,7 +55,13 @@ fn main() {
         "1 thread",
         format!("{threads} threads")
     );
-    for allocator in [Allocator::OnDemand, Allocator::Pooling { instances: 64 }] {
+    let allocators = match std::env::args().nth(2).as_deref() {
+        None => vec![Allocator::OnDemand, Allocator::Pooling { instances: 64 }],
+        Some("pooling") => vec![Allocator::Pooling { instances: 64 }],
+        Some("on-demand") => vec![Allocator::OnDemand],
+        Some(other) => panic!("{other}: pooling or on-demand"),
+    };
+    for allocator in allocators {
         let runtime = Runtime::with_allocator(Limits::default(), allocator).unwrap();
         let mut cases = vec![(
             "noop",

@@ -34,6 +34,7 @@ pub const IMPORT_MODULE: &str = "spindle";
 
 /// Where a checked module keeps the exports the host calls.
 pub(crate) struct Exports {
+    pub memory: ModuleExport,
     pub alloc: ModuleExport,
     pub init: Option<ModuleExport>,
     /// Sorted by name.
@@ -77,7 +78,7 @@ pub(crate) fn check(type_name: &str, module: &Module, memory_limit: usize) -> Re
         let name = export.name();
         let index = || module.get_export_index(name).expect("an export of this module");
         match (name, export.ty()) {
-            ("memory", ExternType::Memory(ty)) => memory = Some(ty),
+            ("memory", ExternType::Memory(ty)) => memory = Some((ty, index())),
             ("memory", _) => return Err(refuse("export `memory` is not a memory".into())),
             ("spindle_alloc", ExternType::Func(ty)) => {
                 if !is_i32s(&ty, 1, 1) {
@@ -107,7 +108,7 @@ pub(crate) fn check(type_name: &str, module: &Module, memory_limit: usize) -> Re
         }
     }
 
-    let Some(memory) = memory else {
+    let Some((memory, memory_export)) = memory else {
         return Err(refuse(
             "missing export `memory` (the guest's memory 0, where arguments and state pass)".into(),
         ));
@@ -136,7 +137,12 @@ pub(crate) fn check(type_name: &str, module: &Module, memory_limit: usize) -> Re
         ));
     }
     methods.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(Exports { alloc, init, methods })
+    Ok(Exports {
+        memory: memory_export,
+        alloc,
+        init,
+        methods,
+    })
 }
 
 /// Names that are never methods: the toolchain's (`_start`, `__new`, ...) and the ABI's own.

@@ -26,6 +26,9 @@ pub(crate) struct Host {
     pub failure: Option<(String, String)>,
     pub limiter: MemoryLimiter,
     pub state_limit: usize,
+    /// The instance's memory, once instantiated (before, during a start function, the
+    /// imports look it up by name).
+    pub memory: Option<Memory>,
 }
 
 impl Host {
@@ -37,6 +40,7 @@ impl Host {
             failure: None,
             limiter: MemoryLimiter { limit: memory_limit },
             state_limit,
+            memory: None,
         }
     }
 }
@@ -178,6 +182,9 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
 }
 
 fn memory(caller: &mut Caller<'_, Host>) -> wasmtime::Result<Memory> {
+    if let Some(memory) = caller.data().memory {
+        return Ok(memory);
+    }
     match caller.get_export("memory") {
         Some(Extern::Memory(memory)) => Ok(memory),
         _ => Err(Abort::Fault("the guest has no memory export".into()).into()),

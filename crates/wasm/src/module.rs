@@ -84,14 +84,16 @@ impl Module {
     }
 
     fn enter(&self, store: &mut Store<Host>, entry: &ModuleExport, args: &[u8]) -> wasmtime::Result<()> {
+        let exports = &self.compiled.exports;
         let instance = self.compiled.pre.instantiate(&mut *store)?;
-        let alloc: TypedFunc<i32, i32> =
-            func(instance.get_module_export(&mut *store, &self.compiled.exports.alloc)).typed(&*store)?;
-        let len = args.len() as i32;
-        let ptr = alloc.call(&mut *store, len)?;
-        let Some(Extern::Memory(memory)) = instance.get_export(&mut *store, "memory") else {
+        let Some(Extern::Memory(memory)) = instance.get_module_export(&mut *store, &exports.memory) else {
             unreachable!("the ABI check found the memory export")
         };
+        store.data_mut().memory = Some(memory);
+        let alloc: TypedFunc<i32, i32> =
+            func(instance.get_module_export(&mut *store, &exports.alloc)).typed(&*store)?;
+        let len = args.len() as i32;
+        let ptr = alloc.call(&mut *store, len)?;
         memory.write(&mut *store, ptr as u32 as usize, args).map_err(|_| {
             Abort::Fault(format!(
                 "spindle_alloc({len}) returned {}, but [{0}, {}) is outside the guest's memory of {} bytes",
