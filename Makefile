@@ -29,7 +29,8 @@ CLANG ?= clang
 WASM_CFLAGS := --target=wasm32 -nostdlib -O2 -Wall -Wextra -Werror -Isdk/wasm/c \
 	-Wl,--no-entry -Wl,--stack-first -Wl,--strip-all
 WASM_MODULES := $(patsubst examples/wasm/%.c,$(WASM_BUILD)/%.wasm,$(wildcard examples/wasm/*.c)) \
-	$(patsubst examples/wasm/%.ts,$(WASM_BUILD)/%_as.wasm,$(wildcard examples/wasm/*.ts))
+	$(patsubst examples/wasm/%.ts,$(WASM_BUILD)/%_as.wasm,$(wildcard examples/wasm/*.ts)) \
+	$(WASM_BUILD)/sdk_echo.wasm $(WASM_BUILD)/sdk_echo_as.wasm
 
 wasm: $(WASM_MODULES)
 
@@ -37,6 +38,14 @@ $(WASM_BUILD)/%.wasm: examples/wasm/%.c sdk/wasm/c/spindle.h | $(WASM_BUILD)/.cl
 	$(CLANG) $(WASM_CFLAGS) -o $@ $<
 
 $(WASM_BUILD)/%_as.wasm: examples/wasm/%.ts $(WASM_AS_SDK)/assembly/index.ts $(ASC)
+	@mkdir -p $(WASM_BUILD)
+	$(ASC) $< --runtime stub --use abort=$(WASM_AS_SDK)/assembly/index/spindleAbort -O3 -o $@
+
+# The SDKs' own checks (sdk/wasm/tests/), loaded by the runtime's tests beside the examples.
+$(WASM_BUILD)/sdk_%.wasm: sdk/wasm/tests/%.c sdk/wasm/c/spindle.h | $(WASM_BUILD)/.clang
+	$(CLANG) $(WASM_CFLAGS) -o $@ $<
+
+$(WASM_BUILD)/sdk_%_as.wasm: sdk/wasm/tests/%.ts $(WASM_AS_SDK)/assembly/index.ts $(ASC)
 	@mkdir -p $(WASM_BUILD)
 	$(ASC) $< --runtime stub --use abort=$(WASM_AS_SDK)/assembly/index/spindleAbort -O3 -o $@
 

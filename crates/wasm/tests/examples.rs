@@ -279,3 +279,126 @@ fn kmeans_centroids_match_the_python_class() {
     let error = code.construct(&[Value::Array(vec![]), Value::from(1)]).unwrap_err();
     assert_eq!(raised(&error).0, "ValueError");
 }
+
+// --- the guest SDKs' MessagePack and helpers (sdk/wasm/tests/echo.c and echo.ts) ------------
+
+fn every_kind_of_value() -> Vec<Value> {
+    let ints = [
+        0i64,
+        1,
+        127,
+        128,
+        255,
+        256,
+        65535,
+        65536,
+        u32::MAX as i64,
+        u32::MAX as i64 + 1,
+        i64::MAX,
+        -1,
+        -32,
+        -33,
+        -128,
+        -129,
+        -32768,
+        -32769,
+        i32::MIN as i64,
+        i32::MIN as i64 - 1,
+        i64::MIN,
+    ];
+    let text = |n: usize| Value::from("x".repeat(n));
+    let list = |n: usize| Value::Array(vec![Value::from(1); n]);
+    let map = |n: usize| Value::Map((0..n as i64).map(|i| (Value::from(i), Value::from(-i))).collect());
+    let mut values = vec![Value::Nil, Value::from(true), Value::from(false)];
+    values.extend(ints.iter().map(|&i| Value::from(i)));
+    values.extend([1.5, -0.0, f64::INFINITY, f64::MIN_POSITIVE, 1e300].map(Value::from));
+    values.extend([
+        text(0),
+        text(31),
+        text(32),
+        text(255),
+        text(256),
+        text(70_000),
+        Value::from("é ✓ 雪"),
+    ]);
+    values.extend([0, 255, 256, 70_000].map(|n| Value::Binary(vec![7; n])));
+    values.extend([
+        list(0),
+        list(15),
+        list(16),
+        list(70_000),
+        map(0),
+        map(15),
+        map(16),
+        map(70_000),
+    ]);
+    values.push(Value::Array(vec![
+        map(2),
+        Value::Array(vec![Value::Array(vec![Value::from("deep")])]),
+    ]));
+    values
+}
+
+fn check_sdk(code: Arc<dyn Code>, state_method: &str, fail_method: &str) {
+    let values = every_kind_of_value();
+    let called = code.call(b"", "echo", &values).unwrap();
+    assert_eq!(called.result, Value::Array(values.clone()));
+    // The SDK writes what rmpv writes: the shortest form, unsigned for non-negative ints.
+    assert_eq!(called.state.unwrap(), msgpack(Value::Array(values.clone())));
+    assert_eq!(
+        code.call(b"", "skip", &values).unwrap().result,
+        Value::from(values.len())
+    );
+
+    let too_large = code.call(b"", "echo", &[Value::from(u64::MAX)]).unwrap_err();
+    assert_eq!(raised(&too_large), ("OverflowError", "integer does not fit in 64 bits"));
+    let ext = code.call(b"", "echo", &[Value::Ext(1, vec![1, 2])]).unwrap_err();
+    assert_eq!(raised(&ext).0, "TypeError");
+    assert_eq!(
+        code.call(b"", "skip", &[Value::Ext(1, vec![1, 2, 3])]).unwrap().result,
+        Value::from(1)
+    );
+
+    let raw = b"\x00\x01raw state\xff";
+    assert_eq!(
+        code.call(raw, state_method, &[]).unwrap().result,
+        Value::Binary(raw.to_vec())
+    );
+    let error = code
+        .call(raw, fail_method, &[Value::from("KeyError"), Value::from("no such key")])
+        .unwrap_err();
+    assert_eq!(raised(&error), ("KeyError", "no such key"));
+}
+
+#[test]
+fn c_sdk() {
+    let code = example("sdk_echo.wasm");
+    check_sdk(code.clone(), "state", "fail");
+    let error = code.call(b"", "allocate", &[Value::from(100 << 20)]).unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Trapped);
+    assert_eq!(error.data, Value::Map(vec![("reason".into(), "memory".into())]));
+    assert_eq!(
+        code.call(b"", "allocate", &[Value::from(1 << 20)]).unwrap().result,
+        Value::from(1)
+    );
+}
+
+#[test]
+fn assemblyscript_sdk() {
+    let code = example("sdk_echo_as.wasm");
+    check_sdk(code.clone(), "state_bytes", "raise");
+    let error = code.call(b"", "out_of_range", &[]).unwrap_err();
+    let (kind, message) = raised(&error);
+    assert_eq!(kind, "RuntimeError");
+    assert!(
+        message.contains("Index out of range") && message.contains("~lib/array.ts"),
+        "{message}"
+    );
+    let error = code.call(b"", "throws", &[]).unwrap_err();
+    let (kind, message) = raised(&error);
+    assert_eq!(kind, "RuntimeError");
+    assert!(
+        message.starts_with("thrown on purpose (sdk/wasm/tests/echo.ts:"),
+        "{message}"
+    );
+}

@@ -488,6 +488,6 @@ SPINDLE_INLINE void spindle_reply_bool(bool v) {
         reader.count = spindle_read_array(&reader);                                          \
         spindle_method_##name(&reader);                                                      \
     }                                                                                        \
-    static void spindle_method_##name(spindle_reader *args)
+    static void spindle_method_##name(__attribute__((unused)) spindle_reader *args)
 
 #endif /* SPINDLE_H */
