@@ -401,9 +401,21 @@ fn fail_raises_the_named_exception_and_keeps_the_state() {
 
 // --- limits and traps: each one an error, never a new state -------------------------------
 
+/// The error of `method` under `limits`, the same with either instance allocator.
 fn trapped(limits: Limits, method: &str) -> Error {
-    let code = load_with(limits, GUEST).unwrap();
-    code.call(b"old", method, &args(&[1])).expect_err("the call fails")
+    let bytes = wat::parse_str(GUEST).unwrap();
+    let errors: Vec<Error> = [Allocator::OnDemand, Allocator::Pooling { instances: 4 }]
+        .into_iter()
+        .map(|allocator| {
+            let code = Runtime::with_allocator(limits, allocator)
+                .unwrap()
+                .load("wasm:test", "1", &bytes)
+                .unwrap();
+            code.call(b"old", method, &args(&[1])).expect_err("the call fails")
+        })
+        .collect();
+    assert_eq!(errors[0], errors[1], "on demand and pooled");
+    errors.into_iter().next().unwrap()
 }
 
 #[test]
