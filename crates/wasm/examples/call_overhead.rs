@@ -4,7 +4,8 @@
 //!
 //!     cargo run --release -p spindle-wasm --example call_overhead [calls] [pooling|on-demand]
 //!
-//! Also times the example bank's `balance` (examples/wasm/build/bank.wasm, `make wasm`).
+//! Also times the example bank's `balance` and the benchmark operation's `complex` (10,000
+//! steps of arithmetic) from examples/wasm/build/ (`make wasm`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,11 +41,14 @@ fn main() {
         .nth(1)
         .map(|n| n.parse().expect("a number of calls"))
         .unwrap_or(20_000);
-    let bank = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/wasm/build/bank.wasm"
-    ))
-    .ok();
+    let example = |name: &str| {
+        std::fs::read(format!(
+            "{}/../../examples/wasm/build/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .ok()
+    };
+    let (bank, complex_op) = (example("bank.wasm"), example("complex_op.wasm"));
     let mut state = Vec::new();
     rmpv::encode::write_value(&mut state, &Value::from(100)).unwrap();
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -72,6 +76,9 @@ fn main() {
         if let Some(bank) = &bank {
             cases.push(("balance", runtime.load("wasm:bank", "1", bank).unwrap()));
         }
+        if let Some(complex_op) = &complex_op {
+            cases.push(("complex", runtime.load("wasm:complex_op", "1", complex_op).unwrap()));
+        }
         for (method, code) in cases {
             time(&code, method, &state, 1, calls / 10); // warm up
             let one = time(&code, method, &state, 1, calls);
@@ -79,7 +86,7 @@ fn main() {
             println!("{:<40} {one:>10.2} {many:>14.2}", format!("{allocator:?} / {method}"));
         }
     }
-    if bank.is_none() {
-        println!("(examples/wasm/build/bank.wasm is missing: run `make wasm` to time the bank too)");
+    if bank.is_none() || complex_op.is_none() {
+        println!("(examples/wasm/build/ is missing modules: run `make wasm` to time the examples too)");
     }
 }
