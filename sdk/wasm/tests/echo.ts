@@ -1,4 +1,4 @@
-// A check of the AssemblyScript SDK (crates/wasm/tests/examples.rs loads it as
+// A check of the AssemblyScript SDK (crates/wasm/tests/wasm/examples.rs loads it as
 // sdk_echo_as.wasm): every MessagePack value goes through the SDK's reader and writer and
 // comes back equal.
 
