@@ -629,3 +629,19 @@ fn calls_run_concurrently_from_several_threads() {
         }
     }
 }
+
+#[test]
+fn limits_past_what_the_abi_can_address_are_refused() {
+    let error = Runtime::new(Limits {
+        state_bytes: 1 << 31,
+        ..Limits::default()
+    })
+    .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::BadArguments);
+    assert!(error.message.contains("state_bytes"), "{}", error.message);
+    assert!(Runtime::new(Limits {
+        memory_bytes: 5 << 30,
+        ..Limits::default()
+    })
+    .is_err());
+}
