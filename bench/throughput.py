@@ -110,7 +110,7 @@ def run_loadgen(binary: str, system: str, port: int, op: str, args) -> dict:
     cmd = [binary, "--target", system, "--address", f"127.0.0.1:{port}", "--op", op,
            "--connections", str(args.connections), "--pipeline", str(args.pipeline),
            "--keys", str(KEYS), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-           "--factor", repr(FACTOR), "--steps", str(STEPS), "--py-type", f"py:{__name__}.Number",
+           "--factor", repr(FACTOR), "--steps", str(STEPS), "--object-type", f"py:{__name__}.Number",
            "--method", "spin"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -88,9 +88,10 @@ struct Args {
     /// Multiplications per `complex` operation.
     #[arg(long, default_value_t = 10_000)]
     steps: u64,
-    /// Spindle `complex`: the user-defined type (`py:<module>.<class>`).
+    /// Spindle `complex`: the object type, user-defined (`py:<module>.<class>`) or compiled
+    /// (`wasm:<name>`).
     #[arg(long, default_value = "py:__main__.Number")]
-    py_type: String,
+    object_type: String,
     /// Spindle `complex`: the method, called as `method(steps, factor)`.
     #[arg(long, default_value = "spin")]
     method: String,
@@ -342,15 +343,19 @@ fn spindle_call(args: &Args) -> SpindleCall {
             method: "scale".into(),
             args: Value::Array(vec![Value::from(args.factor)]),
         },
-        Op::Complex => SpindleCall {
-            type_name: args.py_type.clone(),
-            method: args.method.clone(),
-            // A user-defined method's args are [positional, keyword].
-            args: Value::Array(vec![
-                Value::Array(vec![Value::from(args.steps), Value::from(args.factor)]),
-                Value::Map(vec![]),
-            ]),
-        },
+        Op::Complex => {
+            let positional = vec![Value::from(args.steps), Value::from(args.factor)];
+            SpindleCall {
+                type_name: args.object_type.clone(),
+                method: args.method.clone(),
+                // A user-defined method's args are [positional, keyword]; a compiled one's
+                // are positional.
+                args: match args.object_type.starts_with("py:") {
+                    true => Value::Array(vec![Value::Array(positional), Value::Map(vec![])]),
+                    false => Value::Array(positional),
+                },
+            }
+        }
         Op::Put => SpindleCall {
             type_name: "Blob".into(),
             method: "set".into(),
