@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CARGO ?= cargo
 
-.PHONY: setup demo test test-tools sabotage test-rust test-python lint bench clean pypy
+.PHONY: setup demo test test-tools sabotage test-rust test-python lint bench clean pypy wasm
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed wasm
 	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found; install Rust (https://rustup.rs)" >&2; exit 1; }
 	$(CARGO) build --release --locked -p spindle-cli
 	install -m 755 target/release/spindle $(VENV)/bin/spindle
@@ -16,6 +16,39 @@ $(VENV)/.installed: requirements.lock python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e python
+	touch $@
+
+# Compiled object types (docs/wasm.md): the example modules in examples/wasm/, built with
+# clang and wasm-ld (C, no libc) and AssemblyScript (pinned by its package-lock.json) into
+# examples/wasm/build/, where the runtime's tests load them. Each module is rebuilt only when
+# its source or its SDK changed.
+WASM_BUILD := examples/wasm/build
+WASM_AS_SDK := sdk/wasm/assemblyscript
+ASC := $(WASM_AS_SDK)/node_modules/.bin/asc
+CLANG ?= clang
+WASM_CFLAGS := --target=wasm32 -nostdlib -O2 -Wall -Wextra -Werror -Isdk/wasm/c \
+	-Wl,--no-entry -Wl,--stack-first -Wl,--strip-all
+WASM_MODULES := $(patsubst examples/wasm/%.c,$(WASM_BUILD)/%.wasm,$(wildcard examples/wasm/*.c)) \
+	$(patsubst examples/wasm/%.ts,$(WASM_BUILD)/%_as.wasm,$(wildcard examples/wasm/*.ts))
+
+wasm: $(WASM_MODULES)
+
+$(WASM_BUILD)/%.wasm: examples/wasm/%.c sdk/wasm/c/spindle.h | $(WASM_BUILD)/.clang
+	$(CLANG) $(WASM_CFLAGS) -o $@ $<
+
+$(WASM_BUILD)/%_as.wasm: examples/wasm/%.ts $(WASM_AS_SDK)/assembly/index.ts $(ASC)
+	@mkdir -p $(WASM_BUILD)
+	$(ASC) $< --runtime stub --use abort=$(WASM_AS_SDK)/assembly/index/spindleAbort -O3 -o $@
+
+$(WASM_BUILD)/.clang:
+	@{ command -v $(CLANG) && command -v wasm-ld; } >/dev/null || { apt-get update -qq && apt-get install -y -qq clang lld; } >/dev/null
+	@{ command -v $(CLANG) && command -v wasm-ld; } >/dev/null || { echo "error: clang and wasm-ld (lld) could not be installed; the WebAssembly examples need them" >&2; exit 1; }
+	@mkdir -p $(WASM_BUILD) && touch $@
+
+$(ASC): $(WASM_AS_SDK)/package.json $(WASM_AS_SDK)/package-lock.json
+	@command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm; } >/dev/null
+	@command -v npm >/dev/null || { echo "error: npm could not be installed; the AssemblyScript examples need it" >&2; exit 1; }
+	cd $(WASM_AS_SDK) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # k-means on generated data (the issue's size: 500,000 points x 50 dims, k = 25) on cloud threads.
@@ -102,4 +135,4 @@ bench: setup pypy $(BENCH_VENV)/.installed
 	$(BPY) bench/summary.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) target
+	rm -rf $(VENV) $(BENCH_VENV) target $(WASM_BUILD) $(WASM_AS_SDK)/node_modules

@@ -1,0 +1,44 @@
+// A bank account as a compiled object type (wasm:bank), the AssemblyScript twin of bank.c:
+// same methods, same state (the balance, one MessagePack int), same errors.
+//
+//     init(balance=0)   deposit(n) -> balance   withdraw(n) -> balance   balance() -> balance
+
+import { Args, fail, replyInt, setStateInt, stateInt } from "../../sdk/wasm/assemblyscript/assembly/index";
+
+export { spindle_alloc } from "../../sdk/wasm/assemblyscript/assembly/index";
+
+function amount(args: Args): i64 {
+  args.expect(1, 1);
+  const n = args.int();
+  if (n < 0) fail("ValueError", "the amount must not be negative");
+  return n;
+}
+
+export function init(argsPtr: i32, argsLen: i32): void {
+  const args = Args.of(argsPtr, argsLen);
+  args.expect(0, 1);
+  const balance = args.count > 0 ? args.int() : 0;
+  if (balance < 0) fail("ValueError", "the balance must not be negative");
+  setStateInt(balance);
+}
+
+export function deposit(argsPtr: i32, argsLen: i32): void {
+  const n = amount(Args.of(argsPtr, argsLen));
+  const old = stateInt(0);
+  if (old > i64.MAX_VALUE - n) fail("OverflowError", "the balance would not fit in 64 bits");
+  setStateInt(old + n);
+  replyInt(old + n);
+}
+
+export function withdraw(argsPtr: i32, argsLen: i32): void {
+  const n = amount(Args.of(argsPtr, argsLen));
+  const balance = stateInt(0);
+  if (n > balance) fail("ValueError", "insufficient funds");
+  setStateInt(balance - n);
+  replyInt(balance - n);
+}
+
+export function balance(argsPtr: i32, argsLen: i32): void {
+  Args.of(argsPtr, argsLen).expect(0, 0);
+  replyInt(stateInt(0));
+}
