@@ -36,16 +36,33 @@ fn time(code: &Arc<dyn Code>, method: &str, state: &[u8], threads: usize, calls:
 }
 
 fn main() {
-    let calls: usize = std::env::args().nth(1).map(|n| n.parse().expect("a number of calls")).unwrap_or(20_000);
-    let bank = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/wasm/build/bank.wasm")).ok();
+    let calls: usize = std::env::args()
+        .nth(1)
+        .map(|n| n.parse().expect("a number of calls"))
+        .unwrap_or(20_000);
+    let bank = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/wasm/build/bank.wasm"
+    ))
+    .ok();
     let mut state = Vec::new();
     rmpv::encode::write_value(&mut state, &Value::from(100)).unwrap();
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!("per call, microseconds (wall time / calls of one thread)");
-    println!("{:<40} {:>10} {:>14}", "allocator / method", "1 thread", format!("{threads} threads"));
+    println!(
+        "{:<40} {:>10} {:>14}",
+        "allocator / method",
+        "1 thread",
+        format!("{threads} threads")
+    );
     for allocator in [Allocator::OnDemand, Allocator::Pooling { instances: 64 }] {
         let runtime = Runtime::with_allocator(Limits::default(), allocator).unwrap();
-        let mut cases = vec![("noop", runtime.load("wasm:trivial", "1", &wat::parse_str(TRIVIAL).unwrap()).unwrap())];
+        let mut cases = vec![(
+            "noop",
+            runtime
+                .load("wasm:trivial", "1", &wat::parse_str(TRIVIAL).unwrap())
+                .unwrap(),
+        )];
         if let Some(bank) = &bank {
             cases.push(("balance", runtime.load("wasm:bank", "1", bank).unwrap()));
         }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use spindle_core::objects::compiled::{Called, Code};
 use spindle_core::{Error, ErrorKind, Value};
-use wasmtime::{Extern, InstancePre, ModuleExport, Store, Trap, TypedFunc};
+use wasmtime::{Extern, InstancePre, ModuleExport, PoolConcurrencyLimitError, Store, Trap, TypedFunc};
 
 use crate::abi::Exports;
 use crate::host::{Abort, Host};
@@ -115,6 +115,9 @@ impl Module {
                 ("exception".into(), Value::Nil),
             ]);
             return Error::new(ErrorKind::Raised, format!("{kind}: {message}")).with_data(data);
+        }
+        if let Some(busy) = error.downcast_ref::<PoolConcurrencyLimitError>() {
+            return Error::new(ErrorKind::Busy, format!("{what} cannot run now: {busy}; try again"));
         }
         let (reason, message) = match (error.downcast_ref::<Abort>(), error.downcast_ref::<Trap>()) {
             (Some(abort @ Abort::Memory { .. }), _) => ("memory", format!("{what}: {abort} (Limits::memory_bytes)")),

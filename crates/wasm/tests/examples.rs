@@ -9,10 +9,13 @@ use spindle_wasm::{Limits, Runtime};
 
 fn example(file: &str) -> Arc<dyn Code> {
     let path = format!("{}/../../examples/wasm/build/{file}", env!("CARGO_MANIFEST_DIR"));
-    let bytes = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("examples/wasm/build/{file} cannot be read ({e}): run `make wasm` to build the examples"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!("examples/wasm/build/{file} cannot be read ({e}): run `make wasm` to build the examples")
+    });
     let runtime = Runtime::new(Limits::default()).unwrap();
-    runtime.load(&format!("wasm:{}", file.trim_end_matches(".wasm")), "1", &bytes).unwrap()
+    runtime
+        .load(&format!("wasm:{}", file.trim_end_matches(".wasm")), "1", &bytes)
+        .unwrap()
 }
 
 fn msgpack(value: impl Into<Value>) -> Vec<u8> {
@@ -23,14 +26,26 @@ fn msgpack(value: impl Into<Value>) -> Vec<u8> {
 
 fn raised(error: &Error) -> (&str, &str) {
     assert_eq!(error.kind, ErrorKind::Raised, "{error:?}");
-    let Value::Map(entries) = &error.data else { panic!("{error:?}") };
-    let field = |name: &str| entries.iter().find(|(k, _)| k.as_str() == Some(name)).unwrap().1.as_str().unwrap();
+    let Value::Map(entries) = &error.data else {
+        panic!("{error:?}")
+    };
+    let field = |name: &str| {
+        entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .unwrap()
+            .1
+            .as_str()
+            .unwrap()
+    };
     (field("type"), field("message"))
 }
 
 /// Call `method` and return its result and the state after it (the old one if it wrote none).
 fn call(code: &Arc<dyn Code>, state: &[u8], method: &str, args: &[Value]) -> (Value, Vec<u8>) {
-    let called = code.call(state, method, args).unwrap_or_else(|e| panic!("{method}: {e:?}"));
+    let called = code
+        .call(state, method, args)
+        .unwrap_or_else(|e| panic!("{method}: {e:?}"));
     (called.result, called.state.unwrap_or_else(|| state.to_vec()))
 }
 
@@ -52,18 +67,31 @@ fn check_bank(bank: Arc<dyn Code>) {
     assert_eq!(error.message, "ValueError: insufficient funds");
 
     let (result, after) = call(&bank, &state, "balance", &[]);
-    assert_eq!((result, after), (Value::from(120), msgpack(120)), "balance writes nothing");
+    assert_eq!(
+        (result, after),
+        (Value::from(120), msgpack(120)),
+        "balance writes nothing"
+    );
 
     let big = 1i64 << 40; // past 32 bits: the full int64 path of both MessagePack codecs
     let (result, _) = call(&bank, &state, "deposit", &[Value::from(big)]);
     assert_eq!(result, Value::from(120 + big));
 
-    assert_eq!(raised(&bank.call(&state, "deposit", &[Value::from(-1)]).unwrap_err()).0, "ValueError");
-    assert_eq!(raised(&bank.call(&state, "deposit", &[Value::from("ten")]).unwrap_err()).0, "TypeError");
+    assert_eq!(
+        raised(&bank.call(&state, "deposit", &[Value::from(-1)]).unwrap_err()).0,
+        "ValueError"
+    );
+    assert_eq!(
+        raised(&bank.call(&state, "deposit", &[Value::from("ten")]).unwrap_err()).0,
+        "TypeError"
+    );
     assert_eq!(raised(&bank.call(&state, "deposit", &[]).unwrap_err()).0, "TypeError");
     let overflow = bank.call(&msgpack(i64::MAX), "deposit", &[Value::from(1)]).unwrap_err();
     assert_eq!(raised(&overflow).0, "OverflowError");
-    assert_eq!(bank.call(&state, "steal", &[]).unwrap_err().kind, ErrorKind::UnknownMethod);
+    assert_eq!(
+        bank.call(&state, "steal", &[]).unwrap_err().kind,
+        ErrorKind::UnknownMethod
+    );
 }
 
 #[test]
@@ -79,7 +107,12 @@ fn bank_in_assemblyscript() {
 #[test]
 fn the_two_banks_read_each_others_state() {
     let (c, assemblyscript) = (example("bank.wasm"), example("bank_as.wasm"));
-    let (_, state) = call(&c, &c.construct(&[Value::from(7)]).unwrap(), "deposit", &[Value::from(5)]);
+    let (_, state) = call(
+        &c,
+        &c.construct(&[Value::from(7)]).unwrap(),
+        "deposit",
+        &[Value::from(5)],
+    );
     let (result, state) = call(&assemblyscript, &state, "deposit", &[Value::from(1)]);
     assert_eq!(result, Value::from(13));
     assert_eq!(call(&c, &state, "balance", &[]).0, Value::from(13));
@@ -103,12 +136,20 @@ fn complex_op_matches_the_python_arithmetic() {
         let state = code.construct(&[Value::from(x)]).unwrap();
         let (result, after) = call(&code, &state, "complex", &[]);
         let expected = spin(x as i128, 10_000) as i64;
-        assert_eq!((result, &after), (Value::from(expected), &msgpack(expected)), "complex() from {x}");
+        assert_eq!(
+            (result, &after),
+            (Value::from(expected), &msgpack(expected)),
+            "complex() from {x}"
+        );
         let (result, after) = call(&code, &after, "simple", &[]);
         assert_eq!(result, Value::from(spin(x as i128, 10_001) as i64));
         let (result, _) = call(&code, &after, "spin", &[Value::from(1000)]);
         assert_eq!(result, Value::from(spin(x as i128, 11_001) as i64));
-        assert_eq!(call(&code, &state, "spin", &[Value::from(0)]).0, Value::from(x), "spin(0) keeps x as is");
+        assert_eq!(
+            call(&code, &state, "spin", &[Value::from(0)]).0,
+            Value::from(x),
+            "spin(0) keeps x as is"
+        );
     }
 }
 
@@ -136,7 +177,11 @@ fn centroids_update(old: &[Vec<f64>], parts: &[(Vec<Vec<f64>>, Vec<f64>)]) -> (V
         .map(|i| {
             (0..dims)
                 .map(|j| {
-                    let value = if counts[i] > 0.0 { sums[i][j] / counts[i].max(1.0) } else { old[i][j] };
+                    let value = if counts[i] > 0.0 {
+                        sums[i][j] / counts[i].max(1.0)
+                    } else {
+                        old[i][j]
+                    };
                     shift = shift.max((value - old[i][j]).abs());
                     value
                 })
@@ -147,7 +192,11 @@ fn centroids_update(old: &[Vec<f64>], parts: &[(Vec<Vec<f64>>, Vec<f64>)]) -> (V
 }
 
 fn rows(rows: &[Vec<f64>]) -> Value {
-    Value::Array(rows.iter().map(|row| Value::Array(row.iter().map(|&v| Value::from(v)).collect())).collect())
+    Value::Array(
+        rows.iter()
+            .map(|row| Value::Array(row.iter().map(|&v| Value::from(v)).collect()))
+            .collect(),
+    )
 }
 
 fn floats(values: &[f64]) -> Value {
@@ -182,8 +231,13 @@ fn kmeans_centroids_match_the_python_class() {
     for iteration in 0..3u64 {
         let parts: Vec<(Vec<Vec<f64>>, Vec<f64>)> = (0..parts as u64)
             .map(|p| {
-                let sums = (0..k).map(|i| noise(100 * iteration + 10 * p + i as u64, dims)).collect();
-                let mut counts: Vec<f64> = noise(7 + iteration * 3 + p, k).iter().map(|c| (c.abs() / 50.0).floor()).collect();
+                let sums = (0..k)
+                    .map(|i| noise(100 * iteration + 10 * p + i as u64, dims))
+                    .collect();
+                let mut counts: Vec<f64> = noise(7 + iteration * 3 + p, k)
+                    .iter()
+                    .map(|c| (c.abs() / 50.0).floor())
+                    .collect();
                 counts[3] = 0.0; // cluster 3 stays empty: it keeps its centroid
                 (sums, counts)
             })
@@ -192,21 +246,35 @@ fn kmeans_centroids_match_the_python_class() {
         // The parts arrive in reverse order; the result is the sorted order's all the same.
         for (n, (sums, counts)) in parts.iter().rev().enumerate() {
             // Lists of numbers or bytes of float64s, as the caller likes.
-            let args = if n % 2 == 0 { [rows(sums), floats(counts)] } else { [float64_bytes(&sums.concat()), float64_bytes(counts)] };
+            let args = if n % 2 == 0 {
+                [rows(sums), floats(counts)]
+            } else {
+                [float64_bytes(&sums.concat()), float64_bytes(counts)]
+            };
             let (result, after) = call(&code, &state, "update", &args);
             state = after;
             if n + 1 < parts.len() {
                 assert_eq!(result, Value::Nil, "part {n} of {}", parts.len());
             } else {
-                assert_eq!(result.as_f64().unwrap().to_bits(), expected_shift.to_bits(), "iteration {iteration}");
+                assert_eq!(
+                    result.as_f64().unwrap().to_bits(),
+                    expected_shift.to_bits(),
+                    "iteration {iteration}"
+                );
             }
         }
-        assert_eq!(call(&code, &state, "get", &[]).0, rows(&expected), "iteration {iteration}");
+        assert_eq!(
+            call(&code, &state, "get", &[]).0,
+            rows(&expected),
+            "iteration {iteration}"
+        );
         assert_eq!(expected[3], centroids[3]);
         centroids = expected;
     }
 
-    let error = code.call(&state, "update", &[floats(&[1.0]), floats(&[1.0])]).unwrap_err();
+    let error = code
+        .call(&state, "update", &[floats(&[1.0]), floats(&[1.0])])
+        .unwrap_err();
     assert_eq!(raised(&error).0, "ValueError");
     let error = code.construct(&[Value::Array(vec![]), Value::from(1)]).unwrap_err();
     assert_eq!(raised(&error).0, "ValueError");

@@ -364,12 +364,18 @@ SPINDLE_INLINE void spindle_write_nil(spindle_writer *w) { *spindle_room(w, 1) =
 
 SPINDLE_INLINE void spindle_write_bool(spindle_writer *w, bool v) { *spindle_room(w, 1) = v ? 0xc3 : 0xc2; }
 
+/* The shortest encoding, unsigned for v >= 0 (as every MessagePack library writes it). */
 SPINDLE_INLINE void spindle_write_int(spindle_writer *w, int64_t v) {
-    if (v >= 0 && v <= 0x7f) *spindle_room(w, 1) = (uint8_t)v;
-    else if (v < 0 && v >= -32) *spindle_room(w, 1) = (uint8_t)(int8_t)v;
-    else if (v >= -128 && v <= 127) spindle_put_be(w, 0xd0, (uint64_t)v, 1);
-    else if (v >= -32768 && v <= 32767) spindle_put_be(w, 0xd1, (uint64_t)v, 2);
-    else if (v >= -2147483647 - 1 && v <= 2147483647) spindle_put_be(w, 0xd2, (uint64_t)v, 4);
+    if (v >= 0) {
+        if (v <= 0x7f) *spindle_room(w, 1) = (uint8_t)v;
+        else if (v <= 0xff) spindle_put_be(w, 0xcc, (uint64_t)v, 1);
+        else if (v <= 0xffff) spindle_put_be(w, 0xcd, (uint64_t)v, 2);
+        else if (v <= 0xffffffffll) spindle_put_be(w, 0xce, (uint64_t)v, 4);
+        else spindle_put_be(w, 0xcf, (uint64_t)v, 8);
+    } else if (v >= -32) *spindle_room(w, 1) = (uint8_t)(int8_t)v;
+    else if (v >= -128) spindle_put_be(w, 0xd0, (uint64_t)v, 1);
+    else if (v >= -32768) spindle_put_be(w, 0xd1, (uint64_t)v, 2);
+    else if (v >= -2147483647 - 1) spindle_put_be(w, 0xd2, (uint64_t)v, 4);
     else spindle_put_be(w, 0xd3, (uint64_t)v, 8);
 }
 

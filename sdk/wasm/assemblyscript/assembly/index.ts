@@ -263,12 +263,18 @@ export class Writer {
 
   bool(v: bool): Writer { store<u8>(this.room(1), v ? 0xc3 : 0xc2); return this; }
 
+  /** The shortest encoding, unsigned for v >= 0 (as every MessagePack library writes it). */
   int(v: i64): Writer {
-    if (v >= 0 && v <= 0x7f) store<u8>(this.room(1), <u8>v);
-    else if (v < 0 && v >= -32) store<u8>(this.room(1), <u8>v);
-    else if (v >= -128 && v <= 127) this.putBe(0xd0, <u64>v, 1);
-    else if (v >= -32768 && v <= 32767) this.putBe(0xd1, <u64>v, 2);
-    else if (v >= -2147483648 && v <= 2147483647) this.putBe(0xd2, <u64>v, 4);
+    if (v >= 0) {
+      if (v <= 0x7f) store<u8>(this.room(1), <u8>v);
+      else if (v <= 0xff) this.putBe(0xcc, <u64>v, 1);
+      else if (v <= 0xffff) this.putBe(0xcd, <u64>v, 2);
+      else if (v <= 0xffffffff) this.putBe(0xce, <u64>v, 4);
+      else this.putBe(0xcf, <u64>v, 8);
+    } else if (v >= -32) store<u8>(this.room(1), <u8>v);
+    else if (v >= -128) this.putBe(0xd0, <u64>v, 1);
+    else if (v >= -32768) this.putBe(0xd1, <u64>v, 2);
+    else if (v >= -2147483648) this.putBe(0xd2, <u64>v, 4);
     else this.putBe(0xd3, <u64>v, 8);
     return this;
   }
