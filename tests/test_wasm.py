@@ -119,7 +119,7 @@ def test_the_fuel_limit_is_the_servers_flag(uniq):
     [
         (b"junk", "not a WebAssembly module"),
         (b"\0asm\x01\0\0\0", "memory"),  # an empty module: no exports at all
-        (b"\0asm\x01\0\0\0\x01", "not a valid WebAssembly module"),  # truncated
+        (b"\0asm\x01\0\0\0\x01", "does not compile.*end-of-file"),  # truncated
     ],
 )
 def test_a_module_that_breaks_the_abi_is_refused_with_why(uniq, code, message):

@@ -146,10 +146,8 @@ impl Server {
             _ => (None, Vec::new(), Vec::new()),
         };
         let audit = Arc::new(audit::Audit::default());
-        let library: Arc<dyn spindle_core::objects::compiled::Library> = Arc::new(
-            spindle_wasm::Runtime::with_allocator(config.wasm, spindle_wasm::Allocator::Pooling { instances: 64 })
-                .map_err(io::Error::other)?,
-        );
+        let library: Arc<dyn spindle_core::objects::compiled::Library> =
+            Arc::new(spindle_wasm::Runtime::new(config.wasm).map_err(io::Error::other)?);
         let shared = Arc::new(Shared {
             access,
             cluster,
