@@ -32,7 +32,14 @@ WASM_MODULES := $(patsubst examples/wasm/%.c,$(WASM_BUILD)/%.wasm,$(wildcard exa
 	$(patsubst examples/wasm/%.ts,$(WASM_BUILD)/%_as.wasm,$(wildcard examples/wasm/*.ts)) \
 	$(WASM_BUILD)/sdk_echo.wasm $(WASM_BUILD)/sdk_echo_as.wasm
 
-wasm: $(WASM_MODULES)
+# Modules that break rules on purpose, for the tests of the server's limits.
+WASM_FIXTURES := $(patsubst tests/fixtures/wasm/%.c,tests/fixtures/wasm/build/%.wasm,$(wildcard tests/fixtures/wasm/*.c))
+
+wasm: $(WASM_MODULES) $(WASM_FIXTURES)
+
+tests/fixtures/wasm/build/%.wasm: tests/fixtures/wasm/%.c sdk/wasm/c/spindle.h | $(WASM_BUILD)/.clang
+	@mkdir -p $(@D)
+	$(CLANG) $(WASM_CFLAGS) -o $@ $<
 
 $(WASM_BUILD)/%.wasm: examples/wasm/%.c sdk/wasm/c/spindle.h | $(WASM_BUILD)/.clang
 	$(CLANG) $(WASM_CFLAGS) -o $@ $<

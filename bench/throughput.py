@@ -13,7 +13,11 @@ Operations, the same value semantics on both sides (a float64 multiplied by 1.00
   peer is a one-line Lua script run with ``EVALSHA``: GET, multiply, SET;
 * ``complex``: 10,000 sequential multiplications. Spindle: ``Number.spin(10000, f)``, a
   method of a ``@spindle.shared`` Python class running in an object host; Redis: a Lua script
-  (``EVALSHA``) doing the same loop on the key's value.
+  (``EVALSHA``) doing the same loop on the key's value;
+* ``complex-wasm``: the same, as a compiled (WebAssembly) method running inside the server:
+  ``examples/wasm/number.c``'s ``spin(10000, f)`` (``wasm:number``, built by ``make wasm``);
+* ``method``: a compiled type's trivial method, ``examples/wasm/bank.c``'s ``deposit(1)``,
+  beside ``incr``'s built-in ``Counter.add(1)`` (and Redis' ``INCRBY``).
 
 The (operation, system) runs take turns over several rounds; the table gives the median
 ops/s with the min-max over rounds and the Spindle/Redis ratio beside the issue's goal.
@@ -43,14 +47,29 @@ from spindle.embedded import find_binary
 KEYS = 800
 FACTOR = 1.0000001
 STEPS = 10_000
-OPS = ("incr", "multiply", "complex")
-GOALS = {"incr": "baseline", "multiply": "≥ 1.0", "complex": "≥ 5.0"}
-GOAL_VALUES = {"multiply": 1.0, "complex": 5.0}
+OPS = ("incr", "method", "multiply", "complex", "complex-wasm")
+# Python methods in CPython object hosts are reported without a goal; compiled ones carry it.
+GOALS = {"incr": "baseline", "method": "-", "multiply": "≥ 1.0", "complex": "-", "complex-wasm": "≥ 5.0"}
+GOAL_VALUES = {"multiply": 1.0, "complex-wasm": 5.0}
+# A compiled method's round trip beside the built-in's: `method` ops/s / `incr` ops/s.
+METHOD_GOAL = 1 / 1.2
 HOW = {
     "incr": ("built-in `Counter.add(1)`", "`INCRBY key 1`"),
+    "method": ("WebAssembly method `deposit(1)` (`examples/wasm/bank.c`)", "`INCRBY key 1`"),
     "multiply": ("built-in `Array.scale(f)` (one float64)", "Lua `EVALSHA`: GET, multiply, SET"),
     "complex": ("Python method, `@spindle.shared`", "Lua `EVALSHA`: GET, 10,000 multiplications, SET"),
+    "complex-wasm": ("WebAssembly method `spin(n, f)` (`examples/wasm/number.c`)",
+                     "Lua `EVALSHA`: GET, 10,000 multiplications, SET"),
 }
+# What the load generator runs for each op, on Spindle: its op, object type, method and keys.
+LOADGEN = {
+    "incr": ("incr", None, None, None),
+    "method": ("method", "wasm:bank", "deposit", "obj-"),
+    "multiply": ("multiply", None, None, None),
+    "complex": ("complex", f"py:{__name__}.Number", "spin", "num-"),
+    "complex-wasm": ("complex", "wasm:number", "spin", "wnum-"),
+}
+WASM_BUILD = ROOT / "examples" / "wasm" / "build"
 SYSTEMS = ("spindle", "redis")
 
 
@@ -91,12 +110,21 @@ def prepare(ports: dict[str, int]) -> None:
     r.mset({f"mul-{i}": "1.0" for i in range(KEYS)})
     r.mset({f"num-{i}": "1.0" for i in range(KEYS)})
     r.mset({f"incr-{i}": 0 for i in range(KEYS)})
+    r.mset({f"obj-{i}": 0 for i in range(KEYS)})
+    r.mset({f"wnum-{i}": "1.0" for i in range(KEYS)})
     spindle.connect(f"127.0.0.1:{ports['spindle']}")
+    for path in (WASM_BUILD / "number.wasm", WASM_BUILD / "bank.wasm"):
+        if not path.is_file():
+            sys.exit(f"error: {path} is missing: run `make wasm`")
+    WasmNumber = spindle.wasm_type(WASM_BUILD / "number.wasm")
+    Bank = spindle.wasm_type(WASM_BUILD / "bank.wasm")
     for i in range(KEYS):
         spindle.Counter(name=f"incr-{i}")
         a = spindle.Array(1, name=f"mul-{i}")
         a.set(np.ones(1))
         Number(1.0, name=f"num-{i}")
+        WasmNumber(1.0, name=f"wnum-{i}")
+        Bank(0, name=f"obj-{i}")
     # The Python method and a local loop agree (the Lua script is the same loop in the loadgen).
     check = Number(1.0)
     x = 1.0
@@ -104,14 +132,19 @@ def prepare(ports: dict[str, int]) -> None:
         x *= FACTOR
     assert check.spin(STEPS, FACTOR) == x
     spindle.delete(check)
+    compiled = WasmNumber(1.0)
+    assert compiled.spin(STEPS, FACTOR) == x
+    spindle.delete(compiled)
 
 
 def run_loadgen(binary: str, system: str, port: int, op: str, args) -> dict:
-    cmd = [binary, "--target", system, "--address", f"127.0.0.1:{port}", "--op", op,
+    loadgen_op, object_type, method, prefix = LOADGEN[op]
+    cmd = [binary, "--target", system, "--address", f"127.0.0.1:{port}", "--op", loadgen_op,
            "--connections", str(args.connections), "--pipeline", str(args.pipeline),
            "--keys", str(KEYS), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-           "--factor", repr(FACTOR), "--steps", str(STEPS), "--py-type", f"py:{__name__}.Number",
-           "--method", "spin"]
+           "--factor", repr(FACTOR), "--steps", str(STEPS)]
+    if object_type:
+        cmd += ["--object-type", object_type, "--method", method, "--key-prefix", prefix]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"error: spindle-loadgen failed on {system} {op}: {proc.stderr.strip()}")
@@ -286,6 +319,14 @@ def main() -> None:
                      f"{ratio:.2f}", GOALS[op], "-" if goal is None else ("yes" if ratio >= goal else "**no**"),
                      f"{p50[s]:,.0f} / {p50[rd]:,.0f}", f"{p99[s]:,.0f} / {p99[rd]:,.0f}"])
     print_table(headers, rows)
+    method_ratio = None
+    if "method" in ops and "incr" in ops:
+        m, i = med[("method", "spindle")], med[("incr", "spindle")]
+        method_ratio = m / i
+        claims.append(Claim("WebAssembly method round trip (`deposit(1)`) vs built-in `Counter.add(1)`, "
+                            f"{args.connections} connections", f"{m:,.0f} ops/s", f"built-in {i:,.0f} ops/s",
+                            method_ratio, "within 1.2x", method_ratio >= METHOD_GOAL))
+        log(f"compiled method / built-in: {method_ratio:.3f} (goal ≥ {METHOD_GOAL:.3f})")
     against = compare_builds({"this build": spindle_bin, "baseline": args.baseline}, args) if args.baseline else None
     if against:
         rates, cpu_us = against
@@ -299,11 +340,11 @@ def main() -> None:
     if args.no_docs:
         return
     plot(med, lo, hi, ops, IMG / "throughput.png")
-    write_docs(args, ops, headers, rows, med, costs, against)
+    write_docs(args, ops, headers, rows, med, costs, against, method_ratio)
     summarize("throughput", claims)
 
 
-def write_docs(args, ops, headers, rows, med, costs, against) -> None:
+def write_docs(args, ops, headers, rows, med, costs, against, method_ratio) -> None:
     spindle_v = version([find_binary(), "--version"])
     how = ["| operation | Spindle | Redis |", "|---|---|---|"]
     how += [f"| {op} | {HOW[op][0]} | {HOW[op][1]} |" for op in ops]
@@ -339,16 +380,29 @@ def write_docs(args, ops, headers, rows, med, costs, against) -> None:
             "request, client and server together; this benchmark does not break that cost down yet.",
             "",
         ]
-    if "complex" in missed and costs:
+    if method_ratio is not None:
+        lines += [
+            f"A WebAssembly method's round trip beside the built-in's (`method` / `incr`, Spindle's ops/s): "
+            f"{method_ratio:.2f} (goal: within 1.2x, at least {METHOD_GOAL:.2f}). Each call instantiates "
+            "the module afresh (docs/wasm.md), the cost the built-in does not pay.",
+            "",
+        ]
+    if "complex" in ops and costs:
         ratio = med[("complex", "spindle")] / med[("complex", "redis")]
         lines += [
-            f"The complex-operation goal (≥ 5.0) is missed: {ratio:.2f}x. The operation's arithmetic "
-            f"dominates, and it runs in CPython in Spindle's object hosts: {costs['python']:,.0f} µs for "
-            f"the {STEPS:,} multiplications in a Python loop, against {costs['lua']:,.0f} µs for the "
-            "same loop in Redis' Lua (its `INFO commandstats`). "
-            f"{args.hosts} object hosts run in parallel where Redis runs one script at a time, but on "
-            "this machine they share the cores with the server and the load generator. 5x needs the "
-            "loop in native code (a built-in method, or compiled user code), not a faster round trip.",
+            f"The Python method (`complex`, {ratio:.2f}x, reported without a goal) spends its time in "
+            f"CPython in Spindle's object hosts: {costs['python']:,.0f} µs for the {STEPS:,} "
+            f"multiplications in a Python loop, against {costs['lua']:,.0f} µs for the same loop in "
+            "Redis' Lua (its `INFO commandstats`). The same loop compiled (`complex-wasm`) runs inside "
+            "the server; PyPy object hosts are in the shared-objects section.",
+            "",
+        ]
+    if "complex-wasm" in missed:
+        ratio = med[("complex-wasm", "spindle")] / med[("complex-wasm", "redis")]
+        lines += [
+            f"The complex-operation goal (≥ 5.0) is missed by the WebAssembly method: {ratio:.2f}x. The "
+            "load generator, the server and Redis share the machine's cores, so the ratio is that of "
+            "the CPU each spends per operation, client included.",
             "",
         ]
     if against:

@@ -18,6 +18,10 @@ through the program) and then iterate in lockstep:
   iteration turns the sums into the new centroids right there, and `delta.update(inertia,
   shift)` tracks the inertia and the convergence criterion. The methods never wait on other
   objects (the host rule): the threads meet at the `Barrier`, outside any method.
+* `compiled` is `shared` with the centroids as a compiled object type: the same
+  `GlobalCentroids`, written in C and compiled to WebAssembly (`examples/wasm/kmeans.c`,
+  built by `make wasm`), whose methods run inside the server itself, with the same results
+  bit for bit.
 * `array` builds the same from built-in objects: the parts are added to `Array`s and the
   barrier's action, run by the last thread to arrive, computes the new centroids client-side
   (three `Array.get`s, one `set`, three `fill`s per iteration).
@@ -26,7 +30,7 @@ They stop after `--iterations` or when no centroid moves more than `--tol`. `--l
 same algorithm in this one process with NumPy (the single-machine baseline) on the same data.
 
     spindle run examples/kmeans.py [--points 500000] [--dims 50] [-k 25] [--threads 2]
-                                   [--objects shared|array]
+                                   [--objects shared|compiled|array]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import sparse
@@ -166,15 +171,39 @@ class GlobalDelta:
 class Objects:
     """The shared state of Listing 5 with user-defined objects (proxies: pickled as references)."""
 
-    centroids: GlobalCentroids
+    centroids: "GlobalCentroids | CompiledCentroids"
     delta: GlobalDelta
     iteration: spindle.Counter
     start: spindle.Barrier    # everyone loaded its fragment: the clock starts
     step: spindle.Barrier     # everyone handed in its part: the new centroids are ready
 
 
-def make_objects(p: Problem, tol: float) -> Objects:
-    centroids = GlobalCentroids(initial_centroids(p), p.parts)
+@dataclass(frozen=True)
+class CompiledCentroids:
+    """`GlobalCentroids`'s methods on the compiled type (`examples/wasm/kmeans.c`): rows travel
+    as the bytes of their float64s, the form the module reads without a conversion."""
+
+    obj: spindle.Proxy
+
+    @classmethod
+    def create(cls, initial: np.ndarray, parts: int) -> "CompiledCentroids":
+        path = Path(__file__).resolve().parent / "wasm" / "build" / "kmeans.wasm"
+        if not path.is_file():
+            sys.exit(f"error: {path} is missing: build it with `make wasm`")
+        Centroids = spindle.wasm_type(path)
+        return cls(Centroids([row.tobytes() for row in initial], parts))
+
+    def get(self) -> np.ndarray:
+        return np.array(self.obj.get(), dtype=np.float64)
+
+    def update(self, sums: np.ndarray, counts: np.ndarray):
+        return self.obj.update([row.tobytes() for row in np.ascontiguousarray(sums, dtype=np.float64)],
+                               np.asarray(counts, dtype=np.float64).tobytes())
+
+
+def make_objects(p: Problem, tol: float, compiled: bool = False) -> Objects:
+    make = CompiledCentroids.create if compiled else GlobalCentroids
+    centroids = make(initial_centroids(p), p.parts)
     delta = GlobalDelta(p.parts, tol)
     return Objects(centroids, delta, spindle.Counter(),
                    spindle.Barrier(p.parts, action=lambda: delta.start()), spindle.Barrier(p.parts))
@@ -264,8 +293,8 @@ def kmeans_thread(p: Problem, part: int, max_iter: int, s: Shared) -> None:
 def run_spindle(p: Problem, max_iter: int, tol: float,
                 objects: str = "shared") -> tuple[list[float], list[float]]:
     """Run on cloud threads; return the inertia and the duration of each iteration."""
-    if objects == "shared":
-        s, target = make_objects(p, tol), kmeans_thread_objects
+    if objects in ("shared", "compiled"):
+        s, target = make_objects(p, tol, compiled=objects == "compiled"), kmeans_thread_objects
         history_now = s.delta.history
     else:
         s, target = make_shared(p, tol), kmeans_thread
@@ -326,8 +355,9 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=0.0, help="stop when no centroid moves more")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--local", action="store_true", help="one NumPy process instead of threads")
-    ap.add_argument("--objects", choices=("shared", "array"), default="shared",
+    ap.add_argument("--objects", choices=("shared", "compiled", "array"), default="shared",
                     help="shared state: @spindle.shared GlobalCentroids/GlobalDelta (Listing 5), "
+                         "the same with GlobalCentroids compiled to WebAssembly (examples/wasm), "
                          "or built-in Arrays with a barrier action")
     ap.add_argument("--json", action="store_true", help="also print the result as JSON")
     args = ap.parse_args()

@@ -70,9 +70,10 @@ def test_mandelbrot_png_matches_a_local_computation(child_env, tmp_path):
         assert np.array_equal(pixels[first], mandelbrot.colour(counts, max_iter)[0])
 
 
-@pytest.mark.parametrize("objects", ["shared", "array"])
+@pytest.mark.parametrize("objects", ["shared", "compiled", "array"])
 def test_kmeans_matches_numpy_on_the_same_data(child_env, objects):
-    # shared: GlobalCentroids/GlobalDelta (@spindle.shared, Listing 5); array: built-in Arrays.
+    # shared: GlobalCentroids/GlobalDelta (@spindle.shared, Listing 5); compiled: the same with
+    # GlobalCentroids in WebAssembly (examples/wasm/kmeans.c); array: built-in Arrays.
     args = ["--points", "20000", "--dims", "8", "-k", "5", "--threads", "3",
             "--iterations", "6", "--seed", "7", "--tol", "-1"]  # all 6
     spindled = run(child_env, "kmeans", *args, "--objects", objects)
@@ -93,6 +94,9 @@ def test_kmeans_shared_objects_stop_when_converged(child_env):
     local = run(child_env, "kmeans", *args, "--local")
     assert shared["iterations"] == local["iterations"] < 50
     np.testing.assert_allclose(shared["inertia"], local["inertia"], rtol=1e-9)
+    # The compiled centroids give the Python class's results bit for bit.
+    compiled = run(child_env, "kmeans", *args, "--objects", "compiled")
+    assert compiled["inertia"] == shared["inertia"]
 
 
 def test_logistic_regression_loss_decreases_and_matches_numpy(child_env):

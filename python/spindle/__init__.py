@@ -34,6 +34,7 @@ closure's variable, its plain ``self``) warns :class:`LostUpdateWarning` at the 
 from .client import Client, connect, disconnect, tls_context
 from .codec import trust
 from .compute import Executor, Invocation, Thread, parallel_for
+from .compiled import wasm_type
 from .data import Array, Blob, Counter, Dict, List, SortedDict, Value
 from .errors import (
     AbandonedLockWarning,
@@ -53,6 +54,7 @@ from .errors import (
     TLSError,
     TransactionConflict,
     TransactionError,
+    Trapped,
     TypeMismatch,
     Unauthorized,
     UnknownMethod,
@@ -120,6 +122,7 @@ __all__ = [
     "Thread",
     "TransactionConflict",
     "TransactionError",
+    "Trapped",
     "TypeMismatch",
     "Unauthorized",
     "UnknownMethod",
@@ -142,6 +145,7 @@ __all__ = [
     "transaction",
     "transactional",
     "trust",
+    "wasm_type",
 ]
 
 

@@ -595,9 +595,10 @@ class Client:
             txn.shards.add(shard)
         return [txn.number, txn.age, first]
 
-    def define(self, type_name: str, version: str, code: bytes, key: Optional[str] = None) -> bool:
-        """Register the code of a user-defined type (``py:...``) under ``version``; in a
-        cluster, on the node that leads ``key``'s shard (each node keeps its own classes)."""
+    def define(self, type_name: str, version: str, code: bytes, key: Optional[str] = None) -> Any:
+        """Register the code of a user-defined type (``py:...``: True) or a compiled one
+        (``wasm:...``: its methods) under ``version``; in a cluster, on the node that leads
+        ``key``'s shard (each node keeps its own classes)."""
         rid = next(self._seq)
         return self.request([rid, "define", type_name, version, code], rid, key=key)
 

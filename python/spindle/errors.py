@@ -7,6 +7,7 @@ ported standard-library program already catches (``KeyError``, ``queue.Empty``,
 
 from __future__ import annotations
 
+import builtins
 import concurrent.futures
 import pickle
 import queue
@@ -186,6 +187,16 @@ class TransactionConflict(SpindleError):
     (``@spindle.transactional`` does so, with backoff)."""
 
 
+class Trapped(SpindleError, RuntimeError):
+    """A compiled (WebAssembly) method trapped (``unreachable``, an out-of-bounds access...) or
+    passed a limit of the server's (its instruction budget, memory or stack). The object is as
+    it was before the call. ``reason`` is ``"trap"``, ``"fuel"``, ``"memory"`` or ``"stack"``."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class TransactionError(SpindleError):
     """A transaction cannot go on as written: a call that would wait (``Lock.acquire()``,
     ``Queue.get()``...; use the non-blocking form), a limit passed (time, objects, bytes),
@@ -270,10 +281,22 @@ def remote_exception(
     error shows where it happened on the other side.
     """
     if not isinstance(exc, BaseException):
-        exc = RemoteError(type_name or "Exception", message or "")
+        exc = _builtin_exception(type_name, message or "") or RemoteError(type_name or "Exception", message or "")
     if tb:
         exc.__cause__ = RemoteTraceback(tb)
     return exc
+
+
+def _builtin_exception(type_name: Optional[str], message: str) -> Optional[BaseException]:
+    """The built-in exception named ``type_name`` (``ValueError``...), as a compiled method
+    raises them by name (it has no pickle to send), or None."""
+    cls = getattr(builtins, type_name or "", None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return None
+    try:
+        return cls(message)
+    except TypeError:  # one that takes other arguments (UnicodeDecodeError...)
+        return None
 
 
 class Moved(Exception):
@@ -365,6 +388,9 @@ def error_from_reply(error: Any) -> BaseException:
     if kind == "ObjectLost":
         info = data if isinstance(data, dict) else {}
         return ObjectLost(message, info.get("reason") or "")
+    if kind == "Trapped":
+        info = data if isinstance(data, dict) else {}
+        return Trapped(message, info.get("reason") or "")
     make = _SIMPLE.get(kind)
     if make is None:
         return SpindleError(f"{kind}: {message}")

@@ -171,6 +171,10 @@ def from_reference(type_name: str, key: str, overriding: Any = ()) -> Proxy:
             from .shared import generic_proxy_class
 
             cls = generic_proxy_class(type_name, tuple(overriding))
+        elif type_name.startswith("wasm:"):  # a compiled type whose module is not here
+            from .compiled import proxy_class
+
+            cls = proxy_class(type_name)
         else:
             cls = type(type_name, (Proxy,), {"_type": type_name})
     return cls._attach(key)

@@ -32,8 +32,11 @@ enum Op {
     /// GET, multiply, SET), since Redis has no multiply command.
     Multiply,
     /// `--steps` sequential multiplications by `--factor`. Spindle: method `--method` of the
-    /// user-defined type `--py-type` (created beforehand); Redis: a Lua script (`EVALSHA`).
+    /// type `--object-type` (created beforehand); Redis: a Lua script (`EVALSHA`).
     Complex,
+    /// A trivial method: Spindle: `--method` of `--object-type` (created beforehand) with
+    /// the argument 1, a compiled type's beside `incr`'s built-in; Redis: `INCRBY key 1`.
+    Method,
     /// Write a `--value-size` byte value. Spindle: `Blob.set(value)`; Redis: `SET key value`.
     Put,
     /// Read a `--value-size` byte value (written at setup). Spindle: `Blob.get()`; Redis:
@@ -88,10 +91,12 @@ struct Args {
     /// Multiplications per `complex` operation.
     #[arg(long, default_value_t = 10_000)]
     steps: u64,
-    /// Spindle `complex`: the user-defined type (`py:<module>.<class>`).
+    /// Spindle `complex` and `method`: the object type, user-defined (`py:<module>.<class>`)
+    /// or compiled (`wasm:<name>`).
     #[arg(long, default_value = "py:__main__.Number")]
-    py_type: String,
-    /// Spindle `complex`: the method, called as `method(steps, factor)`.
+    object_type: String,
+    /// Spindle `complex` and `method`: the method, called as `method(steps, factor)` or
+    /// `method(1)`.
     #[arg(long, default_value = "spin")]
     method: String,
     /// Bytes of each value of `put` and `get`.
@@ -342,15 +347,22 @@ fn spindle_call(args: &Args) -> SpindleCall {
             method: "scale".into(),
             args: Value::Array(vec![Value::from(args.factor)]),
         },
-        Op::Complex => SpindleCall {
-            type_name: args.py_type.clone(),
-            method: args.method.clone(),
-            // A user-defined method's args are [positional, keyword].
-            args: Value::Array(vec![
-                Value::Array(vec![Value::from(args.steps), Value::from(args.factor)]),
-                Value::Map(vec![]),
-            ]),
-        },
+        Op::Complex | Op::Method => {
+            let positional = match args.op {
+                Op::Complex => vec![Value::from(args.steps), Value::from(args.factor)],
+                _ => vec![Value::from(1)],
+            };
+            SpindleCall {
+                type_name: args.object_type.clone(),
+                method: args.method.clone(),
+                // A user-defined method's args are [positional, keyword]; a compiled one's
+                // are positional.
+                args: match args.object_type.starts_with("py:") {
+                    true => Value::Array(vec![Value::Array(positional), Value::Map(vec![])]),
+                    false => Value::Array(positional),
+                },
+            }
+        }
         Op::Put => SpindleCall {
             type_name: "Blob".into(),
             method: "set".into(),
@@ -407,7 +419,8 @@ async fn spindle_setup(args: &Args, address: &str, keys: &[String], session: &st
             Value::Array(vec![Value::from(1)]),
             Value::from("float64"),
         ])),
-        Op::Complex => None, // user-defined: created by the caller (bench/throughput.py)
+        // User-defined or compiled: created by the caller (bench/throughput.py).
+        Op::Complex | Op::Method => None,
         Op::Put | Op::Get => Some(Value::Array(vec![Value::Binary(value_bytes(args))])),
     };
     if let Some(ctor) = ctor {
@@ -578,7 +591,7 @@ fn redis_fatal(e: &redis::RedisError) -> bool {
 /// Spindle side builds its call once), so that neither side pays for making it per request.
 fn redis_cmd(args: &Args, sha: &str, key: &str, value: &[u8]) -> redis::Cmd {
     match args.op {
-        Op::Incr => {
+        Op::Incr | Op::Method => {
             let mut c = redis::cmd("INCRBY");
             c.arg(key).arg(1);
             c
@@ -630,7 +643,7 @@ async fn redis_setup(args: &Args, client: &redis::Client, address: &str, keys: &
         }
     }
     let lua = match args.op {
-        Op::Incr | Op::Put | Op::Get => None,
+        Op::Incr | Op::Method | Op::Put | Op::Get => None,
         Op::Multiply => Some(LUA_MULTIPLY),
         Op::Complex => Some(LUA_COMPLEX),
     };
@@ -724,6 +737,7 @@ async fn run(args: Args) -> Result<(Stats, f64), String> {
             Op::Incr => "incr-",
             Op::Multiply => "mul-",
             Op::Complex => "num-",
+            Op::Method => "obj-",
             Op::Put | Op::Get => "blob-",
         }
         .into()

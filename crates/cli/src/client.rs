@@ -840,6 +840,38 @@ fn print_status(status: &Value) {
     }
 }
 
+/// `spindle define FILE.wasm [--name NAME]`: define the module as `wasm:NAME` at its version
+/// (the SHA-256 of its bytes, as the SDKs name it) and print one method per line.
+pub fn define(address: &str, file: &std::path::Path, name: Option<&str>) -> Result<(), String> {
+    use sha2::{Digest, Sha256};
+
+    let code = std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let name = match name {
+        Some(name) => name.to_string(),
+        None => file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("{} has no file name to name the type: use --name", file.display()))?
+            .to_string(),
+    };
+    let version: String = Sha256::digest(&code).iter().map(|b| format!("{b:02x}")).collect();
+    let type_name = format!("{}{name}", spindle_core::objects::compiled::WASM_PREFIX);
+    let mut client = Client::connect(address)?;
+    let reply = client.request(
+        "define",
+        vec![type_name.as_str().into(), version.as_str().into(), Value::Binary(code)],
+    )?;
+    let methods = reply
+        .as_array()
+        .ok_or_else(|| format!("define answered {reply}, not the methods"))?;
+    eprintln!("defined {type_name} (version {})", &version[..12]);
+    for method in methods {
+        println!("{}", method.as_str().unwrap_or_default());
+    }
+    Ok(())
+}
+
 /// `spindle objects [PREFIX] [--persistent]`: one `name  type` line per named object.
 pub fn objects(address: &str, prefix: &str, persistent: bool, all: bool) -> Result<(), String> {
     let mut client = Client::connect(address)?;

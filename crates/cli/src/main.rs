@@ -77,6 +77,18 @@ enum Command {
         #[command(flatten)]
         address: AddressArg,
     },
+    /// Define a compiled object type from a WebAssembly module: `wasm:NAME`, NAME being the
+    /// file's stem unless --name says otherwise. Prints the methods the module exports; the
+    /// server refuses a module that does not keep the ABI (docs/wasm.md) and says why.
+    Define {
+        /// The module (a .wasm file).
+        file: std::path::PathBuf,
+        /// The type's name [default: the file's stem].
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        address: AddressArg,
+    },
     /// Repair the write-ahead log in a data directory after `spindle server` refused to start on
     /// corruption: keeps every intact record, sets the damaged originals aside as
     /// `*.corrupt`, and prints what it did. Run it only while no server uses the directory.
@@ -200,6 +212,34 @@ struct ServerArgs {
     functions: FunctionArgs,
     #[command(flatten)]
     hosts: HostArgs,
+    #[command(flatten)]
+    wasm: WasmArgs,
+}
+
+/// What one call of a compiled (WebAssembly) method may use; past a limit the call fails
+/// with Trapped and the object is as it was.
+#[derive(Args, Clone)]
+pub(crate) struct WasmArgs {
+    /// Instructions one call of a compiled method may run (wasmtime fuel: about one per
+    /// WebAssembly instruction) [default: 100000000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    wasm_fuel: Option<u64>,
+    /// Memory one call of a compiled method may use, in MiB [default: 64].
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..4096))]
+    wasm_memory: Option<u64>,
+}
+
+impl WasmArgs {
+    fn limits(&self) -> spindle_wasm::Limits {
+        let default = spindle_wasm::Limits::default();
+        spindle_wasm::Limits {
+            fuel: self.wasm_fuel.unwrap_or(default.fuel),
+            memory_bytes: self
+                .wasm_memory
+                .map_or(default.memory_bytes, |mib| (mib as usize) << 20),
+            ..default
+        }
+    }
 }
 
 /// The object hosts' flags (user-defined `@spindle.shared` objects), shared by `server` and
@@ -374,6 +414,10 @@ fn main() -> ExitCode {
             client::use_tls(&address.tls);
             client::objects(&address.address, prefix.as_deref().unwrap_or(""), persistent, all)
         }
+        Command::Define { file, name, address } => {
+            client::use_tls(&address.tls);
+            client::define(&address.address, &file, name.as_deref())
+        }
         Command::Repair { data_dir } => repair(&data_dir),
         Command::Cluster(args) => cluster::run(args),
         Command::ShellEnv => objects::shell_env(),
@@ -491,6 +535,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
         data_dir: args.data_dir,
         fsync: args.fsync,
         snapshot_after: args.snapshot_after,
+        wasm: args.wasm.limits(),
         cluster: args.node_id.map(|node_id| ClusterConfig {
             node_id,
             join: args.join,

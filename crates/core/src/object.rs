@@ -69,7 +69,7 @@ impl<T: Object + Clone + 'static> Fork for T {
 /// A shared object living in one partition.
 pub trait Object: Send + Fork {
     /// The type name clients use: `"Counter"`, `"Queue"`, ...
-    fn type_name(&self) -> &'static str;
+    fn type_name(&self) -> &str;
 
     /// Run one method. Unknown methods return `ErrorKind::UnknownMethod`.
     fn apply(&mut self, method: &str, args: &[Value], ctx: &mut Ctx) -> Result<Step, Error>;

@@ -14,10 +14,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::objects::compiled::Library;
 use crate::objects::user::{self, Forward, UserObject, UserState};
 use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Step, Token, Value};
 
 mod admission;
+mod compiled;
 mod durability;
 mod memory;
 mod moves;
@@ -171,6 +173,10 @@ pub struct Partition {
     committing: bool,
     /// Cluster transactions prepared here, and decisions kept (see [`prepared`]).
     two_phase: prepared::TwoPhase,
+    /// Compiles the code of compiled types (see [`compiled`]).
+    library: Option<Arc<dyn Library>>,
+    /// The compiled code of each `(type, version)` of compiled type seen here.
+    codes: compiled::Codes,
 }
 
 impl Partition {
@@ -396,7 +402,7 @@ impl Partition {
         }
         let owner = owned.then(|| caller.client.clone());
         let Some(user_args) = user_args else {
-            let obj = objects::create(&type_name, &args)?;
+            let obj = compiled::create_object(&self.codes, &type_name, args)?;
             self.objects.insert(
                 key,
                 Entry {

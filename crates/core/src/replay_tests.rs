@@ -665,7 +665,7 @@ mod user_objects {
             let conn = 1 + rng.below(6) as u64;
             match rng.below(12) {
                 0 | 1 => {
-                    self.l.p.offer_class(T, "v1", &Arc::new(vec![1, 2]));
+                    self.l.p.offer_class(T, "v1", &Arc::new(vec![1, 2])).unwrap();
                     let op = Op::Create {
                         type_name: T.into(),
                         key: key.into(),

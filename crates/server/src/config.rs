@@ -37,6 +37,8 @@ pub struct Config {
     pub cluster: Option<crate::ClusterConfig>,
     /// TLS on the listening port (`--tls-cert`): then it speaks TLS only.
     pub tls: Option<TlsConfig>,
+    /// What one call of a compiled (WebAssembly) method may use (`--wasm-fuel`, `--wasm-memory`).
+    pub wasm: spindle_wasm::Limits,
 }
 
 /// The TLS flags: PEM files.
@@ -268,6 +270,7 @@ impl Default for Config {
             snapshot_after: DEFAULT_SNAPSHOT_AFTER,
             cluster: None,
             tls: None,
+            wasm: spindle_wasm::Limits::default(),
         }
     }
 }

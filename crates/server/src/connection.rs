@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_core::objects::user;
+use spindle_core::objects::{compiled, user};
 use spindle_core::partition::{Op, TxnId, UNNAMED_PREFIX};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, TxnRef, PROTOCOL_VERSION};
@@ -645,7 +645,8 @@ impl Connection {
                 acked,
                 txn,
             } => {
-                let user_type = user::is_user_type(&type_name);
+                // Both kinds of type whose code the server keeps: classes and modules.
+                let defined_type = user::is_user_type(&type_name) || compiled::is_compiled_type(&type_name);
                 let op = Op::Create {
                     type_name,
                     key,
@@ -653,9 +654,9 @@ impl Connection {
                     owned,
                     persistent,
                 };
-                match (txn, user_type) {
+                match (txn, defined_type) {
                     (Some(txn), _) => self.transact(id, seq, thread, txn, op),
-                    (None, true) => self.create_user(id, seq, acked, thread, op),
+                    (None, true) => self.create_defined(id, seq, acked, thread, op),
                     (None, false) => self.apply(id, seq, acked, thread, op, None),
                 }
             }
@@ -937,9 +938,9 @@ impl Connection {
         self.raft_part.take().map(|(_, message)| vec![message])
     }
 
-    /// `create` of a user-defined type: it runs the class's code, so the class must be
-    /// defined at the version the client names.
-    fn create_user(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op) {
+    /// `create` of a user-defined or compiled type: it runs the class's or the module's
+    /// code, so that must be defined at the version the client names.
+    fn create_defined(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op) {
         let Op::Create { type_name, args, .. } = &op else {
             unreachable!("only creates come here")
         };
@@ -1250,14 +1251,17 @@ impl Connection {
                 Op::Create {
                     type_name,
                     args,
-                    persistent: true,
+                    persistent,
                     ..
                 },
             ) = (code, &op)
             {
-                // Logged with the first state of this version in this partition.
+                // A class is logged with the first state of this version in this partition;
+                // a module is compiled for every create, and logged before a persistent one.
                 if let Some(version) = args.first().and_then(Value::as_str) {
-                    s.partition.offer_class(type_name, version, code);
+                    if *persistent || compiled::is_compiled_type(type_name) {
+                        s.partition.offer_class(type_name, version, code)?;
+                    }
                 }
             }
             let deliveries = s.partition.apply(&caller, token, seq, acked, op, Instant::now());
@@ -1294,10 +1298,32 @@ impl Connection {
             thread,
         };
         let token = Token { conn: self.id, req: id };
+        if let Err(e) = self.offer_module(&op) {
+            return self.reply(id, Err(e));
+        }
         match transactions::call(&self.shared, &caller, token, seq, txn, op) {
             Ok(deliveries) => self.route(deliveries),
             Err(e) => self.reply(id, Err(e)),
         }
+    }
+
+    /// Before a transaction's create of a compiled type: its module, compiled in the
+    /// partition of the key (as `apply` does for a create outside transactions).
+    fn offer_module(&self, op: &Op) -> Result<(), Error> {
+        let Op::Create { type_name, args, .. } = op else {
+            return Ok(());
+        };
+        let Some(version) = args.first().and_then(Value::as_str) else {
+            return Ok(());
+        };
+        if !compiled::is_compiled_type(type_name) {
+            return Ok(());
+        }
+        let code = hosts::class_code(&self.shared.hosts.classes(), type_name, version)?;
+        let index = self.shared.shards.index_of(op.key());
+        self.shared
+            .shards
+            .with(index, |s| s.partition.offer_class(type_name, version, &code))?
     }
 
     fn commit(&mut self, id: u64, seq: u64, txn: u64, shards: Vec<u64>) {

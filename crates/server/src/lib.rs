@@ -146,6 +146,8 @@ impl Server {
             _ => (None, Vec::new(), Vec::new()),
         };
         let audit = Arc::new(audit::Audit::default());
+        let library: Arc<dyn spindle_core::objects::compiled::Library> =
+            Arc::new(spindle_wasm::Runtime::new(config.wasm).map_err(io::Error::other)?);
         let shared = Arc::new(Shared {
             access,
             cluster,
@@ -154,6 +156,7 @@ impl Server {
                 config.partitions,
                 config.limits.reply_log_limits(config.partitions),
                 spindle_core::partition::Memory::new(config.limits.max_memory),
+                library,
             ),
             registry: registry::Registry::new(audit.clone()),
             sessions: sessions::Sessions::new(),

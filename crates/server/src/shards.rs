@@ -6,6 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use spindle_core::objects::compiled::Library;
 use spindle_core::partition::{Memory, Op};
 use spindle_core::{Caller, Delivery, Detached, Error, ErrorKind, Partition, Token, Value};
 use tokio::sync::Notify;
@@ -66,12 +67,14 @@ pub(crate) struct Shards {
     shards: Box<[Shard]>,
     /// The bytes all partitions' objects hold, against `--max-memory`.
     memory: Memory,
+    /// Compiles the code of compiled (WebAssembly) types for every partition.
+    library: Arc<dyn Library>,
 }
 
 impl Shards {
     /// `count` shards, each keeping up to `reply_log` bytes of replies per client and in
     /// all (see `Limits::reply_log_limits`), their objects counted together in `memory`.
-    pub(crate) fn new(count: usize, reply_log: (usize, usize), memory: Memory) -> Self {
+    pub(crate) fn new(count: usize, reply_log: (usize, usize), memory: Memory, library: Arc<dyn Library>) -> Self {
         let shards = (0..count.max(1))
             .map(|_| Shard {
                 state: Mutex::new(ShardState {
@@ -79,6 +82,7 @@ impl Shards {
                         let mut partition = Partition::new();
                         partition.set_reply_log_limit(reply_log.0, reply_log.1);
                         partition.set_memory(memory.clone());
+                        partition.set_library(library.clone());
                         partition
                     },
                     armed: None,
@@ -89,7 +93,17 @@ impl Shards {
                 timer: Notify::new(),
             })
             .collect();
-        Shards { shards, memory }
+        Shards {
+            shards,
+            memory,
+            library,
+        }
+    }
+
+    /// The runtime of compiled types (a partition put in place of another gets it with
+    /// [`Partition::set_library`] before it restores).
+    pub(crate) fn library(&self) -> &Arc<dyn Library> {
+        &self.library
     }
 
     /// The account every partition here counts its objects in (a partition put in place

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{check_type, moved, Body, Entry, Partition, StoredUser};
-use crate::objects::{self, user};
+use crate::objects::{self, compiled, user};
 use crate::op::Op;
 use crate::record::{encode_apply, Record, MAX_RECORD_LEN};
 use crate::{Caller, ConnId, Delivery, Error, ErrorKind, Token, Value};
@@ -155,7 +155,9 @@ impl Partition {
                 type_name,
                 version,
                 code,
-            } => self.insert_class(&type_name, &version, Arc::new(code)),
+            } => self
+                .insert_class(&type_name, &version, Arc::new(code))
+                .map_err(|e| format!("the code of {type_name} at version {version}: {}", e.message))?,
             Record::Commit { client, seq, records } => self.replay_commit(client, seq, records, now)?,
             r @ (Record::Prepare { .. } | Record::Decide { .. } | Record::Decision { .. } | Record::Forget { .. }) => {
                 self.replay_two_phase(r, now)
@@ -267,6 +269,15 @@ impl Partition {
                 op.key(),
                 record.len()
             )));
+        }
+        // A replay compiles a compiled type's code from its logged module, before the create.
+        if let Op::Create { type_name, args, .. } = op {
+            if let (true, Some(version)) = (
+                compiled::is_compiled_type(type_name),
+                args.first().and_then(Value::as_str),
+            ) {
+                self.log_class_once((type_name.clone(), version.to_string()));
+            }
         }
         match record {
             Cow::Owned(record) => self.log(record),

@@ -68,11 +68,14 @@ impl Meter {
     /// An object counted for `counted` now holds `now` bytes.
     fn resize(&mut self, counted: &mut Counted, now: usize) {
         // Most calls leave the size as it was: no write to the account the partitions share.
-        if counted.bytes != now {
-            self.sub(counted.bytes, counted.cache);
-            self.add(now, counted.cache);
-            counted.bytes = now;
+        // By the difference: the part of the size that is the key's was counted apart from a
+        // cache's entries (see `insert`), and it does not change.
+        if now > counted.bytes {
+            self.add(now - counted.bytes, counted.cache);
+        } else if now < counted.bytes {
+            self.sub(counted.bytes - now, counted.cache);
         }
+        counted.bytes = now;
     }
 
     /// Give back everything counted here.

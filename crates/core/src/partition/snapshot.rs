@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Body, Entry, Partition, ReplyLog, Storage, StoredUser};
-use crate::objects::user;
+use crate::objects::{compiled, user};
 use crate::record::Record;
 use crate::{objects, Error, ErrorKind, Reply, Token, Value};
 
@@ -269,7 +269,8 @@ impl Partition {
             let version = items.string("version")?;
             let code = items.binary("code")?;
             items.end()?;
-            self.insert_class(&type_name, &version, Arc::new(code));
+            self.insert_class(&type_name, &version, Arc::new(code))
+                .map_err(|e| format!("the code of {type_name} at version {version}: {}", e.message))?;
         }
         let mut two_phase = Vec::new();
         for name in ["prepared", "decisions"] {
@@ -301,8 +302,11 @@ impl Partition {
                     };
                     let state = items.next("state")?;
                     items.end()?;
-                    let obj = objects::snapshot::restore(&type_name, &state)
-                        .map_err(|e| format!("object '{key}': {}", e.message))?;
+                    let obj = match compiled::is_compiled_type(&type_name) {
+                        true => self.restore_compiled(&type_name, &state),
+                        false => objects::snapshot::restore(&type_name, &state),
+                    }
+                    .map_err(|e| format!("object '{key}': {}", e.message))?;
                     let entry = Entry {
                         body: Body::Builtin(obj),
                         owner,

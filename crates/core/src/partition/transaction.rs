@@ -235,7 +235,7 @@ impl Partition {
                     }
                 }
                 self.objects.memory().check()?;
-                let obj = objects::create(type_name, args)?;
+                let obj = super::compiled::create_object(&self.codes, type_name, args.clone())?;
                 let size = obj.size();
                 fork.obj = Some(obj);
                 ws.ops.push((caller.clone(), op));

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{Body, Entry, KeyAndOwner, Partition, Storage};
+use crate::objects::compiled;
 use crate::objects::user::{self, Forward, UserObject, UserState};
 use crate::record::{encode_class, encode_user_state, UserStateRef, MAX_RECORD_LEN};
 use crate::{Delivery, Error, ErrorKind, Reply, Token, Value};
@@ -144,18 +145,29 @@ impl Partition {
 
     /// A persistent create of a user-defined type is about to be applied with `code` as
     /// its class: keep the code to log it with the first state of that version here.
-    pub fn offer_class(&mut self, type_name: &str, version: &str, code: &Arc<Vec<u8>>) {
+    /// A compiled type's code is compiled here too, as any create of it needs it; the error
+    /// is the library's refusal.
+    pub fn offer_class(&mut self, type_name: &str, version: &str, code: &Arc<Vec<u8>>) -> Result<(), Error> {
+        if compiled::is_compiled_type(type_name) {
+            self.compile(type_name, version, code)?;
+        }
         let class = (type_name.to_string(), version.to_string());
         if self.storage != Storage::None && !self.classes.contains_key(&class) {
             self.unlogged_classes.entry(class).or_insert_with(|| code.clone());
         }
+        Ok(())
     }
 
-    /// Put a class logged earlier back (replay, or a partition snapshot being restored).
-    pub fn insert_class(&mut self, type_name: &str, version: &str, code: Arc<Vec<u8>>) {
+    /// Put a class logged earlier back (replay, or a partition snapshot being restored),
+    /// compiling a compiled type's.
+    pub fn insert_class(&mut self, type_name: &str, version: &str, code: Arc<Vec<u8>>) -> Result<(), Error> {
+        if compiled::is_compiled_type(type_name) {
+            self.compile(type_name, version, &code)?;
+        }
         let class = (type_name.to_string(), version.to_string());
         self.unlogged_classes.remove(&class);
         self.classes.insert(class, code);
+        Ok(())
     }
 
     /// Every persistent user-defined object with its last logged state, by key (for a

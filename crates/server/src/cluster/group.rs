@@ -16,6 +16,7 @@ use raft::prelude::{
     SnapshotMetadata,
 };
 use raft::{ProgressState, RawNode, SnapshotStatus, StateRole};
+use spindle_core::objects::compiled::Library;
 use spindle_core::{Error, ErrorKind, Partition, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
@@ -496,7 +497,9 @@ impl Driver {
                                 let current = m.term >= raft.term
                                     && m.get_snapshot().get_metadata().index > raft.raft_log.committed;
                                 let data = SnapshotData::File(path.clone());
-                                match current.then(|| tokio::task::block_in_place(|| self.restore(&data))) {
+                                match current.then(|| {
+                                    tokio::task::block_in_place(|| self.restore(&data, shared.shards.library()))
+                                }) {
                                     Some(Ok(restored)) => self.received.push((path, Some(restored))),
                                     None => self.received.push((path, None)),
                                     Some(Err(why)) => {
@@ -1041,7 +1044,8 @@ impl Driver {
         let (now, index, applied) = (Instant::now(), self.index, self.applied);
         let store = &mut self.store;
         let rebuilt = tokio::task::block_in_place(|| {
-            store.restore_state(applied, |data, entries| replayed(data, &entries, index, now))
+            let library = shared.shards.library();
+            store.restore_state(applied, |data, entries| replayed(data, &entries, index, now, library))
         });
         self.replace_partition(shared, error, rebuilt)
     }
@@ -1103,7 +1107,7 @@ impl Driver {
         };
         let restored = match prepared {
             Some(restored) => restored,
-            None => tokio::task::block_in_place(|| self.restore(&data)).map_err(refused)?,
+            None => tokio::task::block_in_place(|| self.restore(&data, shared.shards.library())).map_err(refused)?,
         };
         self.capture = None;
         tokio::task::block_in_place(|| self.store.install(snapshot.take_metadata(), data, true))?;
@@ -1120,11 +1124,11 @@ impl Driver {
     }
 
     /// The state a leader's snapshot `data` restores, for this group.
-    fn restore(&self, data: &SnapshotData) -> Result<Restored, String> {
+    fn restore(&self, data: &SnapshotData, library: &Arc<dyn Library>) -> Result<Restored, String> {
         let reader = data.reader().map_err(|e| e.to_string())?;
         Ok(match self.meta {
             true => Restored::Meta(read_meta(reader)?),
-            false => Restored::Partition(Box::new(restored(Some(reader), Instant::now())?)),
+            false => Restored::Partition(Box::new(restored(Some(reader), Instant::now(), library)?)),
         })
     }
 
@@ -1505,9 +1509,10 @@ fn write_capture(shared: &Shared, group: usize, header: Vec<u8>, path: &std::pat
 
 /// A fresh partition holding the state of a snapshot's `data` (none: empty), read as it
 /// restores.
-fn restored(data: Option<impl std::io::Read>, now: Instant) -> Result<Partition, String> {
+fn restored(data: Option<impl std::io::Read>, now: Instant, library: &Arc<dyn Library>) -> Result<Partition, String> {
     let mut partition = Partition::new();
     partition.enable_storage();
+    partition.set_library(library.clone());
     if let Some(mut data) = data {
         partition
             .restore_snapshot(&mut data, now)
@@ -1566,8 +1571,9 @@ fn replayed(
     entries: &[Entry],
     index: usize,
     now: Instant,
+    library: &Arc<dyn Library>,
 ) -> Result<Partition, String> {
-    let mut partition = restored(data, now)?;
+    let mut partition = restored(data, now, library)?;
     for e in entries {
         if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
             replay_entry(&mut partition, e.index, decode_entry(&e.data), now)

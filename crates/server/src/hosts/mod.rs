@@ -22,6 +22,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
+use spindle_core::objects::compiled;
 use spindle_core::objects::user::{self, Forward};
 use spindle_core::partition::KeyAndOwner;
 use spindle_core::{ConnId, Error, ErrorKind, Partition, Value};
@@ -406,7 +407,11 @@ pub(crate) fn define(
     code: Vec<u8>,
     unless_defined: Option<Error>,
 ) -> Result<Value, Error> {
-    user::check_type_name(type_name)?;
+    let module = compiled::is_compiled_type(type_name);
+    match module {
+        true => compiled::check_type_name(type_name)?,
+        false => user::check_type_name(type_name)?,
+    }
     if version.is_empty() {
         return Err(Error::bad_args("define: the version must not be empty"));
     }
@@ -414,6 +419,24 @@ pub(crate) fn define(
     let defined = classes.get(type_name).is_some_and(|class| class.version == version);
     if let (false, Some(refusal)) = (defined, unless_defined) {
         return Err(refusal);
+    }
+    if module {
+        // Compiled once here, where a module that breaks the ABI is refused with why; its
+        // objects keep the code they were created with, so another version may follow.
+        let compiled = shared.shards.library().load(type_name, version, &code)?;
+        let methods = compiled.methods().iter().map(|m| Value::from(m.as_str())).collect();
+        if !defined {
+            tracing::debug!(type_name, version, bytes = code.len(), "module defined");
+            let code = Arc::new(code);
+            classes.insert(
+                type_name.to_string(),
+                Class {
+                    version: version.to_string(),
+                    code,
+                },
+            );
+        }
+        return Ok(Value::Array(methods));
     }
     if let Some(class) = classes.get(type_name) {
         if class.version == version {

@@ -1,0 +1,283 @@
+"""Compiled object types (``spindle.wasm_type``): WebAssembly modules whose methods run inside
+the server (docs/wasm.md). The modules are the examples (``examples/wasm``) and a module that
+misbehaves on request (``tests/fixtures/wasm/hostile.c``), built by ``make wasm``; every test
+talks to a real server process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+import spindle
+from conftest import REPO, ServerProcess, connected_to, server_binary, stable_port, wait_until
+
+BUILD = REPO / "examples" / "wasm" / "build"
+FIXTURES = REPO / "tests" / "fixtures" / "wasm" / "build"
+
+
+def module(path: Path) -> Path:
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make wasm` (part of `make setup`)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def Bank():
+    return spindle.wasm_type(module(BUILD / "bank.wasm"))
+
+
+@pytest.fixture(scope="module")
+def Hostile():
+    return spindle.wasm_type(module(FIXTURES / "hostile.wasm"))
+
+
+@pytest.mark.parametrize("build", ["bank.wasm", "bank_as.wasm"])
+def test_an_account_in_c_and_in_assemblyscript(build, uniq):
+    Account = spindle.wasm_type(module(BUILD / build), f"{uniq}bank")
+    assert sorted(Account._methods) == ["balance", "deposit", "withdraw"]
+    a = Account(100, name=f"{uniq}alice")
+    assert a.deposit(5) == 105
+    assert a.withdraw(3) == 102
+    with pytest.raises(ValueError, match="insufficient funds"):
+        a.withdraw(1000)
+    assert a.balance() == 102, "a failed method leaves the state as it was"
+    with pytest.raises(AttributeError, match="no method 'steal'"):
+        a.steal(1)  # type: ignore[attr-defined]
+    # The same object from another proxy, by name.
+    assert Account(name=f"{uniq}alice").balance() == 102
+    assert spindle.attach(f"wasm:{uniq}bank", f"{uniq}alice").balance() == 102
+    assert (f"{uniq}alice", f"wasm:{uniq}bank") in spindle.objects(uniq)
+
+
+def test_a_method_runs_the_same_arithmetic_as_python(uniq):
+    Op = spindle.wasm_type(module(BUILD / "complex_op.wasm"))
+    o = Op(5, name=f"{uniq}op")
+    x = 5
+    for _ in range(10_000):
+        x = (x * 31 + 7) % 1000003
+    assert o.complex() == x
+    Number = spindle.wasm_type(module(BUILD / "number.wasm"))
+    n = Number(1.0)
+    y = 1.0
+    for _ in range(10_000):
+        y *= 1.0000001
+    assert n.spin(10_000, 1.0000001) == y
+
+
+@pytest.mark.parametrize(
+    "method, reason, message",
+    [
+        ("spin", "fuel", "ran out of fuel"),
+        ("hog", "memory", "memory growth"),
+        ("trap", "trap", "unreachable"),
+        ("wild", "trap", "out of bounds"),
+        ("recurse", "trap", "out of bounds"),  # C's stack is in memory, below the data
+        ("garbage", "trap", "one MessagePack value"),
+    ],
+)
+def test_a_trap_or_a_limit_is_an_error_on_that_call_only(Hostile, method, reason, message):
+    h = Hostile()
+    h.set(7)
+    counter = spindle.Counter()
+    with pytest.raises(spindle.Trapped, match=message) as raised:
+        getattr(h, method)()
+    assert raised.value.reason == reason
+    assert h.get() == 7, "the state the method wrote before it failed is forgotten"
+    assert counter.add(1) == 1, "the server serves other objects"
+    assert h.get() == 7
+
+
+def test_a_raised_error_is_the_builtin_exception_it_names(Hostile):
+    h = Hostile()
+    h.set(3)
+    with pytest.raises(KeyError, match="no such thing"):
+        getattr(h, "raise")()  # a keyword in Python, an ordinary name in C
+    assert h.get() == 3
+
+
+def test_the_fuel_limit_is_the_servers_flag(uniq):
+    server = ServerProcess("--wasm-fuel", "1000")
+    try:
+        with connected_to(server):
+            Op = spindle.wasm_type(module(BUILD / "complex_op.wasm"))
+            o = Op(1)
+            assert o.simple() == 38, "a short method fits in the budget"
+            with pytest.raises(spindle.Trapped) as raised:
+                o.complex()
+            assert raised.value.reason == "fuel"
+            assert o.simple() == (38 * 31 + 7) % 1000003
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "code, message",
+    [
+        (b"junk", "not a WebAssembly module"),
+        (b"\0asm\x01\0\0\0", "memory"),  # an empty module: no exports at all
+        (b"\0asm\x01\0\0\0\x01", "does not compile.*end-of-file"),  # truncated
+    ],
+)
+def test_a_module_that_breaks_the_abi_is_refused_with_why(uniq, code, message):
+    with pytest.raises(TypeError, match=message):
+        spindle.wasm_type(code, f"{uniq}bad")
+    assert spindle.Counter().add(2) == 2
+
+
+def test_a_module_too_large_is_refused(uniq):
+    with pytest.raises(TypeError, match="too large"):
+        spindle.wasm_type(b"\0asm\x01\0\0\0" + b"\0" * (17 << 20), f"{uniq}huge")
+
+
+def test_an_undefined_version_is_unknown_type(uniq):
+    from spindle.client import current
+
+    with pytest.raises(spindle.UnknownType, match="not defined"):
+        current().create(f"wasm:{uniq}nothing", f"{uniq}k", ["feed", []], False)
+
+
+def test_a_proxy_passed_to_a_cloud_thread_calls_the_same_object(Bank, uniq):
+    a = Bank(0, name=f"{uniq}shared")
+    with spindle.Executor() as ex:
+        results = list(ex.map(deposit_one, [a] * 8))
+    assert sorted(results) == list(range(1, 9))
+    assert a.balance() == 8
+
+
+def deposit_one(account) -> int:
+    # A worker has no wasm_type of its own: its proxy is generic, every method is remote.
+    return account.deposit(1)
+
+
+def test_a_transfer_between_accounts_is_atomic(Bank, uniq):
+    a, b = Bank(100, name=f"{uniq}a"), Bank(0, name=f"{uniq}b")
+
+    @spindle.transactional
+    def transfer(src, dst, amount):
+        src.withdraw(amount)
+        dst.deposit(amount)
+
+    transfer(a, b, 30)
+    assert (a.balance(), b.balance()) == (70, 30)
+    with pytest.raises(ValueError, match="insufficient funds"):
+        transfer(b, a, 50)  # b.withdraw fails: nothing of the transfer happens
+    assert (a.balance(), b.balance()) == (70, 30)
+    with spindle.transaction():
+        b.deposit(5)
+        assert b.balance() == 35
+        a.deposit(1)
+    assert (a.balance(), b.balance()) == (71, 35)
+
+
+def test_spindle_define_prints_the_methods_and_refuses_a_bad_file(server, tmp_path):
+    done = subprocess.run([server_binary(), "define", "--address", server.address, str(BUILD / "bank.wasm")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["balance", "deposit", "withdraw"]
+    assert "defined wasm:bank" in done.stderr
+    junk = tmp_path / "junk.wasm"
+    junk.write_bytes(b"not wasm")
+    done = subprocess.run([server_binary(), "define", "--address", server.address, str(junk)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "not a WebAssembly module" in done.stderr and not done.stdout
+
+
+def test_persistent_objects_survive_kill_9_with_every_acknowledged_call(tmp_path):
+    port = stable_port()
+    args = ("--data-dir", str(tmp_path), "--session-ttl", "30")
+    server = ServerProcess(*args, port=port)
+    address = server.address
+    acknowledged = []
+    stop = threading.Event()
+    try:
+        with connected_to(address):
+            Account = spindle.wasm_type(module(BUILD / "bank.wasm"), "pbank", persistent=True)
+            a = Account(1000, name="saved")
+            Account(5, name="other").deposit(1)
+
+            def deposits() -> None:
+                while not stop.is_set():
+                    acknowledged.append(a.deposit(1))
+
+            t = threading.Thread(target=deposits)
+            t.start()
+            for _ in range(3):
+                assert wait_until(lambda: len(acknowledged) > 20, 30)
+                acknowledged_before = len(acknowledged)
+                server.kill()  # SIGKILL: no chance to flush anything
+                server = ServerProcess(*args, port=port)
+                assert wait_until(lambda: len(acknowledged) > acknowledged_before + 20, 60)
+            stop.set()
+            t.join(60)
+            # Every acknowledged deposit applied exactly once, none twice (the client
+            # retried the calls in flight at each kill; their recorded replies came back).
+            assert acknowledged == list(range(1001, 1001 + len(acknowledged)))
+            assert a.balance() == 1000 + len(acknowledged)
+        server.kill()
+        server = ServerProcess(*args, port=port)
+        with connected_to(server):
+            # A new program reaches it by name without defining the module: the server
+            # compiled it again from its log.
+            assert spindle.attach("wasm:pbank", "saved").balance() == 1000 + len(acknowledged)
+            assert spindle.attach("wasm:pbank", "other").balance() == 6
+            assert ("saved", "wasm:pbank") in spindle.objects(persistent=True)
+    finally:
+        stop.set()
+        server.stop()
+
+
+def test_persistent_objects_come_back_from_a_snapshot(tmp_path):
+    args = ("--data-dir", str(tmp_path), "--snapshot-after", "4096")
+    server = ServerProcess(*args)
+    try:
+        with connected_to(server):
+            Account = spindle.wasm_type(module(BUILD / "bank_as.wasm"), "snapbank", persistent=True)
+            accounts = [Account(i, name=f"acct{i}") for i in range(20)]
+            for _ in range(20):
+                for a in accounts:
+                    a.deposit(1)
+        assert wait_until(lambda: any((tmp_path / "wal").glob("snap-*.sps")), 30), sorted(tmp_path.rglob("*"))
+        server.kill()
+        server = ServerProcess(*args)
+        with connected_to(server):
+            assert [spindle.attach("wasm:snapbank", f"acct{i}").balance() for i in range(20)] == \
+                [i + 20 for i in range(20)]
+    finally:
+        server.stop()
+
+
+def test_a_cluster_leaders_crash_loses_no_acknowledged_call(tmp_path):
+    from test_cluster import Cluster
+
+    cluster = Cluster(tmp_path)
+    try:
+        with connected_to(cluster.addresses):
+            Account = spindle.wasm_type(module(BUILD / "bank.wasm"), "cbank", persistent=True)
+            accounts = [Account(0, name=f"c{i}") for i in range(12)]  # on every shard
+            for a in accounts:
+                a.deposit(10)
+            victim = cluster.busiest_leader()
+            victim.kill()
+            assert wait_until(lambda: cluster.every_shard_led(without=victim), 30), cluster.describe()
+            for a in accounts:
+                assert a.deposit(1) == 11, "the new leader has the object and its module"
+            victim.start()
+            assert wait_until(lambda: cluster.caught_up(victim), 30), cluster.describe()
+            assert [a.balance() for a in accounts] == [11] * 12
+    finally:
+        cluster.stop()
+
+
+def test_calls_cost_no_round_trip_to_a_host(Bank, uniq):
+    """A compiled method runs in the server process: no object host starts for it."""
+    a = Bank(0, name=f"{uniq}nohost")
+    before = spindle.status().get("object_hosts", 0)
+    for _ in range(50):
+        a.deposit(1)
+    assert a.balance() == 50
+    assert spindle.status().get("object_hosts", 0) == before
