@@ -122,14 +122,17 @@ impl Module {
             return Error::new(ErrorKind::Busy, format!("{what} cannot run now: {busy}; try again"));
         }
         let (reason, message) = match (error.downcast_ref::<Abort>(), error.downcast_ref::<Trap>()) {
-            (Some(abort @ Abort::Memory { .. }), _) => ("memory", format!("{what}: {abort} (Limits::memory_bytes)")),
+            (Some(abort @ Abort::Memory { .. }), _) => (
+                "memory",
+                format!("{what}: {abort} (Limits::memory_bytes, the server's --wasm-memory)"),
+            ),
             (Some(abort @ Abort::State { .. }), _) => ("memory", format!("{what}: {abort} (Limits::state_bytes)")),
             (Some(abort), _) => ("trap", format!("{what} broke the ABI: {abort}")),
             (None, Some(Trap::OutOfFuel)) => (
                 "fuel",
                 format!(
                     "{what} ran out of fuel: it passed the budget of {} instructions per call \
-                     (raise Limits::fuel to allow longer methods)",
+                     (raise Limits::fuel, the server's --wasm-fuel, to allow longer methods)",
                     self.limits.fuel
                 ),
             ),
