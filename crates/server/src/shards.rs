@@ -380,7 +380,7 @@ pub(crate) async fn run_timer(shared: Arc<Shared>, index: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn caller() -> Caller {
@@ -407,6 +407,13 @@ mod tests {
         assert_eq!(replies[0].reply, Ok(Value::Boolean(true)));
     }
 
+    /// A runtime for compiled types that maps instances' memory on demand (no pool to
+    /// reserve for a test).
+    pub(crate) fn library() -> Arc<dyn Library> {
+        let runtime = spindle_wasm::Runtime::with_allocator(Default::default(), spindle_wasm::Allocator::OnDemand);
+        Arc::new(runtime.expect("a wasm engine"))
+    }
+
     fn names(shards: &Shards) -> Vec<String> {
         (0..shards.count())
             .flat_map(|i| shards.with(i, |s| s.partition.objects("", false)).unwrap())
@@ -416,7 +423,7 @@ mod tests {
 
     #[test]
     fn keys_spread_over_shards() {
-        let shards = Shards::new(4, (usize::MAX, usize::MAX), Memory::default());
+        let shards = Shards::new(4, (usize::MAX, usize::MAX), Memory::default(), library());
         let used: std::collections::HashSet<usize> = (0..64).map(|i| shards.index_of(&format!("k{i}"))).collect();
         assert_eq!(used.len(), 4);
         assert_eq!(shards.index_of("same"), shards.index_of("same"));
@@ -424,7 +431,7 @@ mod tests {
 
     #[test]
     fn keep_moves_across_shards_and_retries_are_idempotent() {
-        let shards = Shards::new(8, (usize::MAX, usize::MAX), Memory::default());
+        let shards = Shards::new(8, (usize::MAX, usize::MAX), Memory::default(), library());
         let key = "~c.1";
         let name = (0..)
             .map(|i| format!("kept{i}"))
@@ -441,7 +448,7 @@ mod tests {
 
     #[test]
     fn keep_onto_a_taken_name_restores_the_object() {
-        let shards = Shards::new(3, (usize::MAX, usize::MAX), Memory::default());
+        let shards = Shards::new(3, (usize::MAX, usize::MAX), Memory::default(), library());
         create(&shards, "~c.1", true);
         create(&shards, "taken", false);
         let e = shards.keep("Counter", "~c.1", Some("taken")).unwrap_err();
@@ -452,7 +459,7 @@ mod tests {
 
     #[test]
     fn a_panic_takes_only_its_shard_out_of_service() {
-        let shards = Shards::new(2, (usize::MAX, usize::MAX), Memory::default());
+        let shards = Shards::new(2, (usize::MAX, usize::MAX), Memory::default(), library());
         let result = shards.with(0, |_| -> () { panic!("object bug") });
         assert_eq!(result.unwrap_err().kind, ErrorKind::Internal);
         assert_eq!(

@@ -1689,7 +1689,15 @@ mod tests {
             ..Default::default()
         };
         let newer = entry(5, encode_entry(format::NEWEST + 1, 1, 2, 3, &[]));
-        let why = replayed(None::<&[u8]>, &[newer], 3, Instant::now()).err().unwrap();
+        let why = replayed(
+            None::<&[u8]>,
+            &[newer],
+            3,
+            Instant::now(),
+            &crate::shards::tests::library(),
+        )
+        .err()
+        .unwrap();
         assert!(
             why.starts_with(&format!(
                 "shard 3: replicated entry 5 cannot be applied: the entry is in cluster format {}; \
@@ -1708,7 +1716,15 @@ mod tests {
         )
         .unwrap();
         let entries = [entry(6, encode_entry(2, 1, 2, 3, &[unknown]))];
-        let why = replayed(None::<&[u8]>, &entries, 3, Instant::now()).err().unwrap();
+        let why = replayed(
+            None::<&[u8]>,
+            &entries,
+            3,
+            Instant::now(),
+            &crate::shards::tests::library(),
+        )
+        .err()
+        .unwrap();
         assert!(
             why.contains("entry 6") && why.contains("record format version 99"),
             "{why}"
