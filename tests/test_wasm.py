@@ -281,3 +281,22 @@ def test_calls_cost_no_round_trip_to_a_host(Bank, uniq):
         a.deposit(1)
     assert a.balance() == 50
     assert spindle.status().get("object_hosts", 0) == before
+
+
+@pytest.fixture(scope="module")
+def Attack():
+    return spindle.wasm_type(module(FIXTURES / "attack.wasm"))
+
+
+@pytest.mark.parametrize("method", ["reply_many", "write_many", "read_many", "copy_many"])
+def test_the_hosts_work_on_a_guests_bytes_costs_fuel(Attack, method):
+    """A loop of a few instructions that hands the host 8 MiB on every turn (a reply, a state
+    written or read) or copies 16 MiB with one `memory.copy`: the copies are paid for in
+    fuel, so the call runs out of it in a fraction of a second instead of holding its
+    partition for hours on the fuel of a tenth of one."""
+    a = Attack()
+    a.grow()  # an 8 MiB state, for read_many
+    with pytest.raises(spindle.Trapped) as raised:
+        getattr(a, method)(10_000)
+    assert raised.value.reason == "fuel"
+    assert spindle.Counter().add(1) == 1

@@ -10,7 +10,7 @@
 use std::fmt;
 
 use spindle_core::Value;
-use wasmtime::{Caller, Extern, Linker, Memory, ResourceLimiter};
+use wasmtime::{Caller, Extern, Linker, Memory, ResourceLimiter, Trap};
 
 use crate::abi::IMPORT_MODULE;
 
@@ -116,6 +116,8 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
         caller.data().state.len() as i32
     })?;
     linker.func_wrap(IMPORT_MODULE, "state_read", |mut caller: Caller<'_, Host>, ptr: i32| {
+        let len = caller.data().state.len();
+        charge(&mut caller, len)?;
         let memory = memory(&mut caller)?;
         let (data, host) = memory.data_and_store_mut(&mut caller);
         let range = guest_range(data.len(), "state_read", ptr, host.state.len() as i32)?;
@@ -134,6 +136,7 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
                 }
                 .into());
             }
+            charge(&mut caller, len as u32 as usize)?;
             let memory = memory(&mut caller)?;
             let (data, host) = memory.data_and_store_mut(&mut caller);
             let range = guest_range(data.len(), "state_write", ptr, len)?;
@@ -147,6 +150,7 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
         IMPORT_MODULE,
         "reply",
         |mut caller: Caller<'_, Host>, ptr: i32, len: i32| {
+            charge(&mut caller, len as u32 as usize)?;
             let memory = memory(&mut caller)?;
             let (data, host) = memory.data_and_store_mut(&mut caller);
             let bytes = &data[guest_range(data.len(), "reply", ptr, len)?];
@@ -179,6 +183,20 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
         },
     )?;
     Ok(())
+}
+
+/// Take the fuel of the host's work on `bytes` bytes of the guest's (a copy, a decoding): one
+/// unit a byte. Without it a guest loop of a few instructions could make the host copy
+/// megabytes on every turn, and one call could hold its partition for hours on the fuel of a
+/// fraction of a second. Running out is the same trap as running out in the guest's code.
+fn charge(caller: &mut Caller<'_, Host>, bytes: usize) -> wasmtime::Result<()> {
+    let fuel = caller.get_fuel()?;
+    let cost = bytes as u64;
+    if cost > fuel {
+        caller.set_fuel(0)?;
+        return Err(Trap::OutOfFuel.into());
+    }
+    caller.set_fuel(fuel - cost)
 }
 
 fn memory(caller: &mut Caller<'_, Host>) -> wasmtime::Result<Memory> {

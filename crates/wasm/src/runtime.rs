@@ -27,7 +27,8 @@ use crate::module::{Compiled, Module};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Instructions per call (wasmtime's fuel: about one unit per wasm instruction), counting
-    /// the instance's start-up, the argument allocation and the method. Default 100,000,000:
+    /// the instance's start-up, the argument allocation and the method, and one unit a byte
+    /// the imports copy or decode (`state_read`, `state_write`, `reply`). Default 100,000,000:
     /// a few tenths of a second of straight-line code.
     pub fuel: u64,
     /// Linear memory per instance, in bytes. Default 64 MiB.
