@@ -15,6 +15,7 @@
 mod access;
 mod acl;
 mod audit;
+mod calls;
 mod cgroup;
 mod cluster;
 pub mod config;
