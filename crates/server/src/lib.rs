@@ -22,6 +22,7 @@ pub mod config;
 mod connection;
 mod gateway;
 mod hosts;
+mod http;
 mod journal;
 mod pickles;
 mod process;
@@ -86,6 +87,8 @@ pub(crate) struct Shared {
 /// A bound server, ready to [`run`](Server::run).
 pub struct Server {
     listener: TcpListener,
+    /// The HTTP front end's port (`--http-port`).
+    http_listener: Option<TcpListener>,
     shared: Arc<Shared>,
 }
 
@@ -112,6 +115,10 @@ impl Server {
             None => None,
         };
         let listener = TcpListener::bind((config.host.as_str(), config.port)).await?;
+        let http_listener = match config.http_port {
+            Some(port) => Some(http::bind(&config.host, port).await?),
+            None => None,
+        };
         let local = listener.local_addr()?;
         let address = local.to_string();
         let mut reachable = local;
@@ -185,7 +192,11 @@ impl Server {
         } else if let Some(dir) = &shared.config.data_dir {
             journal::start(&shared, dir, shared.config.fsync, shared.config.snapshot_after)?;
         }
-        Ok(Server { listener, shared })
+        Ok(Server {
+            listener,
+            http_listener,
+            shared,
+        })
     }
 
     /// This node's id in its cluster (`None` for a single server).
@@ -197,6 +208,11 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// The HTTP front end's address, if it has one (`--http-port`).
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// Serve until `shutdown` completes, then stop accepting and return.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let shared = self.shared;
@@ -206,6 +222,8 @@ impl Server {
         tokio::spawn(status::run_sampler(shared.clone()));
         tokio::spawn(gateway::run_timer(shared.clone()));
         tokio::spawn(hosts::run_timer(shared.clone()));
+        // Stops accepting with the native port (its requests in progress end with the process).
+        let http = self.http_listener.map(|l| tokio::spawn(http::run(shared.clone(), l)));
         let functions = &shared.config.functions;
         info!(
             address = %shared.address,
@@ -240,6 +258,9 @@ impl Server {
                     }
                 },
             }
+        }
+        if let Some(http) = http {
+            http.abort();
         }
         info!("stopped accepting connections");
         hosts::stopping(&shared);
