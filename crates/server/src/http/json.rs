@@ -97,7 +97,10 @@ fn unwrap(key: &str, map: Map<String, Json>, depth: usize) -> Result<Value, Erro
         }
         ("$ext", Json::Array(parts)) => match parts.as_slice() {
             [Json::Number(t), Json::String(b64)] => {
-                let t = t.as_i64().and_then(|t| i8::try_from(t).ok()).ok_or_else(|| bad("a type from -128 to 127"))?;
+                let t = t
+                    .as_i64()
+                    .and_then(|t| i8::try_from(t).ok())
+                    .ok_or_else(|| bad("a type from -128 to 127"))?;
                 Ok(Value::Ext(t, decode(b64).map_err(|_| bad("base64 text"))?))
             }
             _ => Err(bad("[type, base64]")),
@@ -154,7 +157,10 @@ pub(crate) fn to_json(value: &Value) -> Json {
                 ),
             }
         }
-        Value::Ext(t, data) => wrapped("$ext", Json::Array(vec![Json::from(*t), Json::from(BASE64.encode(data))])),
+        Value::Ext(t, data) => wrapped(
+            "$ext",
+            Json::Array(vec![Json::from(*t), Json::from(BASE64.encode(data))]),
+        ),
     }
 }
 
@@ -205,7 +211,9 @@ mod tests {
     #[test]
     fn plain_json_reads_as_expected() {
         let value = to_value(serde_json::json!({"n": 3, "bytes": {"$bytes": "AAE="}})).unwrap();
-        let Value::Map(entries) = value else { panic!("not a map") };
+        let Value::Map(entries) = value else {
+            panic!("not a map")
+        };
         assert_eq!(entries[1].1, Value::Binary(vec![0, 1]));
     }
 

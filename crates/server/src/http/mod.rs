@@ -162,6 +162,10 @@ pub(crate) async fn run(shared: Arc<Shared>, listener: TcpListener) {
                     if open > max {
                         let why = format!("the server serves {max} connections at most (--max-connections)");
                         shared.audit.refused(peer.ip(), &why);
+                        // Told in plain HTTP; on a TLS port, no handshake at the limit.
+                        if shared.tls.is_none() {
+                            refuse(stream, why).await;
+                        }
                     } else {
                         serve(&shared, stream, peer, router).await;
                     }
@@ -174,6 +178,20 @@ pub(crate) async fn run(shared: Arc<Shared>, listener: TcpListener) {
             }
         }
     }
+}
+
+/// Answer a connection's first request `503 Busy` (why: `message`), then close it.
+async fn refuse(stream: TcpStream, message: String) {
+    let busy = hyper::service::service_fn(move |_request| {
+        let error = spindle_core::Error::new(spindle_core::ErrorKind::Busy, format!("{message}; try again later"));
+        async move { Ok::<_, std::convert::Infallible>(routes::failure(error)) }
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEADERS)
+        .keep_alive(false);
+    let _ = http.serve_connection(TokioIo::new(stream), busy).await;
 }
 
 /// Serve one connection's requests (keep-alive), over TLS when the server has a certificate.

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap as StdHashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -50,12 +51,19 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-async fn unknown_route() -> Response {
-    failure(Error::new(ErrorKind::NotFound, "no such route (see GET /v1/openapi.json)"))
+async fn unknown_route(body: Body) -> Response {
+    drain(body).await;
+    failure(Error::new(
+        ErrorKind::NotFound,
+        "no such route (see GET /v1/openapi.json)",
+    ))
 }
 
-async fn method_not_allowed() -> Response {
-    let mut response = failure(Error::bad_args("this route takes another method (see GET /v1/openapi.json)"));
+async fn method_not_allowed(body: Body) -> Response {
+    drain(body).await;
+    let mut response = failure(Error::bad_args(
+        "this route takes another method (see GET /v1/openapi.json)",
+    ));
     *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     response
 }
@@ -66,7 +74,7 @@ async fn list(
     Query(query): Query<StdHashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    answer(async {
+    answer(&headers, async {
         let who = authenticate(&front, &headers)?;
         let prefix = query.get("prefix").map_or("", String::as_str);
         let listed = calls::objects(&front.shared, prefix, false, true, Some(&who.principal));
@@ -91,13 +99,8 @@ async fn list(
 
 /// `PUT /v1/objects/{name}` `{"type", "args", "persistent"}`: 201 created, 200 when it
 /// existed with that type.
-async fn create(
-    State(front): State<Arc<Front>>,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    answer(async {
+async fn create(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    answer(&headers, async {
         let who = authenticate(&front, &headers)?;
         let mut body = read_body(&headers, body).await?;
         let type_name = take_str(&mut body, "type")?.ok_or_else(|| Error::bad_args("\"type\" is required"))?;
@@ -133,7 +136,7 @@ async fn create(
 
 /// `DELETE /v1/objects/{name}`: 200, or 404 when there was no such object.
 async fn delete(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap) -> Response {
-    answer(async {
+    answer(&headers, async {
         let who = authenticate(&front, &headers)?;
         let seq = sequence(&who, &headers);
         let request = Request::Delete {
@@ -157,7 +160,7 @@ async fn call(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    answer(async {
+    answer(&headers, async {
         let who = authenticate(&front, &headers)?;
         let mut body = read_body(&headers, body).await?;
         let args = take_args(&mut body)?;
@@ -194,9 +197,10 @@ async fn call(
 
 /// `POST /v1/functions/{name}`: functions are Python callables shipped by the SDK; none is
 /// registered under a name a JSON client could call yet.
-async fn invoke(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap) -> Response {
-    answer(async {
+async fn invoke(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    answer(&headers, async {
         authenticate(&front, &headers)?;
+        read_body(&headers, body).await?;
         Err(Error::new(
             ErrorKind::NotFound,
             format!("no function registered as '{name}': functions are invoked from the SDKs (docs/http.md)"),
@@ -205,16 +209,29 @@ async fn invoke(State(front): State<Arc<Front>>, Path(name): Path<String>, heade
     .await
 }
 
-/// Run a route's work within [`REQUEST_TIMEOUT`], and answer its result or error as JSON.
-async fn answer(work: impl std::future::Future<Output = Answer>) -> Response {
-    match tokio::time::timeout(REQUEST_TIMEOUT, work).await {
+/// Run a route's work within its time (see [`time_allowed`]), and answer its result or
+/// error as JSON.
+async fn answer(headers: &HeaderMap, work: impl std::future::Future<Output = Answer>) -> Response {
+    let allowed = time_allowed(headers);
+    match tokio::time::timeout(allowed, work).await {
         Ok(Ok((status, body))) => (status, axum::Json(body)).into_response(),
         Ok(Err(e)) => failure(e),
         Err(_) => failure(Error::new(
             ErrorKind::Timeout,
-            format!("the request took longer than {REQUEST_TIMEOUT:?}; a parked call was withdrawn"),
+            format!("no answer within {allowed:?}: the call was withdrawn"),
         )),
     }
+}
+
+/// How long a request may take: [`REQUEST_TIMEOUT`], or less if the client says so in
+/// `Spindle-Timeout` (seconds), so a client bounds a blocking call without a method argument.
+fn time_allowed(headers: &HeaderMap) -> Duration {
+    headers
+        .get("spindle-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(REQUEST_TIMEOUT, |s| Duration::from_secs_f64(s).min(REQUEST_TIMEOUT))
 }
 
 /// The caller's credentials, checked as a native `hello` checks them: `Authorization:
@@ -225,9 +242,13 @@ fn authenticate(front: &Front, headers: &HeaderMap) -> Result<Who, Error> {
     let (user, token) = match headers.get(header::AUTHORIZATION) {
         None => (None, None),
         Some(value) => {
-            let value = value.to_str().map_err(|_| unauthorized("the Authorization header is not text"))?;
+            let value = value
+                .to_str()
+                .map_err(|_| unauthorized("the Authorization header is not text"))?;
             match value.split_once(' ') {
-                Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => (None, Some(token.trim().to_string())),
+                Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
+                    (None, Some(token.trim().to_string()))
+                }
                 Some((scheme, encoded)) if scheme.eq_ignore_ascii_case("basic") => {
                     let decoded = base64::engine::general_purpose::STANDARD
                         .decode(encoded.trim())
@@ -239,7 +260,11 @@ fn authenticate(front: &Front, headers: &HeaderMap) -> Result<Who, Error> {
                         .ok_or_else(|| unauthorized("Basic credentials must be base64 of user:token"))?;
                     (Some(user.to_string()), Some(token.to_string()))
                 }
-                _ => return Err(unauthorized("the Authorization header takes Bearer or Basic credentials")),
+                _ => {
+                    return Err(unauthorized(
+                        "the Authorization header takes Bearer or Basic credentials",
+                    ))
+                }
             }
         }
     };
@@ -302,7 +327,12 @@ async fn run(front: &Front, who: &Who, mut request: Request) -> Result<Value, Er
             (seq, op)
         }
         Request::Delete { seq, key, .. } => (seq, Op::Delete { key }),
-        other => return Err(Error::new(ErrorKind::Internal, format!("'{}' is not a call", other.op()))),
+        other => {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("'{}' is not a call", other.op()),
+            ))
+        }
     };
     let shared = &front.shared;
     let token = Token {
@@ -369,8 +399,7 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<serde_json::Map<St
     let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(bytes) => bytes,
         Err(e) => {
-            let over = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            let over = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             return Err(match over {
                 true => too_large(),
                 false => Error::bad_args(format!("the body could not be read: {e}")),
@@ -385,6 +414,12 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<serde_json::Map<St
         Ok(_) => Err(Error::bad_args("the body must be a JSON object")),
         Err(e) => Err(Error::bad_args(format!("the body is not valid JSON: {e}"))),
     }
+}
+
+/// Read and drop a body nobody needs, so the connection stays usable (hyper closes one
+/// whose request body was left unread).
+async fn drain(body: Body) {
+    let _ = axum::body::to_bytes(body, MAX_BODY).await;
 }
 
 fn take_args(body: &mut serde_json::Map<String, Json>) -> Result<Vec<Value>, Error> {
@@ -417,7 +452,7 @@ fn no_object(name: &str) -> Error {
 
 /// An error as JSON: `{"error": {"type", "message", "data"}}` with its status, and where to
 /// go (`Spindle-Leader`) or how to authenticate (`WWW-Authenticate`) when that helps.
-fn failure(e: Error) -> Response {
+pub(super) fn failure(e: Error) -> Response {
     let status = status_of(e.kind);
     let mut body = json!({ "error": { "type": e.kind.as_str(), "message": e.message } });
     if !e.data.is_nil() {
