@@ -134,6 +134,9 @@ def test_values_map_to_json_with_documented_wrappers(web, api, name):
     value = {"$map": [[1, "one"], [2.5, [None, True, {"x": {"$float": "nan"}}]]]}
     api.ask("POST", f"/v1/objects/{name}.v/set", {"args": [value]})
     assert api.ask("POST", f"/v1/objects/{name}.v/get")[2] == {"result": value}
+    # A JSON object keeps its order, as a Dict does.
+    api.ask("PUT", f"/v1/objects/{name}.d", {"type": "Dict", "args": [{"b": 1, "a": 2, "c": 3}]})
+    assert api.ask("POST", f"/v1/objects/{name}.d/keys")[2] == {"result": ["b", "a", "c"]}
     status, _, body = api.ask("POST", f"/v1/objects/{name}.v/set", {"args": [{"$bytes": "%%%"}]})
     assert status == 400 and error_type(body) == "BadArguments"
 
@@ -394,3 +397,26 @@ def test_connections_past_the_limit_are_told_503(name):
         assert Http(proc.http_address).ask("GET", "/v1/objects")[0] == 200
     finally:
         proc.stop()
+
+
+def test_a_node_that_does_not_lead_the_shard_answers_503_naming_the_leader(tmp_path):
+    from spindle.client import shard_of
+    from test_cluster import SHARDS, Cluster
+
+    cluster = Cluster(tmp_path, extra=("--http-port", "0"))
+    try:
+        shard, leader = next(iter(cluster.leaders().items()))
+        key = next(f"k{i}" for i in range(1000) if shard_of(f"k{i}", SHARDS) == shard)
+        leader_node = next(n for n in cluster.nodes if n.node_id == leader)
+        follower = next(n for n in cluster.nodes if n.node_id != leader)
+        at_follower = Http(follower.server.http_address)
+        status, headers, body = at_follower.ask("PUT", f"/v1/objects/{key}", {"type": "Counter"})
+        assert status == 503 and error_type(body) == "NotLeader", body
+        assert headers["spindle-leader"] == body["error"]["data"] == leader_node.address
+        at_leader = Http(leader_node.server.http_address)
+        assert at_leader.ask("PUT", f"/v1/objects/{key}", {"type": "Counter"})[0] == 201
+        assert at_leader.ask("POST", f"/v1/objects/{key}/add", {"args": [2]})[2] == {"result": 2}
+        status, headers, _ = at_follower.ask("POST", f"/v1/objects/{key}/add", {"args": [2]})
+        assert status == 503 and headers["spindle-leader"] == leader_node.address
+    finally:
+        cluster.stop()
