@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 
 import spindle
-from conftest import ServerProcess, connected_to, server_binary
+from conftest import ServerProcess, connected_to, gateway_args, server_binary
 
 TOKEN = "the-http-servers-token"
 
@@ -27,7 +27,7 @@ TOKEN = "the-http-servers-token"
 @pytest.fixture(scope="module")
 def web() -> Iterator[ServerProcess]:
     """A server with HTTP on a free port, and no credentials."""
-    proc = ServerProcess("--http-port", "0")
+    proc = ServerProcess("--http-port", "0", *gateway_args(2))
     assert proc.http_address, "no 'spindle http on' line"
     yield proc
     proc.stop()
@@ -36,7 +36,7 @@ def web() -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def guarded() -> Iterator[ServerProcess]:
     """A server with a token (so HTTP needs credentials), and a user who may only read."""
-    proc = ServerProcess("--http-port", "0", "--token", TOKEN)
+    proc = ServerProcess("--http-port", "0", "--token", TOKEN, *gateway_args(1))
     env = dict(os.environ, SPINDLE_ADDRESS=proc.address, SPINDLE_TOKEN=TOKEN)
     env.pop("SPINDLE_USER", None)
     run = lambda *args: subprocess.run([server_binary(), *args], env=env, capture_output=True,  # noqa: E731
@@ -46,6 +46,11 @@ def guarded() -> Iterator[ServerProcess]:
     out = run("user", "add", "reader", "--role", "shop-reader")
     assert out.returncode == 0, out.stderr
     proc.reader_token = out.stdout.strip()  # type: ignore[attr-defined]
+    # May write the functions' names, but run no code.
+    assert run("role", "add", "fn-writer", "read,write,create:functions/").returncode == 0
+    out = run("user", "add", "writer", "--role", "fn-writer")
+    assert out.returncode == 0, out.stderr
+    proc.writer_token = out.stdout.strip()  # type: ignore[attr-defined]
     yield proc
     proc.stop()
 
@@ -420,3 +425,42 @@ def test_a_node_that_does_not_lead_the_shard_answers_503_naming_the_leader(tmp_p
         assert status == 503 and headers["spindle-leader"] == leader_node.address
     finally:
         cluster.stop()
+
+
+def test_a_registered_function_is_invoked_with_json_arguments(web, api):
+    import remote
+
+    with connected_to(web):
+        assert spindle.register_function(remote.square) == "square"
+        spindle.register_function(remote.identity, "echo")
+        spindle.register_function(remote.fail, "fail")
+    assert api.ask("POST", "/v1/functions/square", {"args": [7]})[::2] == (200, {"result": 49})
+    value = {"nested": [1, "two", None, {"$bytes": "AAE="}]}
+    assert api.ask("POST", "/v1/functions/echo", {"kwargs": {"x": value}})[2] == {"result": value}
+    status, _, body = api.ask("POST", "/v1/functions/fail", {"args": ["on purpose"]})
+    assert status == 422 and error_type(body) == "Raised" and "on purpose" in body["error"]["message"]
+    status, _, body = api.ask("POST", "/v1/functions/square", {"args": "7"})
+    assert status == 400 and error_type(body) == "BadArguments"
+
+
+def test_functions_run_only_with_invoke_rights_and_code_of_trusted_writers(guarded):
+    import pickle
+
+    import remote
+
+    admin = Http(guarded.http_address, {"Authorization": f"Bearer {TOKEN}"})
+    basic = lambda user, token: {"Authorization": "Basic " + base64.b64encode(f"{user}:{token}".encode()).decode()}  # noqa: E731
+    writer = Http(guarded.http_address, basic("writer", guarded.writer_token))
+    reader = Http(guarded.http_address, basic("reader", guarded.reader_token))
+    code = {"$ext": [1, base64.b64encode(pickle.dumps(remote.square)).decode()]}
+    # Stored by a user who may run no code: its pickle never runs.
+    assert writer.ask("PUT", "/v1/objects/functions%2Fplanted", {"type": "Value", "args": [code]})[0] == 201
+    status, _, body = admin.ask("POST", "/v1/functions/planted", {"args": [3]})
+    assert status == 403 and error_type(body) == "PermissionDenied" and "writer" in body["error"]["message"]
+    # Stored by the admin: it runs, for those who may invoke.
+    assert admin.ask("PUT", "/v1/objects/functions%2Fsquare", {"type": "Value", "args": [code]})[0] == 201
+    assert admin.ask("POST", "/v1/functions/square", {"args": [3]})[2] == {"result": 9}
+    status, _, body = reader.ask("POST", "/v1/functions/square", {"args": [3]})
+    assert status == 403 and error_type(body) == "PermissionDenied"
+    for c in (admin, writer, reader):
+        c.close()

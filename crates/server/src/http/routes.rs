@@ -21,7 +21,7 @@ use spindle_proto::Request;
 use super::{json as values, Front, Session, MAX_BODY, REQUEST_TIMEOUT};
 use crate::access::{self, Grant};
 use crate::acl::Principal;
-use crate::{calls, hosts, pickles};
+use crate::{calls, gateway, hosts, pickles};
 
 /// The OpenAPI 3 description of these routes.
 const OPENAPI: &str = include_str!("openapi.json");
@@ -195,18 +195,110 @@ async fn call(
     .await
 }
 
-/// `POST /v1/functions/{name}`: functions are Python callables shipped by the SDK; none is
-/// registered under a name a JSON client could call yet.
+/// `POST /v1/functions/{name}` `{"args", "kwargs"}`: run the function registered as `name`
+/// (the pickle in the `Value` named `functions/{name}`, see Python's
+/// `spindle.register_function`) on the worker pool, with plain values; its result.
 async fn invoke(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
     answer(&headers, async {
-        authenticate(&front, &headers)?;
-        read_body(&headers, body).await?;
-        Err(Error::new(
-            ErrorKind::NotFound,
-            format!("no function registered as '{name}': functions are invoked from the SDKs (docs/http.md)"),
-        ))
+        let who = authenticate(&front, &headers)?;
+        let mut body = read_body(&headers, body).await?;
+        let args = take_args(&mut body)?;
+        let kwargs = match body.remove("kwargs") {
+            None | Some(Json::Null) => Vec::new(),
+            Some(Json::Object(map)) => map
+                .into_iter()
+                .map(|(k, v)| Ok((Value::from(k), values::to_value(v)?)))
+                .collect::<Result<_, Error>>()?,
+            Some(_) => return Err(Error::bad_args("\"kwargs\" must be an object")),
+        };
+        refuse_unknown_fields(&body)?;
+        let may_invoke = Request::Invoke {
+            id: 0,
+            runtime: "json".into(),
+            payload: Vec::new(),
+            options: Value::Nil,
+        };
+        access::permit(&who.principal, &may_invoke)?;
+        // Read as any object is (the user needs `read` on the name).
+        let read = Request::Call {
+            id: 0,
+            seq: 0,
+            thread: 0,
+            type_name: "Value".into(),
+            key: format!("{FUNCTIONS}{name}"),
+            method: "get".into(),
+            args: Vec::new(),
+            acked: 0,
+            txn: None,
+        };
+        let no_function = || {
+            let message = format!("no function registered as '{name}' (Python: spindle.register_function)");
+            Error::new(ErrorKind::NotFound, message)
+        };
+        let stored = match run(&front, &who, read).await {
+            Err(e) if matches!(e.kind, ErrorKind::NotFound | ErrorKind::TypeMismatch) => return Err(no_function()),
+            Ok(Value::Nil) => return Err(no_function()),
+            other => other?,
+        };
+        let code = pickles::trusted_code(&stored)
+            .map_err(|e| Error::new(e.kind, format!("function '{name}' will not run: {}", e.message)))?;
+        let call = Value::Array(vec![Value::Binary(code), Value::Array(args), Value::Map(kwargs)]);
+        let mut payload = Vec::new();
+        rmpv::encode::write_value(&mut payload, &call).map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
+        let report = run_function(&front, &who, &name, payload).await?;
+        let field = |key: &str| match &report {
+            Value::Map(entries) => entries.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v),
+            _ => None,
+        };
+        if field("ok").and_then(Value::as_bool) == Some(true) {
+            let value = field("value").map_or(Json::Null, values::to_json);
+            return Ok((StatusCode::OK, json!({ "result": value })));
+        }
+        let error = field("error").cloned().unwrap_or(Value::Nil);
+        let text = |key: &str| match &error {
+            Value::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| k.as_str() == Some(key))
+                .and_then(|(_, v)| v.as_str())
+                .unwrap_or("")
+                .to_string(),
+            _ => String::new(),
+        };
+        let mut raised = Error::new(ErrorKind::Raised, format!("{}: {}", text("type"), text("message")));
+        raised.data = error;
+        Err(raised)
     })
     .await
+}
+
+/// Where registered functions are kept: `functions/NAME` (python/spindle/compute/registered.py).
+const FUNCTIONS: &str = "functions/";
+
+/// Invoke `payload` on the `json` runtime as `who`, through the gateway as a native `invoke`
+/// would, and wait for its report. Given up before it came, a call still queued is withdrawn.
+async fn run_function(front: &Front, who: &Who, name: &str, payload: Vec<u8>) -> Result<Value, Error> {
+    let shared = &front.shared;
+    let req = front.next_request();
+    let reply = front.mailbox.expect(req);
+    let options = Value::Map(vec![(Value::from("function"), Value::from(name))]);
+    let owner = who.principal.user.as_str();
+    if let Err(e) = gateway::invoke(shared, front.conn, req, ("json", owner), payload, options) {
+        front.mailbox.forget(req);
+        return Err(e);
+    }
+    struct Queued<'a>(&'a Front, u64, bool);
+    impl Drop for Queued<'_> {
+        fn drop(&mut self) {
+            if !self.2 {
+                gateway::cancel(&self.0.shared, self.0.conn, self.1);
+                self.0.mailbox.forget(self.1);
+            }
+        }
+    }
+    let mut queued = Queued(front, req, false);
+    let reply = reply.await;
+    queued.2 = true;
+    reply.map_err(|_| Error::new(ErrorKind::Internal, "the function's reply was lost"))?
 }
 
 /// Run a route's work within its time (see [`time_allowed`]), and answer its result or
