@@ -38,7 +38,7 @@ import tempfile
 import time
 
 from objects import Running, free_port, redis_cmd, stop_process, wait_for_port
-from report import QUICK, Claim, log, machine, percentile, print_table, redis_version, summarize, table, update_section
+from report import QUICK, Claim, log, machine, percentile, print_table, summarize, table, update_section
 
 import spindle
 from spindle.embedded import find_binary
@@ -135,6 +135,13 @@ def run(system: str, ports: dict[str, int], clients: int, seconds: float) -> dic
     }
 
 
+def redis_server_version() -> str:
+    """`Redis 7.0.15` (the redis-server on PATH; no Python client of it takes part here)."""
+    out = subprocess.run([shutil.which("redis-server") or "redis-server", "--version"],
+                         capture_output=True, text=True).stdout.split()
+    return f"Redis {next((w[2:] for w in out if w.startswith('v=')), '?')}"
+
+
 def webdis_version() -> str:
     out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "webdis"], capture_output=True, text=True)
     return f"Webdis {out.stdout.strip() or 'unknown version'}"
@@ -203,7 +210,7 @@ def main() -> None:
     lines = [
         "## A counter over HTTP vs Webdis (`bench/http.py`)",
         "",
-        f"Machine: {machine()}. {webdis_version()} in front of {redis_version()} (no persistence); "
+        f"Machine: {machine()}. {webdis_version()} in front of {redis_server_version()} (no persistence); "
         f"spindle release build. {args.clients} client processes, each with one keep-alive connection "
         f"making one request at a time for {seconds:g} s (after a warm-up): `POST "
         "/v1/objects/hits/add` with `{\"args\": [1]}` (Spindle's HTTP front end, docs/http.md) "
@@ -214,13 +221,16 @@ def main() -> None:
         "",
         *table(headers, rows),
         "",
-        f"Spindle HTTP over Webdis: {ratio:.2f} (goal ≥ {GOAL}).",
+        f"Spindle HTTP over Webdis: {ratio:.2f}x (goal >= {GOAL:g}x). Both HTTP servers parse each "
+        "request and answer JSON; Spindle's runs the increment in its own process, where Webdis "
+        "forwards it to Redis over a second connection. The native protocol's figure comes from the "
+        "Python SDK, whose client costs more per call than the raw-socket HTTP client.",
         "",
     ]
     update_section("http", "\n".join(lines))
     summarize("http", [Claim(f"counter increment over HTTP, {args.clients} clients",
                              f"{med['spindle http']['rate']:,.0f} req/s",
-                             f"Webdis {med['webdis']['rate']:,.0f} req/s", ratio, f"≥ {GOAL}", ratio >= GOAL)])
+                             f"Webdis {med['webdis']['rate']:,.0f} req/s", ratio, f">= {GOAL:g}x", ratio >= GOAL)])
 
 
 if __name__ == "__main__":
