@@ -14,6 +14,9 @@
 //! - **Exactly-once:** a request with an `Idempotency-Key` gets a sequence number of its
 //!   user's session, remembered for the last [`KEYS_KEPT`] keys; the partition's reply log
 //!   answers a retry with the recorded reply. Without a key, `seq` is 0 (may run again).
+//! - **Functions:** a function registered by name (the pickle in the `Value` named
+//!   `functions/NAME`, run only if its writer may run code) goes through the gateway as a
+//!   native `invoke` of the `json` runtime, with the request's JSON arguments.
 //! - **Bounds:** bodies of [`MAX_BODY`] bytes, headers of [`MAX_HEADERS`] bytes and counts,
 //!   a request's whole time ([`REQUEST_TIMEOUT`]; a parked call is withdrawn after it), and
 //!   connections counted with the native ones against `--max-connections`.
