@@ -207,6 +207,9 @@ def test_a_retry_with_the_same_idempotency_key_applies_once(web, api, name):
     api.ask("POST", f"/v1/objects/{name}/add", {"args": [1]})
     api.ask("POST", f"/v1/objects/{name}/add", {"args": [1]})
     assert api.ask("POST", f"/v1/objects/{name}/get")[2] == {"result": 12}
+    # Keys are bounded, as the memory that remembers them.
+    status, _, body = api.ask("POST", f"/v1/objects/{name}/add", {"args": [1]}, headers={"Idempotency-Key": "k" * 256})
+    assert status == 400 and "Idempotency-Key" in body["error"]["message"]
     # A recorded error is replayed as well.
     api.ask("PUT", f"/v1/objects/{name}.q", {"type": "Queue"})
     for _ in range(2):

@@ -111,7 +111,7 @@ async fn create(State(front): State<Arc<Front>>, Path(name): Path<String>, heade
             Some(_) => return Err(Error::bad_args("\"persistent\" must be a bool")),
         };
         refuse_unknown_fields(&body)?;
-        let seq = sequence(&who, &headers);
+        let seq = sequence(&who, &headers)?;
         let request = Request::Create {
             id: 0,
             seq,
@@ -138,7 +138,7 @@ async fn create(State(front): State<Arc<Front>>, Path(name): Path<String>, heade
 async fn delete(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap) -> Response {
     answer(&headers, async {
         let who = authenticate(&front, &headers)?;
-        let seq = sequence(&who, &headers);
+        let seq = sequence(&who, &headers)?;
         let request = Request::Delete {
             id: 0,
             seq,
@@ -177,7 +177,7 @@ async fn call(
             None => calls::type_of(&front.shared, &name)?.ok_or_else(|| no_object(&name))?,
         };
         refuse_unknown_fields(&body)?;
-        let seq = sequence(&who, &headers);
+        let seq = sequence(&who, &headers)?;
         let request = Request::Call {
             id: 0,
             seq,
@@ -365,12 +365,18 @@ fn authenticate(front: &Front, headers: &HeaderMap) -> Result<Who, Error> {
     Ok(Who { principal, session })
 }
 
+/// Longest `Idempotency-Key`: each user's last keys are kept, so their size is bounded.
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
 /// The call's sequence number: one of the user's session for an `Idempotency-Key`, else 0
 /// (not deduplicated).
-fn sequence(who: &Who, headers: &HeaderMap) -> u64 {
+fn sequence(who: &Who, headers: &HeaderMap) -> Result<u64, Error> {
     match headers.get("idempotency-key").map(HeaderValue::as_bytes) {
-        Some(key) if !key.is_empty() => who.session.seq_of(&String::from_utf8_lossy(key)),
-        _ => 0,
+        Some(key) if key.len() > MAX_IDEMPOTENCY_KEY => Err(Error::bad_args(format!(
+            "an Idempotency-Key has {MAX_IDEMPOTENCY_KEY} bytes at most"
+        ))),
+        Some(key) if !key.is_empty() => Ok(who.session.seq_of(&String::from_utf8_lossy(key))),
+        _ => Ok(0),
     }
 }
 
