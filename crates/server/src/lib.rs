@@ -1,7 +1,9 @@
 //! The Spindle state server: accepts connections, runs calls on sharded partitions,
 //! parks and wakes waiters, and ends sessions.
 //!
-//! Layout: [`config`] (settings), `connection` (per-client reader and writer), `acl` (users,
+//! Layout: [`config`] (settings), `connection` (per-client reader and writer: the native
+//! protocol's front end), `http` (the HTTP front end), `calls` (what both front ends run: a
+//! caller's operation on its shard, without a transport), `acl` (users,
 //! roles and permissions: a pure state machine), `access` (credentials, and what each
 //! request needs), `pickles` (stamping pickles with their writer), `audit` (refusals and
 //! protocol faults, logged without flooding),
