@@ -102,7 +102,7 @@ async fn list(
 async fn create(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
     answer(&headers, async {
         let who = authenticate(&front, &headers)?;
-        let mut body = read_body(&headers, body).await?;
+        let mut body = read_body(&front, &headers, body).await?;
         let type_name = take_str(&mut body, "type")?.ok_or_else(|| Error::bad_args("\"type\" is required"))?;
         let args = take_args(&mut body)?;
         let persistent = match body.remove("persistent") {
@@ -162,7 +162,7 @@ async fn call(
 ) -> Response {
     answer(&headers, async {
         let who = authenticate(&front, &headers)?;
-        let mut body = read_body(&headers, body).await?;
+        let mut body = read_body(&front, &headers, body).await?;
         let args = take_args(&mut body)?;
         if let Some(kwargs) = body.remove("kwargs") {
             if !matches!(&kwargs, Json::Object(map) if map.is_empty()) && !kwargs.is_null() {
@@ -201,7 +201,7 @@ async fn call(
 async fn invoke(State(front): State<Arc<Front>>, Path(name): Path<String>, headers: HeaderMap, body: Body) -> Response {
     answer(&headers, async {
         let who = authenticate(&front, &headers)?;
-        let mut body = read_body(&headers, body).await?;
+        let mut body = read_body(&front, &headers, body).await?;
         let args = take_args(&mut body)?;
         let kwargs = match body.remove("kwargs") {
             None | Some(Json::Null) => Vec::new(),
@@ -484,8 +484,13 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// Bodies up to this size are read without asking the budget of bodies in progress.
+const SMALL_BODY: usize = 64 << 10;
+
 /// The request's JSON body, an object (empty when there is no body), at most [`MAX_BODY`].
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<serde_json::Map<String, Json>, Error> {
+/// A larger body, while it arrives, holds its size against `--max-partial-frames` with the
+/// native protocol's large frames: slow clients cannot make the server hold more than that.
+async fn read_body(front: &Front, headers: &HeaderMap, body: Body) -> Result<serde_json::Map<String, Json>, Error> {
     let too_large = || Error::new(ErrorKind::FrameTooLarge, format!("the body is over {MAX_BODY} bytes"));
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -494,6 +499,12 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<serde_json::Map<St
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return Err(too_large());
     }
+    // Without a length (chunked), it may be as large as allowed.
+    let size = declared.map_or(MAX_BODY, |n| n as usize);
+    let _held = match size > SMALL_BODY {
+        true => Some(Receiving::hold(front, size)?),
+        false => None,
+    };
     let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(bytes) => bytes,
         Err(e) => {
@@ -511,6 +522,39 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<serde_json::Map<St
         Ok(Json::Object(map)) => Ok(map),
         Ok(_) => Err(Error::bad_args("the body must be a JSON object")),
         Err(e) => Err(Error::bad_args(format!("the body is not valid JSON: {e}"))),
+    }
+}
+
+/// Bytes of a body being received, counted with the large frames of native connections
+/// (`Stats::receiving`) until it has arrived or the request ends.
+struct Receiving<'a> {
+    front: &'a Front,
+    bytes: usize,
+}
+
+impl<'a> Receiving<'a> {
+    fn hold(front: &'a Front, bytes: usize) -> Result<Self, Error> {
+        let total = &front.shared.stats.receiving;
+        let limit = front.shared.config.limits.partial_frames;
+        let before = total.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        if before + bytes > limit {
+            total.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "the server is receiving {before} bytes of large bodies and frames and takes {limit} at \
+                     most (--max-partial-frames): a body of {bytes} bytes must wait; try again later"
+                ),
+            ));
+        }
+        Ok(Receiving { front, bytes })
+    }
+}
+
+impl Drop for Receiving<'_> {
+    fn drop(&mut self) {
+        let total = &self.front.shared.stats.receiving;
+        total.fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
