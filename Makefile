@@ -125,13 +125,13 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
-# Benchmarks run beside the real peers: redis-server (with TLS: bench/tls.py), zookeeper and GNU parallel from Debian's packages (and pypy3,
+# Benchmarks run beside the real peers: redis-server (with TLS: bench/tls.py; behind webdis: bench/http.py), zookeeper and GNU parallel from Debian's packages (and pypy3,
 # whose JIT bench/shared.py times on the Python method's loop); Ray,
 # Lithops, PySpark (Java 17) and kazoo from requirements-bench.lock, in their own virtual environment so that they
 # never enter the product's. `make bench QUICK=1` is a smoke check (small sizes, report in target/bench-quick/).
 BENCH_VENV := .venv-bench
 BPY := $(BENCH_VENV)/bin/python
-BENCHES := objects latency throughput shared sync functions scaling ml santa durability shell cluster tls auth limits
+BENCHES := objects latency throughput shared sync functions scaling ml santa durability shell cluster tls auth limits http
 export QUICK
 
 $(BENCH_VENV)/.installed: requirements.lock requirements-bench.lock python/pyproject.toml
@@ -141,8 +141,8 @@ $(BENCH_VENV)/.installed: requirements.lock requirements-bench.lock python/pypro
 	touch $@
 
 bench: setup pypy $(BENCH_VENV)/.installed
-	command -v redis-server >/dev/null && command -v parallel >/dev/null && test -f /usr/share/java/zookeeper.jar && command -v java >/dev/null && command -v pypy3 >/dev/null \
-		|| { apt-get update -qq && apt-get install -y -qq redis-server parallel zookeeper pypy3; }
+	command -v redis-server >/dev/null && command -v webdis >/dev/null && command -v parallel >/dev/null && test -f /usr/share/java/zookeeper.jar && command -v java >/dev/null && command -v pypy3 >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq redis-server webdis parallel zookeeper pypy3; }
 	$(CARGO) build --release --locked -p spindle-loadgen
 	install -m 755 target/release/spindle $(BENCH_VENV)/bin/spindle
 	$(BPY) bench/summary.py --reset

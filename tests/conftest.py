@@ -31,6 +31,7 @@ from spindle.client import Connection, frame, parse_address, shard_of  # noqa: E
 from spindle.sessions import new_secret  # noqa: E402
 
 LISTENING = "spindle listening on "
+HTTP_LISTENING = "spindle http on "  # before LISTENING, with --http-port
 POOL = 8  # --max-workers of the session's server
 
 
@@ -82,6 +83,7 @@ class ServerProcess:
             text=True,
             env=env,
         )
+        self.http_address: Optional[str] = None
         self.address = self._wait_listening()
         # Keep draining stdout so the server never blocks on a full pipe.
         threading.Thread(target=lambda: [None for _ in self.process.stdout], daemon=True).start()
@@ -91,6 +93,8 @@ class ServerProcess:
 
         def read() -> None:
             for line in self.process.stdout:  # type: ignore[union-attr]
+                if line.startswith(HTTP_LISTENING):
+                    self.http_address = line[len(HTTP_LISTENING):].strip()
                 if line.startswith(LISTENING):
                     found.append(line[len(LISTENING):].strip())
                     return

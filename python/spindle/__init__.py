@@ -33,8 +33,8 @@ closure's variable, its plain ``self``) warns :class:`LostUpdateWarning` at the 
 
 from .client import Client, connect, disconnect, tls_context
 from .codec import trust
-from .compute import Executor, Invocation, Thread, parallel_for
 from .compiled import wasm_type
+from .compute import Executor, Invocation, Thread, parallel_for, register_function
 from .data import Array, Blob, Counter, Dict, List, SortedDict, Value
 from .errors import (
     AbandonedLockWarning,
@@ -139,6 +139,7 @@ __all__ = [
     "keep",
     "objects",
     "parallel_for",
+    "register_function",
     "shared",
     "status",
     "tls_context",

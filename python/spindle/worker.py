@@ -263,8 +263,29 @@ def run_task(payload: bytes, capture: Capture, label: Optional[str] = None) -> D
     return report
 
 
+def run_json(payload: bytes) -> Dict[str, Any]:
+    """A registered function called with plain values (the ``json`` runtime, which the HTTP
+    front end invokes: docs/http.md, "Functions"): the payload is the MessagePack array
+    ``[function pickle, args, kwargs]``, and the report's ``value`` is the result as a plain
+    value rather than a pickle (the caller is no Python program)."""
+    start = _perf()
+    try:
+        code, args, kwargs = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        fn = pickle.loads(code)
+        value = _call(fn, list(args), dict(kwargs or {}))
+        size = len(_pack(value))  # a value the caller can read, or a TypeError naming what is not
+        if size > MAX_FRAME - REPORT_OVERHEAD:
+            raise ValueError(f"the function's result is {size:,} bytes, over what a reply can carry")
+        report = {"ok": True, "result": None, "value": value}
+    except BaseException as exc:  # a failing function fails its call, not the worker
+        report = {"ok": False, "result": None, "error": _error_of(exc)}
+    report.update(duration=_perf() - start, peak_rss=0)
+    return report
+
+
 def run_other(runtime: str, payload: bytes, options: Dict[str, Any], capture: Capture) -> Dict[str, Any]:
-    """Run a task of another runtime than ``python`` (``shell``: spindle/shell.py)."""
+    """Run a task of another runtime than ``python`` (``shell``: spindle/shell.py; ``json``:
+    a registered function, see ``run_json``)."""
     capture.reset_streams()
     if runtime == "shell":
         from spindle import shell  # imported on first use: Python workers start as fast
@@ -274,6 +295,8 @@ def run_other(runtime: str, payload: bytes, options: Dict[str, Any], capture: Ca
         except BaseException as exc:  # a bug of the runtime fails the task, not the worker
             report = {"ok": False, "result": None, "error": _error_of(exc), "duration": 0.0,
                       "peak_rss": 0}
+    elif runtime == "json":
+        report = run_json(payload)
     else:
         message = f"this worker runs no {runtime!r} functions"
         report = {"ok": False, "result": None, "duration": 0.0, "peak_rss": 0,

@@ -117,6 +117,10 @@ struct ServerArgs {
     /// TCP port (0 picks a free one; the listening line tells which).
     #[arg(long, default_value_t = 7070)]
     port: u16,
+    /// Serve objects over HTTP too, on this port of the same host (0 picks a free one; a
+    /// line "spindle http on ADDRESS" tells which). Off by default; see docs/http.md.
+    #[arg(long, value_name = "PORT")]
+    http_port: Option<u16>,
     /// Serve an interface beyond loopback in plaintext (without TLS).
     #[arg(long)]
     insecure: bool,
@@ -525,6 +529,7 @@ fn run_server(args: ServerArgs) -> ExitCode {
         tls,
         host: args.host,
         port: args.port,
+        http_port: args.http_port,
         insecure: args.insecure,
         partitions: args.partitions.map_or_else(default_partitions, usize::from),
         max_frame: args.max_frame,
@@ -592,6 +597,9 @@ fn run_server(args: ServerArgs) -> ExitCode {
         };
         let shutdown = shutdown_signal(embedded);
         let mut stdout = io::stdout().lock();
+        if let Some(http) = server.http_addr() {
+            let _ = writeln!(stdout, "spindle http on {http}");
+        }
         // Whoever started us waits for this exact line; if nobody reads stdout, carry on.
         let _ = writeln!(stdout, "spindle listening on {address}").and_then(|()| stdout.flush());
         drop(stdout);

@@ -232,6 +232,12 @@ impl Partition {
             .collect()
     }
 
+    /// The type of the object under `key`, if any: how a front end that addresses objects
+    /// by name alone (HTTP) finds the reference `(type, key)` to call.
+    pub fn type_of(&self, key: &str) -> Option<&str> {
+        self.objects.get(key).map(|e| e.body.type_name())
+    }
+
     /// Whether a live object is under `key`: one that a `create` attaches to, not one that
     /// a `create` would make again (a user-defined object lost with its host).
     pub fn is_live(&self, key: &str) -> bool {

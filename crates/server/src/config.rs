@@ -10,6 +10,9 @@ pub struct Config {
     pub host: String,
     /// TCP port; 0 picks a free one (read it back from [`crate::Server::local_addr`]).
     pub port: u16,
+    /// The HTTP front end's port on the same host (`--http-port`; 0 picks a free one, read
+    /// back from [`crate::Server::http_addr`]); `None`: no HTTP.
+    pub http_port: Option<u16>,
     /// Serve beyond loopback in plaintext (`--insecure`): tokens and data then cross the
     /// network readable by anyone on the path.
     pub insecure: bool,
@@ -259,6 +262,7 @@ impl Default for Config {
             host: "127.0.0.1".into(),
             port: 7070,
             insecure: false,
+            http_port: None,
             partitions: default_partitions(),
             max_frame: spindle_proto::DEFAULT_MAX_FRAME,
             session_ttl: Duration::from_secs(5),

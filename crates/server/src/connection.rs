@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_core::objects::{compiled, user};
-use spindle_core::partition::{Op, TxnId, UNNAMED_PREFIX};
+use spindle_core::objects::compiled;
+use spindle_core::partition::{Op, TxnId};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, TxnRef, PROTOCOL_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::access::{self, Grant};
 use crate::acl::{Change, Permission, Principal};
+use crate::calls::{self, redirect};
 use crate::cluster::{moves, two_phase, MetadataChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
@@ -645,8 +646,6 @@ impl Connection {
                 acked,
                 txn,
             } => {
-                // Both kinds of type whose code the server keeps: classes and modules.
-                let defined_type = user::is_user_type(&type_name) || compiled::is_compiled_type(&type_name);
                 let op = Op::Create {
                     type_name,
                     key,
@@ -654,10 +653,9 @@ impl Connection {
                     owned,
                     persistent,
                 };
-                match (txn, defined_type) {
-                    (Some(txn), _) => self.transact(id, seq, thread, txn, op),
-                    (None, true) => self.create_defined(id, seq, acked, thread, op),
-                    (None, false) => self.apply(id, seq, acked, thread, op, None),
+                match txn {
+                    Some(txn) => self.transact(id, seq, thread, txn, op),
+                    None => self.apply(id, seq, acked, thread, op),
                 }
             }
             Request::Call {
@@ -679,12 +677,12 @@ impl Connection {
                 };
                 match txn {
                     Some(txn) => self.transact(id, seq, thread, txn, op),
-                    None => self.apply(id, seq, acked, thread, op, None),
+                    None => self.apply(id, seq, acked, thread, op),
                 }
             }
             Request::Delete { id, seq, key, txn } => match txn {
                 Some(txn) => self.transact(id, seq, 0, txn, Op::Delete { key }),
-                None => self.apply(id, seq, 0, 0, Op::Delete { key }, None),
+                None => self.apply(id, seq, 0, 0, Op::Delete { key }),
             },
             Request::Commit { id, seq, txn, shards } => self.commit(id, seq, txn, shards),
             Request::Abort { id, txn } => {
@@ -719,16 +717,8 @@ impl Connection {
                 persistent,
                 all,
             } => {
-                let mut reply = self.objects(&prefix, persistent, all);
-                if let (Value::Array(listed), Some(who)) = (&mut reply, &self.principal) {
-                    // Only the names this user may read.
-                    listed.retain(|pair| {
-                        let name = pair.as_array().and_then(|p| p.first()).and_then(Value::as_str);
-                        // An unnamed object's key is its capability: admins only (access.rs).
-                        name.is_some_and(|name| who.allows(Permission::Read, name) && !name.starts_with(UNNAMED_PREFIX))
-                            || who.allows(Permission::Admin, "")
-                    });
-                }
+                // Only the names this user may read.
+                let reply = calls::objects(&self.shared, &prefix, persistent, all, self.principal.as_ref());
                 self.reply(id, Ok(reply))
             }
             Request::Status { id } => {
@@ -936,26 +926,6 @@ impl Connection {
             return None;
         }
         self.raft_part.take().map(|(_, message)| vec![message])
-    }
-
-    /// `create` of a user-defined or compiled type: it runs the class's or the module's
-    /// code, so that must be defined at the version the client names.
-    fn create_defined(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op) {
-        let Op::Create { type_name, args, .. } = &op else {
-            unreachable!("only creates come here")
-        };
-        let shared = self.shared.clone();
-        // Held across the apply, so a concurrent `define` cannot swap the version under it.
-        let classes = shared.hosts.classes();
-        let code = match args.first().and_then(Value::as_str) {
-            Some(version) => match hosts::class_code(&classes, type_name, version) {
-                Ok(code) => Some(code),
-                Err(e) => return self.reply(id, Err(e)),
-            },
-            // A malformed create: the partition says what is wrong with it.
-            None => None,
-        };
-        self.apply(id, seq, acked, thread, op, code.as_ref());
     }
 
     /// `keep` under a name whose shard another node leads: answered once the object moved.
@@ -1216,64 +1186,23 @@ impl Connection {
         self.change(id, MetadataChange::Acl(change));
     }
 
-    /// Run an object operation on its shard, in this task (`seq` and `acked`: see
-    /// `Partition::apply`). `code` is the class's code for a `create` of a user-defined type.
-    fn apply(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op, code: Option<&Arc<Vec<u8>>>) {
+    /// Run an object operation on its shard, in this task (see `calls::apply`).
+    fn apply(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op) {
         let unless_exists = self.unless_exists.take();
         let Some(client) = self.client.clone() else {
             return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
         };
-        let index = self.shared.shards.index_of(op.key());
-        self.touched[index] = true;
+        self.touched[self.shared.shards.index_of(op.key())] = true;
         let caller = Caller {
             conn: self.id,
             client,
             thread,
         };
         let token = Token { conn: self.id, req: id };
-        let shared = &self.shared;
-        // Over --max-memory, caches give room before anything is refused (as Redis evicts
-        // before each command); under it, this is one load of a shared count.
-        let memory = shared.shards.memory();
-        if memory.is_over() && memory.cached() > 0 && evictions_readable(shared) {
-            shared.shards.make_room();
-        }
-        let applied = shared.shards.with(index, |s| {
-            if !s.serving() {
-                return Err(redirect(shared, index));
-            }
-            if let Some(refusal) = unless_exists.filter(|_| !s.partition.is_live(op.key())) {
-                return Err(refusal);
-            }
-            s.calls += 1;
-            if let (
-                Some(code),
-                Op::Create {
-                    type_name,
-                    args,
-                    persistent,
-                    ..
-                },
-            ) = (code, &op)
-            {
-                // A class is logged with the first state of this version in this partition;
-                // a module is compiled for every create, and logged before a persistent one.
-                if let Some(version) = args.first().and_then(Value::as_str) {
-                    if *persistent || compiled::is_compiled_type(type_name) {
-                        s.partition.offer_class(type_name, version, code)?;
-                    }
-                }
-            }
-            let deliveries = s.partition.apply(&caller, token, seq, acked, op, Instant::now());
-            let deliveries = s.journal(deliveries);
-            // User-defined objects' calls go to their hosts before the shard is unlocked, so
-            // each host gets them in the order they were applied.
-            Ok((deliveries, hosts::forward(shared, &mut s.partition, code)))
-        });
-        match applied.and_then(|r| r) {
-            Ok((deliveries, actions)) => {
-                self.route(deliveries);
-                hosts::run(&self.shared, actions);
+        match calls::apply(&self.shared, &caller, token, (seq, acked), op, unless_exists) {
+            Ok(applied) => {
+                self.route(applied.deliveries);
+                hosts::run(&self.shared, applied.host_actions);
             }
             Err(e) => self.reply(id, Err(e)),
         }
@@ -1353,34 +1282,15 @@ impl Connection {
     /// Answer this connection's call `call_id`, parked on `key`, with its timeout result now;
     /// reply `true` if it was still parked. Its answer goes out before this reply.
     fn withdraw(&mut self, id: u64, call_id: u64, key: &str) {
-        let index = self.shared.shards.index_of(key);
-        let token = Token {
+        let parked = Token {
             conn: self.id,
             req: call_id,
         };
         let this = Token { conn: self.id, req: id };
-        let shared = &self.shared;
-        match shared
-            .shards
-            .with(index, |s| {
-                if !s.serving() {
-                    return Err(redirect(shared, index));
-                }
-                let mut deliveries = s.partition.withdraw(token, key, Instant::now());
-                let withdrawn = deliveries.iter().any(|d| d.token == token);
-                // After the withdrawn call's answer, on the same path (it may wait for the log).
-                deliveries.push(Delivery {
-                    token: this,
-                    reply: Ok(Value::Boolean(withdrawn)),
-                });
-                // A withdrawn transaction's copies go, and calls it woke may need hosts.
-                Ok((s.journal(deliveries), hosts::forward(shared, &mut s.partition, None)))
-            })
-            .and_then(|r| r)
-        {
-            Ok((deliveries, actions)) => {
-                hosts::run(&self.shared, actions);
-                self.route(deliveries)
+        match calls::withdraw(&self.shared, parked, key, Some(this)) {
+            Ok(applied) => {
+                hosts::run(&self.shared, applied.host_actions);
+                self.route(applied.deliveries)
             }
             Err(e) => self.reply(id, Err(e)),
         }
@@ -1407,36 +1317,6 @@ impl Connection {
         }
         self.answered += 1;
         encode_reply(id, &reply, &mut self.replies);
-    }
-
-    fn objects(&self, prefix: &str, persistent: bool, all: bool) -> Value {
-        let shards = &self.shared.shards;
-        let mut named: Vec<(String, String, usize)> = Vec::new();
-        // In a cluster each node lists the shards it serves (their leader's view, ephemeral
-        // objects included): clients ask every node and merge.
-        for index in 0..shards.count() {
-            let listed = |s: &mut crate::shards::ShardState| match s.serving() {
-                true => s.partition.listing(prefix, persistent, all),
-                false => Vec::new(),
-            };
-            match shards.with(index, listed) {
-                Ok(found) => named.extend(found),
-                Err(e) => warn!(shard = index, "objects: shard skipped: {e}"),
-            }
-        }
-        named.sort_unstable();
-        Value::Array(
-            named
-                .into_iter()
-                .map(|(name, type_name, size)| {
-                    let mut row = vec![Value::from(name), Value::from(type_name)];
-                    if all {
-                        row.push(Value::from(size));
-                    }
-                    Value::Array(row)
-                })
-                .collect(),
-        )
     }
 
     /// The connection is gone: withdraw its parked calls, release what it held, and let its
@@ -1477,24 +1357,8 @@ impl Connection {
     }
 }
 
-/// The answer to a call on a shard this node does not serve (in a cluster).
 /// What a peer's two-phase commit request runs.
 type TwoPhaseTask = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
-
-fn redirect(shared: &Shared, index: usize) -> Error {
-    match &shared.cluster {
-        Some(cluster) => cluster.redirect(index),
-        None => Error::new(ErrorKind::Internal, format!("shard {index} is not serving")),
-    }
-}
-
-/// Whether every node reads the records of caches giving room (always on a lone server).
-fn evictions_readable(shared: &Shared) -> bool {
-    shared
-        .cluster
-        .as_ref()
-        .is_none_or(|cluster| cluster.active_format() >= crate::cluster::format::EVICT)
-}
 
 fn not_clustered() -> Error {
     Error::value("this server is not part of a cluster (start it with --node-id)")

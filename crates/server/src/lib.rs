@@ -1,7 +1,9 @@
 //! The Spindle state server: accepts connections, runs calls on sharded partitions,
 //! parks and wakes waiters, and ends sessions.
 //!
-//! Layout: [`config`] (settings), `connection` (per-client reader and writer), `acl` (users,
+//! Layout: [`config`] (settings), `connection` (per-client reader and writer: the native
+//! protocol's front end), `http` (the HTTP front end), `calls` (what both front ends run: a
+//! caller's operation on its shard, without a transport), `acl` (users,
 //! roles and permissions: a pure state machine), `access` (credentials, and what each
 //! request needs), `pickles` (stamping pickles with their writer), `audit` (refusals and
 //! protocol faults, logged without flooding),
@@ -15,12 +17,14 @@
 mod access;
 mod acl;
 mod audit;
+mod calls;
 mod cgroup;
 mod cluster;
 pub mod config;
 mod connection;
 mod gateway;
 mod hosts;
+mod http;
 mod journal;
 mod pickles;
 mod process;
@@ -85,6 +89,8 @@ pub(crate) struct Shared {
 /// A bound server, ready to [`run`](Server::run).
 pub struct Server {
     listener: TcpListener,
+    /// The HTTP front end's port (`--http-port`).
+    http_listener: Option<TcpListener>,
     shared: Arc<Shared>,
 }
 
@@ -111,6 +117,10 @@ impl Server {
             None => None,
         };
         let listener = TcpListener::bind((config.host.as_str(), config.port)).await?;
+        let http_listener = match config.http_port {
+            Some(port) => Some(http::bind(&config.host, port).await?),
+            None => None,
+        };
         let local = listener.local_addr()?;
         let address = local.to_string();
         let mut reachable = local;
@@ -187,7 +197,11 @@ impl Server {
         } else if let Some(dir) = &shared.config.data_dir {
             journal::start(&shared, dir, shared.config.fsync, shared.config.snapshot_after)?;
         }
-        Ok(Server { listener, shared })
+        Ok(Server {
+            listener,
+            http_listener,
+            shared,
+        })
     }
 
     /// This node's id in its cluster (`None` for a single server).
@@ -199,6 +213,11 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// The HTTP front end's address, if it has one (`--http-port`).
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// Serve until `shutdown` completes, then stop accepting and return.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let shared = self.shared;
@@ -208,6 +227,8 @@ impl Server {
         tokio::spawn(status::run_sampler(shared.clone()));
         tokio::spawn(gateway::run_timer(shared.clone()));
         tokio::spawn(hosts::run_timer(shared.clone()));
+        // Stops accepting with the native port (its requests in progress end with the process).
+        let http = self.http_listener.map(|l| tokio::spawn(http::run(shared.clone(), l)));
         let functions = &shared.config.functions;
         info!(
             address = %shared.address,
@@ -242,6 +263,9 @@ impl Server {
                     }
                 },
             }
+        }
+        if let Some(http) = http {
+            http.abort();
         }
         info!("stopped accepting connections");
         hosts::stopping(&shared);

@@ -3,7 +3,7 @@
 //! 6) with the writing user and whether that user may run code here; SDKs unpickle only
 //! what a trusted writer (or the reader's own user) wrote (docs/security.md).
 
-use spindle_core::{Error, Value};
+use spindle_core::{Error, ErrorKind, Value};
 
 use crate::acl::Principal;
 
@@ -96,6 +96,27 @@ fn pickle_of(body: &[u8]) -> Result<Vec<u8>, Error> {
     match rmpv::decode::read_value(&mut &body[..]).map_err(|_| bad())? {
         Value::Array(mut items) if items.len() == 3 => match items.pop() {
             Some(Value::Binary(data)) => Ok(data),
+            _ => Err(bad()),
+        },
+        _ => Err(bad()),
+    }
+}
+
+/// The pickle in `value` if a writer who may run code here wrote it (its stamp says so):
+/// what the server may hand a worker to unpickle on behalf of another user.
+pub(crate) fn trusted_code(value: &Value) -> Result<Vec<u8>, Error> {
+    let untrusted = |why: &str| Error::new(ErrorKind::PermissionDenied, why.to_string());
+    let Value::Ext(EXT_STAMPED, body) = value else {
+        return Err(untrusted("not a function (a stamped pickle)"));
+    };
+    let bad = || Error::bad_args("a stamped pickle (ext type 6) must be [writer, trusted, pickle]");
+    match rmpv::decode::read_value(&mut &body[..]).map_err(|_| bad())? {
+        Value::Array(items) => match items.as_slice() {
+            [_, Value::Boolean(true), Value::Binary(code)] => Ok(code.clone()),
+            [writer, Value::Boolean(false), Value::Binary(_)] => Err(untrusted(&format!(
+                "written by user '{}', who may not run code here",
+                writer.as_str().unwrap_or("?")
+            ))),
             _ => Err(bad()),
         },
         _ => Err(bad()),

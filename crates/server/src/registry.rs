@@ -18,12 +18,12 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use spindle_core::{ConnId, Delivery};
+use spindle_core::{ConnId, Delivery, Reply};
 
 use crate::audit::Audit;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 /// A queue of encoded frames in front of a connection's socket. Frames are appended as
 /// bytes to chunks of up to [`CHUNK`], so the writer sends many in each `write` call.
@@ -394,9 +394,44 @@ fn try_write_all(socket: &OwnedWriteHalf, bytes: &[u8]) -> io::Result<usize> {
     Ok(written)
 }
 
+/// Where the replies of a front end without a socket of its own go (HTTP): each request
+/// waits on a one-shot channel of its own, found by its request id. A reply nobody waits
+/// for any more (the request gave up) is dropped.
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    waiting: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+}
+
+impl Mailbox {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, oneshot::Sender<Reply>>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wait for the reply to request `req` (before the request is made: it may be answered
+    /// at once).
+    pub(crate) fn expect(&self, req: u64) -> oneshot::Receiver<Reply> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(req, tx);
+        rx
+    }
+
+    /// Nobody waits for request `req` any more.
+    pub(crate) fn forget(&self, req: u64) {
+        self.lock().remove(&req);
+    }
+
+    fn post(&self, req: u64, reply: Reply) {
+        if let Some(tx) = self.lock().remove(&req) {
+            let _ = tx.send(reply);
+        }
+    }
+}
+
 /// Live connections by id.
 pub(crate) struct Registry {
     outboxes: RwLock<HashMap<ConnId, Arc<Outbox>>>,
+    /// Front ends answered in process, by the connection id their calls carry.
+    mailboxes: RwLock<HashMap<ConnId, Arc<Mailbox>>>,
     next_id: AtomicU64,
     /// Where the errors delivered are logged.
     audit: Arc<Audit>,
@@ -406,6 +441,7 @@ impl Registry {
     pub(crate) fn new(audit: Arc<Audit>) -> Self {
         Registry {
             outboxes: RwLock::new(HashMap::default()),
+            mailboxes: RwLock::new(HashMap::default()),
             audit,
             // Connection 0 is the partitions' "system" caller; real ones start at 1.
             next_id: AtomicU64::new(1),
@@ -425,6 +461,17 @@ impl Registry {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id, outbox);
+        id
+    }
+
+    /// Number a front end answered in process and register its mailbox (for the server's
+    /// life).
+    pub(crate) fn register_mailbox(&self, mailbox: Arc<Mailbox>) -> ConnId {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.mailboxes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, mailbox);
         id
     }
 
@@ -462,6 +509,7 @@ impl Registry {
                 }
                 match outboxes.get(&d.token.conn) {
                     Some(outbox) => to = Some((d.token.conn, outbox)),
+                    None if self.post(&d) => continue,
                     None => {
                         if let Err(e) = &d.reply {
                             self.audit.error_reply(None, d.token.conn, d.token.req, e);
@@ -485,6 +533,18 @@ impl Registry {
         }
         if let Some((_, outbox)) = to {
             outbox.push_delivered(&mut frames);
+        }
+    }
+
+    /// Hand `d` to its mailbox, if it is addressed to one.
+    fn post(&self, d: &Delivery) -> bool {
+        let mailboxes = self.mailboxes.read().unwrap_or_else(PoisonError::into_inner);
+        match mailboxes.get(&d.token.conn) {
+            Some(mailbox) => {
+                mailbox.post(d.token.req, d.reply.clone());
+                true
+            }
+            None => false,
         }
     }
 }

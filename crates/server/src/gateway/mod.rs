@@ -26,8 +26,9 @@ pub(crate) use pool::WorkerId;
 use pool::{About, Action, CallInfo, Counts, Invocation, Limits, Pool};
 
 /// The runtimes this gateway runs (all on the same Python workers: `shell` runs a command
-/// with bash, see python/spindle/shell.py).
-const RUNTIMES: &[&str] = &["python", "shell"];
+/// with bash, see python/spindle/shell.py; `json` a registered function with plain values,
+/// for the HTTP front end).
+const RUNTIMES: &[&str] = &["python", "shell", "json"];
 
 /// The runtime workers announce in their `worker` hello.
 const WORKER_RUNTIMES: &[&str] = &["python"];

@@ -32,8 +32,8 @@ use tokio::sync::Notify;
 use crate::config::Config;
 use crate::process::{self, Exit, Launch, Proc, Table};
 use crate::Shared;
-pub(crate) use slot::HostId;
-use slot::{Action, Limits, Slot};
+pub(crate) use slot::{Action, HostId};
+use slot::{Limits, Slot};
 
 /// A defined class: its version (a content hash the client computes) and code (opaque).
 pub(crate) struct Class {
