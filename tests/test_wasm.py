@@ -300,3 +300,16 @@ def test_the_hosts_work_on_a_guests_bytes_costs_fuel(Attack, method):
         getattr(a, method)(10_000)
     assert raised.value.reason == "fuel"
     assert spindle.Counter().add(1) == 1
+
+
+def test_a_reply_of_many_tiny_values_is_refused_before_it_is_decoded(Attack):
+    """Two million nils are 2 MB of reply but would decode to some 80 MB in the server (and
+    stay in its reply log): a reply is counted before it is decoded, and refused past
+    1,048,576 values, with the server's memory as it was."""
+    a = Attack()
+    assert a.nils(1000) == [None] * 1000
+    with pytest.raises(spindle.Trapped, match="more than 1048576 values") as raised:
+        a.nils(2_000_000)
+    assert raised.value.reason == "trap"
+    with pytest.raises(spindle.Trapped, match="a reply is at most"):
+        a.nils(20_000_000)  # 20 MB: past the 16 MiB a reply (as a state) may have

@@ -154,7 +154,7 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
             let memory = memory(&mut caller)?;
             let (data, host) = memory.data_and_store_mut(&mut caller);
             let bytes = &data[guest_range(data.len(), "reply", ptr, len)?];
-            host.reply = Some(decode_one(bytes)?);
+            host.reply = Some(decode_one(bytes, host.state_limit)?);
             Ok(())
         },
     )?;
@@ -222,8 +222,26 @@ fn guest_range(size: usize, import: &str, ptr: i32, len: i32) -> Result<std::ops
     Ok(start..end)
 }
 
-fn decode_one(mut bytes: &[u8]) -> Result<Value, Abort> {
+/// Values a reply may hold: each byte of MessagePack may decode to about 40 bytes of values,
+/// so the count, not only the length, bounds what a reply costs the server.
+pub(crate) const MAX_REPLY_VALUES: usize = 1 << 20;
+
+/// The one MessagePack value of a reply of at most `max_bytes` (as a state) and
+/// [`MAX_REPLY_VALUES`] values, counted before anything is decoded.
+fn decode_one(mut bytes: &[u8], max_bytes: usize) -> Result<Value, Abort> {
     let total = bytes.len();
+    if total > max_bytes {
+        return Err(Abort::Fault(format!(
+            "{IMPORT_MODULE}.reply was given {total} bytes: a reply is at most {max_bytes} bytes, as a state is \
+             (Limits::state_bytes)"
+        )));
+    }
+    if let Err(count) = spindle_proto::count_values(bytes, MAX_REPLY_VALUES) {
+        return Err(Abort::Fault(format!(
+            "{IMPORT_MODULE}.reply was given more than {MAX_REPLY_VALUES} values ({count} counted so far): \
+             return fewer, larger values (bytes rather than lists of numbers)"
+        )));
+    }
     let value = rmpv::decode::read_value(&mut bytes).map_err(|e| {
         Abort::Fault(format!(
             "{IMPORT_MODULE}.reply was given {total} bytes that are not a MessagePack value ({e})"
