@@ -117,8 +117,10 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
     })?;
     linker.func_wrap(IMPORT_MODULE, "state_read", |mut caller: Caller<'_, Host>, ptr: i32| {
         let len = caller.data().state.len();
-        charge(&mut caller, len)?;
         let memory = memory(&mut caller)?;
+        // Bad pointers are the guest's fault whatever the fuel left: checked before it is charged.
+        guest_range(memory.data_size(&caller), "state_read", ptr, len as i32)?;
+        charge(&mut caller, len)?;
         let (data, host) = memory.data_and_store_mut(&mut caller);
         let range = guest_range(data.len(), "state_read", ptr, host.state.len() as i32)?;
         data[range].copy_from_slice(&host.state);
@@ -136,8 +138,9 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
                 }
                 .into());
             }
-            charge(&mut caller, len as u32 as usize)?;
             let memory = memory(&mut caller)?;
+            guest_range(memory.data_size(&caller), "state_write", ptr, len)?;
+            charge(&mut caller, len as u32 as usize)?;
             let (data, host) = memory.data_and_store_mut(&mut caller);
             let range = guest_range(data.len(), "state_write", ptr, len)?;
             let new_state = host.new_state.get_or_insert_with(Vec::new);
@@ -150,8 +153,9 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
         IMPORT_MODULE,
         "reply",
         |mut caller: Caller<'_, Host>, ptr: i32, len: i32| {
-            charge(&mut caller, len as u32 as usize)?;
             let memory = memory(&mut caller)?;
+            guest_range(memory.data_size(&caller), "reply", ptr, len)?;
+            charge(&mut caller, len as u32 as usize)?;
             let (data, host) = memory.data_and_store_mut(&mut caller);
             let bytes = &data[guest_range(data.len(), "reply", ptr, len)?];
             host.reply = Some(decode_one(bytes, host.state_limit)?);
