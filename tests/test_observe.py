@@ -149,6 +149,9 @@ def test_an_endless_printer_is_bounded_and_kill_ends_it(child_env, uniq):
     assert wait_until(lambda: printed.get() >= 8, deadline=120)  # 8 MiB printed
     id_ = call_id(f"flood_{uniq}")
     assert id_ is not None
+    # The output reaches the server in batches that may trail the counter's calls: wait for
+    # the first rather than assume it came with them.
+    assert wait_until(lambda: spindle_cli("logs", str(id_)).stdout, deadline=30)
     logs = spindle_cli("logs", str(id_)).stdout
     assert 0 < len(logs) <= 64 * 1024  # the server keeps a bounded tail
     assert spindle_cli("kill", str(id_)).returncode == 0
