@@ -58,6 +58,25 @@ pub(crate) fn apply(
     apply_with_code(shared, caller, token, (seq, acked), op, unless_exists, code.as_ref())
 }
 
+/// Before a transaction's create of a compiled type: its module, compiled in the partition
+/// of the key (as [`apply`] does for a create outside transactions).
+pub(crate) fn offer_module(shared: &Shared, op: &Op) -> Result<(), Error> {
+    let Op::Create { type_name, args, .. } = op else {
+        return Ok(());
+    };
+    let Some(version) = args.first().and_then(Value::as_str) else {
+        return Ok(());
+    };
+    if !compiled::is_compiled_type(type_name) {
+        return Ok(());
+    }
+    let code = hosts::class_code(&shared.hosts.classes(), type_name, version)?;
+    let index = shared.shards.index_of(op.key());
+    shared
+        .shards
+        .with(index, |s| s.partition.offer_class(type_name, version, &code))?
+}
+
 fn apply_with_code(
     shared: &Shared,
     caller: &Caller,

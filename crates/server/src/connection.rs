@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_core::objects::compiled;
 use spindle_core::partition::{Op, TxnId};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{decode_request, encode_reply, split_frame, CallsAction, Request, Split, TxnRef, PROTOCOL_VERSION};
@@ -1227,32 +1226,13 @@ impl Connection {
             thread,
         };
         let token = Token { conn: self.id, req: id };
-        if let Err(e) = self.offer_module(&op) {
+        if let Err(e) = calls::offer_module(&self.shared, &op) {
             return self.reply(id, Err(e));
         }
         match transactions::call(&self.shared, &caller, token, seq, txn, op) {
             Ok(deliveries) => self.route(deliveries),
             Err(e) => self.reply(id, Err(e)),
         }
-    }
-
-    /// Before a transaction's create of a compiled type: its module, compiled in the
-    /// partition of the key (as `apply` does for a create outside transactions).
-    fn offer_module(&self, op: &Op) -> Result<(), Error> {
-        let Op::Create { type_name, args, .. } = op else {
-            return Ok(());
-        };
-        let Some(version) = args.first().and_then(Value::as_str) else {
-            return Ok(());
-        };
-        if !compiled::is_compiled_type(type_name) {
-            return Ok(());
-        }
-        let code = hosts::class_code(&self.shared.hosts.classes(), type_name, version)?;
-        let index = self.shared.shards.index_of(op.key());
-        self.shared
-            .shards
-            .with(index, |s| s.partition.offer_class(type_name, version, &code))?
     }
 
     fn commit(&mut self, id: u64, seq: u64, txn: u64, shards: Vec<u64>) {
