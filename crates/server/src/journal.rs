@@ -4,7 +4,7 @@
 //!
 //! A shard's partition leaves a record for every event that changes a persistent object.
 //! The call that caused it writes the records itself, under the shard lock
-//! ([`ShardState::journal`](crate::shards::ShardState::journal)) and then the log's short
+//! ([`Journal::append`], from the shard's journal step) and then the log's short
 //! lock, so they are in the partition's order and no thread hop is paid. With `--fsync
 //! always` its replies then wait for the log's syncer thread: it `fsync`s whenever replies
 //! wait, each `fsync` covering every record written before it by any call of any partition
@@ -34,7 +34,6 @@ use spindle_storage::{self as storage, LogFile, LogPosition, LogWriter, FIRST_SE
 use tracing::{error, info, warn};
 
 use crate::config::Fsync;
-use crate::shards::ShardState;
 use crate::wal::{storage_errors, Wal};
 use crate::Shared;
 
@@ -137,6 +136,23 @@ impl<F: LogFile> Journal<F> {
 }
 
 impl Journal {
+    /// A call's `records` (see `submit`), then a snapshot if the log grew enough since the
+    /// partition's last. Returns the replies that may go now.
+    pub(crate) fn append(
+        &mut self,
+        partition: &mut Partition,
+        records: Vec<Vec<u8>>,
+        deliveries: Vec<Delivery>,
+    ) -> Vec<Delivery> {
+        let wrote = !records.is_empty();
+        let mut out = self.submit(partition, records, deliveries);
+        if wrote {
+            let written = self.last_mark;
+            out.extend(self.maybe_snapshot(partition, written));
+        }
+        out
+    }
+
     /// Start a snapshot if the log grew by `--snapshot-after` since this partition's last
     /// one (and none is running); `written` is the log's mark now. The moment is now,
     /// between this partition's records written so far and its next ones. The log moves to
@@ -209,56 +225,36 @@ impl Journal {
     }
 }
 
-/// Write `records` to the log (if shard `s` has one) and return the replies that may go now.
-pub(crate) fn submit(s: &mut ShardState, records: Vec<Vec<u8>>, deliveries: Vec<Delivery>) -> Vec<Delivery> {
-    let ShardState { partition, log, .. } = s;
-    let Some(journal) = log else {
-        return deliveries;
-    };
-    let wrote = !records.is_empty();
-    let mut out = journal.submit(partition, records, deliveries);
-    if wrote {
-        let written = journal.last_mark;
-        out.extend(journal.maybe_snapshot(partition, written));
-    }
-    out
-}
-
 /// Write the records of several shards (a transaction's commit) as one group record, so
 /// a crash keeps all of them or none, and return the replies that may go now (see
-/// [`Journal::submit`]). `parts` are each shard's records; shards without a log have none.
+/// [`Journal::submit`]). `logs` are the shards' that have one, `parts` their records.
 pub(crate) fn submit_group(
-    states: &mut [(usize, &mut ShardState)],
+    mut logs: Vec<(&mut Partition, &mut Journal)>,
     parts: Vec<(u32, Vec<Vec<u8>>)>,
     deliveries: Vec<Delivery>,
 ) -> Vec<Delivery> {
-    let Some(wal) = states.iter().find_map(|(_, s)| s.log.as_ref().map(|j| j.wal.clone())) else {
+    let Some(wal) = logs.first().map(|(_, journal)| journal.wal.clone()) else {
         return deliveries;
     };
     if let Some(why) = wal.failure() {
-        let (_, first) = &mut states[0];
-        let journal = first.log.as_mut().expect("the log was found above");
-        return journal.fail(&mut first.partition, &why, deliveries);
+        let (partition, journal) = &mut logs[0];
+        return journal.fail(partition, &why, deliveries);
     }
     let mark = match wal.append_group(&parts) {
         Ok(mark) => mark,
         Err(e) => {
             let why = e.to_string();
             wal.fail(&why);
-            for (_, s) in states.iter_mut() {
-                if let Some(journal) = s.log.as_mut() {
-                    journal.stop(&mut s.partition, &why);
-                }
+            for (partition, journal) in logs {
+                journal.stop(partition, &why);
             }
             return storage_errors(&why, deliveries);
         }
     };
     let mut fsync = Fsync::Never;
-    for (_, s) in states.iter_mut() {
-        if let Some(journal) = s.log.as_mut() {
-            journal.last_mark = mark;
-            fsync = journal.fsync;
-        }
+    for (_, journal) in logs {
+        journal.last_mark = mark;
+        fsync = journal.fsync;
     }
     match (&wal.syncer, fsync) {
         (Some(syncer), Fsync::Always) if !deliveries.is_empty() => syncer.after_sync(mark, deliveries),
@@ -281,12 +277,9 @@ fn start_syncer(shared: &Arc<Shared>, wal: &Wal, fsync: Fsync) -> io::Result<()>
         shared.registry.deliver(syncer.fail_waiting(&why));
         error!("the write-ahead log failed: {why}; persistent objects are read-only until a restart");
         for index in 0..shared.shards.count() {
-            let stopped = shared.shards.with(index, |s| {
-                let ShardState { partition, log, .. } = s;
-                match log {
-                    Some(journal) => journal.stop(partition, &why),
-                    None => partition.storage_failed(&why),
-                }
+            let stopped = shared.shards.with(index, |s| match &mut s.log {
+                Some(journal) => journal.stop(&mut s.partition, &why),
+                None => s.partition.storage_failed(&why),
             });
             if let Err(e) = stopped {
                 error!(partition = index, "could not stop persistent writes: {e}");
@@ -301,10 +294,9 @@ fn start_syncer(shared: &Arc<Shared>, wal: &Wal, fsync: Fsync) -> io::Result<()>
 fn snapshot_others(shared: &Shared, done: usize) {
     for index in (0..shared.shards.count()).filter(|i| *i != done) {
         let failed = shared.shards.with(index, |s| {
-            let ShardState { partition, log, .. } = s;
-            log.as_mut().map(|journal| {
+            s.log.as_mut().map(|journal| {
                 let written = journal.wal.written();
-                journal.maybe_snapshot(partition, written)
+                journal.maybe_snapshot(&mut s.partition, written)
             })
         });
         if let Ok(Some(failed)) = failed {
@@ -449,14 +441,13 @@ fn recover_and_start(shared: &Arc<Shared>, dir: &Path, fsync: Fsync, snapshot_af
         shared
             .shards
             .with(index, move |s| {
-                let ShardState { partition, log, .. } = s;
                 // A long tail replayed: snapshot it now (no call waits yet: no replies).
-                let _ = log.insert(journal).maybe_snapshot(partition, written);
+                let _ = s.log.insert(journal).maybe_snapshot(&mut s.partition, written);
             })
             .map_err(io::Error::other)?;
     }
     // After the journals are in place: a session that ends at once logs its end.
-    crate::sessions::recovered(shared, clients);
+    (shared.adopt_sessions)(shared, clients);
     info!(
         data_dir = %dir.display(),
         records = replayed.records,

@@ -1,18 +1,21 @@
 //! The Spindle state server: accepts connections, runs calls on sharded partitions,
 //! parks and wakes waiters, and ends sessions.
 //!
-//! Layout: [`config`] (settings), `connection` (per-client reader and writer: the native
-//! protocol's front end), `http` (the HTTP front end), `calls` (what both front ends run: a
-//! caller's operation on its shard, without a transport), `acl` (users,
-//! roles and permissions: a pure state machine), `access` (credentials, and what each
-//! request needs), `pickles` (stamping pickles with their writer), `audit` (refusals and
-//! protocol faults, logged without flooding),
-//! `shards` (partitions behind mutexes, timers, `keep`), `registry` (reply routing),
-//! `sessions` (session lifetimes), `status` (counters and the `status` reply), `gateway`
-//! (functions: the worker pool and invocations), `hosts` (user-defined objects: their classes
-//! and the host processes that run them), `process` (starting and supervising both kinds of
-//! Python child processes), `cluster` (cluster mode: every shard a Raft group, see
-//! docs/cluster.md).
+//! Layout, top-down (a module uses only those below it; the root wires them together):
+//! - front ends: `connection` (per-client reader and writer: the native protocol), `http`
+//!   (the HTTP front end), `status` (counters and the `status` reply);
+//! - what both front ends run: `calls` (a caller's operation on its shard, without a
+//!   transport), `transactions` (multi-shard commits), `sessions` (session lifetimes),
+//!   `gateway` (functions: the worker pool and invocations);
+//! - `shards` (partitions behind mutexes, timers, `keep`) with their durability, `journal`
+//!   over `wal` (the write-ahead log), and their replication, `cluster` (cluster mode: every
+//!   shard a Raft group, see docs/cluster.md);
+//! - `hosts` (user-defined objects: their classes and the host processes that run them),
+//!   `process` and `cgroup` (starting, supervising and containing Python child processes);
+//! - beside them: [`config`] (settings), `access` and `acl` (credentials, users, roles and
+//!   permissions: a pure state machine), `pickles` (stamping pickles with their writer),
+//!   `registry` (reply routing), `audit` (refusals and protocol faults, logged without
+//!   flooding), `tls`, `upgrade` (data directories of earlier releases).
 
 mod access;
 mod acl;
@@ -66,6 +69,9 @@ pub(crate) struct Shared {
     pub(crate) shards: shards::Shards,
     pub(crate) registry: registry::Registry,
     pub(crate) sessions: sessions::Sessions,
+    /// [`sessions::recovered`], for the shards' op logs and Raft groups below the sessions'
+    /// layer: the sessions found in a recovered log, or a log this node just took the lead of.
+    pub(crate) adopt_sessions: fn(&Arc<Shared>, Vec<Arc<str>>),
     pub(crate) stats: status::Stats,
     pub(crate) transactions: transactions::Transactions,
     /// Refused requests, protocol faults and failed calls, logged once a minute per client.
@@ -170,6 +176,7 @@ impl Server {
             ),
             registry: registry::Registry::new(audit.clone()),
             sessions: sessions::Sessions::new(),
+            adopt_sessions: sessions::recovered,
             stats: status::Stats::new(),
             transactions: transactions::Transactions::default(),
             audit,

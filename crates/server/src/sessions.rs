@@ -146,7 +146,7 @@ pub(crate) fn define(
 /// their calls (and get the recorded replies), or never. Like sessions whose last connection
 /// just closed, each ends `session_ttl` from now unless a connection comes back first, so
 /// its reply log and unnamed objects do not stay forever (in memory and in every snapshot).
-pub(crate) fn recovered(shared: &Arc<Shared>, clients: impl IntoIterator<Item = Arc<str>>) {
+pub(crate) fn recovered(shared: &Arc<Shared>, clients: Vec<Arc<str>>) {
     for client in clients {
         {
             let mut sessions = shared.sessions.lock();

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use spindle_core::objects::compiled::Library;
-use spindle_core::partition::{Memory, Op};
-use spindle_core::{Caller, Delivery, Detached, Error, ErrorKind, Partition, Token, Value};
+use spindle_core::partition::Memory;
+use spindle_core::{Delivery, Detached, Error, ErrorKind, Partition, Value};
 use tokio::sync::Notify;
 
-use crate::journal::{self, Journal};
+use crate::cluster::{not_serving, Replica};
+use crate::journal::Journal;
 use crate::Shared;
 
 /// What a shard's mutex guards.
@@ -24,7 +25,7 @@ pub(crate) struct ShardState {
     /// The op log (with `--data-dir`, on a single server).
     pub(crate) log: Option<Journal>,
     /// The shard's Raft replica (in a cluster), in place of the op log.
-    pub(crate) replica: Option<crate::cluster::Replica>,
+    pub(crate) replica: Option<Replica>,
 }
 
 impl ShardState {
@@ -33,9 +34,22 @@ impl ShardState {
     pub(crate) fn journal(&mut self, deliveries: Vec<Delivery>) -> Vec<Delivery> {
         match (self.partition.take_log(), &mut self.replica) {
             (Some(records), Some(replica)) => replica.submit(records, deliveries),
-            (Some(records), None) => journal::submit(self, records, deliveries),
+            (Some(records), None) => self.append(records, deliveries),
             (None, _) => deliveries,
         }
+    }
+
+    /// Write `records` to the op log, if the shard has one; returns the replies that may go now.
+    pub(crate) fn append(&mut self, records: Vec<Vec<u8>>, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+        match &mut self.log {
+            Some(journal) => journal.append(&mut self.partition, records, deliveries),
+            None => deliveries,
+        }
+    }
+
+    /// The partition with its op log, for a write across shards' logs (`journal::submit_group`).
+    pub(crate) fn logged(&mut self) -> Option<(&mut Partition, &mut Journal)> {
+        self.log.as_mut().map(|journal| (&mut self.partition, journal))
     }
 
     /// Whether calls may run on this shard here: always on a single server; in a cluster,
@@ -215,9 +229,8 @@ impl Shards {
                     return Err(not_serving());
                 }
                 s.calls += 1;
-                let detached = match detach(&mut s.partition, type_name, key, name)? {
-                    Detach::Taken(d) => d,
-                    Detach::AlreadyKept => return Ok(Value::from(name)),
+                let Some(detached) = s.partition.detach_to(type_name, key, name)? else {
+                    return Ok(Value::from(name)); // a retry
                 };
                 let owner = detached.owner();
                 match s.partition.attach(name, detached) {
@@ -233,12 +246,12 @@ impl Shards {
                 }
             })?;
         }
-        let detached = match self.with(source, |s| match s.serving() {
-            true => detach(&mut s.partition, type_name, key, name),
+        let detached = self.with(source, |s| match s.serving() {
+            true => s.partition.detach_to(type_name, key, name),
             false => Err(not_serving()),
-        })?? {
-            Detach::Taken(d) => d,
-            Detach::AlreadyKept => return Ok(Value::from(name)),
+        })??;
+        let Some(detached) = detached else {
+            return Ok(Value::from(name)); // a retry
         };
         let owner = detached.owner();
         match self.with(target, |s| {
@@ -289,51 +302,6 @@ pub(crate) fn hash(key: &str) -> u64 {
     hash
 }
 
-pub(crate) enum Detach {
-    Taken(Detached),
-    /// A retried `keep`: the object already moved to the requested name.
-    AlreadyKept,
-}
-
-pub(crate) fn detach(partition: &mut Partition, type_name: &str, key: &str, name: &str) -> Result<Detach, Error> {
-    match partition.detach(type_name, key) {
-        Ok(d) => Ok(Detach::Taken(d)),
-        Err(e) if e.kind == ErrorKind::NotFound => {
-            // The partition has no "where did this key move" query; a call on a missing key
-            // answers `Moved` with the new key if there is a forwarding note (and runs nothing,
-            // as the key holds no object).
-            let caller = Caller {
-                conn: 0,
-                client: Arc::from(""),
-                thread: 0,
-            };
-            let probe = Op::Call {
-                type_name: type_name.to_string(),
-                key: key.to_string(),
-                method: String::new(),
-                args: Vec::new(),
-            };
-            let token = Token { conn: 0, req: 0 };
-            // A missing key is never persistent: the probe leaves no op-log record.
-            let replies = partition.apply(&caller, token, 0, 0, probe, Instant::now());
-            let moved_here = replies
-                .iter()
-                .any(|d| matches!(&d.reply, Err(m) if m.kind == ErrorKind::Moved && m.data.as_str() == Some(name)));
-            if moved_here {
-                Ok(Detach::AlreadyKept)
-            } else {
-                Err(e)
-            }
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// `keep` on a shard this node does not lead (cluster mode; clients resend to the leader).
-pub(crate) fn not_serving() -> Error {
-    Error::new(ErrorKind::NotLeader, "this node does not lead the object's shard")
-}
-
 fn poisoned(index: usize) -> Error {
     Error::new(
         ErrorKind::Internal,
@@ -382,6 +350,8 @@ pub(crate) async fn run_timer(shared: Arc<Shared>, index: usize) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use spindle_core::partition::Op;
+    use spindle_core::{Caller, Token};
 
     fn caller() -> Caller {
         Caller {

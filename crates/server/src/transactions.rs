@@ -352,7 +352,7 @@ pub(crate) fn commit(
                 .iter()
                 .map(|(index, s)| {
                     if !s.serving() {
-                        return Err(crate::shards::not_serving());
+                        return Err(crate::cluster::not_serving());
                     }
                     match open.shards.contains(index) {
                         true => s.partition.validate(&id),
@@ -395,9 +395,9 @@ pub(crate) fn commit(
                     .iter_mut()
                     .find(|(i, _)| *i == index as usize)
                     .expect("a locked shard");
-                journal::submit(s, records, out)
+                s.append(records, out)
             }
-            _ => journal::submit_group(states, parts, out),
+            _ => journal::submit_group(states.iter_mut().filter_map(|(_, s)| s.logged()).collect(), parts, out),
         }
     });
     hosts::run(shared, actions);

@@ -49,6 +49,18 @@ pub(super) fn moved(key: &str, new_key: &str) -> Error {
 }
 
 impl Partition {
+    /// [`detach`](Self::detach) for `keep` under `name`: `Ok(None)` when the key holds no
+    /// object because an earlier try of the same `keep` already moved it to `name` (a retry).
+    pub fn detach_to(&mut self, type_name: &str, key: &str, name: &str) -> Result<Option<Detached>, Error> {
+        match self.detach(type_name, key) {
+            Ok(detached) => Ok(Some(detached)),
+            Err(e) if e.kind == ErrorKind::NotFound && self.moved.get(key).is_some_and(|(to, _)| to == name) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Take an object out for `keep`. Refused while calls are parked on it.
     pub fn detach(&mut self, type_name: &str, key: &str) -> Result<Detached, Error> {
         let e = self

@@ -26,7 +26,7 @@ use super::liveness::Judge;
 use super::meta::{Command, Liveness, Meta};
 use super::store::{data_file, RaftStorage, SnapshotData, Store};
 use crate::config::Fsync;
-use crate::{hosts, sessions, Shared};
+use crate::{hosts, Shared};
 
 /// Raft's clock: elections after 10-20 ticks without a leader, heartbeats every 2.
 const TICK: Duration = Duration::from_millis(50);
@@ -1000,7 +1000,7 @@ impl Driver {
                 // died with the old leader, which would have ended them: they end after
                 // the session TTL unless their clients connect (clients keep a connection
                 // to every node, so a live one is known here).
-                sessions::recovered(shared, clients);
+                (shared.adopt_sessions)(shared, clients);
             }
             info!(shard = self.index, term = self.raw.raft.term, "leading the shard");
         }

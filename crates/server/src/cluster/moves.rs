@@ -21,8 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use spindle_core::{Detached, Error, ErrorKind, Value};
 
-use super::peers;
-use crate::shards::{self, Detach};
+use super::{not_serving, peers};
 use crate::Shared;
 
 /// How long a move may look for the name's leader (an election, a node restarting).
@@ -98,12 +97,11 @@ pub(crate) async fn keep_elsewhere(
     let (started, began) = (Instant::now(), SystemTime::now());
     let source = shared.shards.index_of(key);
     let detached = shared.shards.with(source, |s| match s.serving() {
-        true => shards::detach(&mut s.partition, type_name, key, name),
-        false => Err(shards::not_serving()),
+        true => s.partition.detach_to(type_name, key, name),
+        false => Err(not_serving()),
     })??;
-    let detached = match detached {
-        Detach::Taken(d) => d,
-        Detach::AlreadyKept => return Ok(Value::from(name)),
+    let Some(detached) = detached else {
+        return Ok(Value::from(name)); // a retry
     };
     let owner = detached.owner();
     let Some((type_name, state)) = detached.encode() else {
@@ -213,7 +211,7 @@ pub(crate) fn adopt(
     let target = shared.shards.index_of(name);
     shared.shards.with(target, |s| {
         if !s.serving() {
-            return Err(shards::not_serving());
+            return Err(not_serving());
         }
         if cluster.adopted.contains(origin, name) {
             return Ok(Value::from(name));

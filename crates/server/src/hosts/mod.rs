@@ -80,7 +80,7 @@ impl Hosts {
     }
 
     fn slot_of_key(&self, key: &str) -> usize {
-        (crate::shards::hash(key) % self.slots.len() as u64) as usize
+        crate::shard_of(key, self.slots.len())
     }
 
     /// `(hosts running or starting, requests sent to them and not answered)`, for `status`.
