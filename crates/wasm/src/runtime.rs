@@ -2,7 +2,7 @@
 //! and the cache of compiled modules.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use sha2::{Digest, Sha256};
 use spindle_core::objects::compiled::{Code, Library};
@@ -78,9 +78,11 @@ pub struct Runtime {
     linker: Linker<Host>,
     limits: Limits,
     /// Compiled code by the sha256 of its bytes, shared by every type loaded from them.
-    compiled: Mutex<HashMap<Sha256Digest, Arc<Compiled>>>,
-    /// Loaded types by (sha256, type name), so a second load returns the same module.
-    modules: Mutex<HashMap<(Sha256Digest, String), Arc<Module>>>,
+    /// Weak: code no module uses any more is freed (a redefined type's old versions).
+    compiled: Mutex<HashMap<Sha256Digest, Weak<Compiled>>>,
+    /// Loaded types by (sha256, type name), so a second load returns the same module while
+    /// anything (an object, a partition's table, the server's defined class) holds it.
+    modules: Mutex<HashMap<(Sha256Digest, String), Weak<Module>>>,
 }
 
 impl Runtime {
@@ -171,33 +173,56 @@ impl Library for Runtime {
     fn load(&self, type_name: &str, _version: &str, code: &[u8]) -> Result<Arc<dyn Code>, Error> {
         let digest: Sha256Digest = Sha256::digest(code).into();
         let key = (digest, type_name.to_string());
-        if let Some(module) = self.modules.lock().expect("module cache").get(&key) {
-            return Ok(module.clone());
+        if let Some(module) = self
+            .modules
+            .lock()
+            .expect("module cache")
+            .get(&key)
+            .and_then(Weak::upgrade)
+        {
+            return Ok(module as Arc<dyn Code>);
         }
-        let cached = self.compiled.lock().expect("code cache").get(&digest).cloned();
+        let cached = self
+            .compiled
+            .lock()
+            .expect("code cache")
+            .get(&digest)
+            .and_then(Weak::upgrade);
         // Compiling takes milliseconds: never under the lock. Two threads loading the same
         // new bytes at once both compile, and the first to finish wins.
         let compiled = match cached {
             Some(compiled) => compiled,
             None => {
                 let compiled = self.compile(type_name, code)?;
-                self.compiled
-                    .lock()
-                    .expect("code cache")
-                    .entry(digest)
-                    .or_insert(compiled)
-                    .clone()
+                cache(&self.compiled, digest, compiled)
             }
         };
-        let module = Arc::new(Module::new(type_name, compiled, self.limits));
-        let module = self
-            .modules
-            .lock()
-            .expect("module cache")
-            .entry(key)
-            .or_insert(module)
-            .clone();
+        let module = cache(
+            &self.modules,
+            key,
+            Arc::new(Module::new(type_name, compiled, self.limits)),
+        );
         Ok(module)
+    }
+}
+
+/// The live value under `key` in `cache`, else `value` (put there). Entries whose value is
+/// gone are dropped on the way, so the cache holds only what something else holds.
+fn cache<K: Eq + std::hash::Hash, V>(cache: &Mutex<HashMap<K, Weak<V>>>, key: K, value: Arc<V>) -> Arc<V> {
+    let mut cache = cache.lock().expect("wasm cache");
+    if let Some(live) = cache.get(&key).and_then(Weak::upgrade) {
+        return live;
+    }
+    cache.retain(|_, held| held.strong_count() > 0);
+    cache.insert(key, Arc::downgrade(&value));
+    value
+}
+
+impl Runtime {
+    /// Modules loaded and still held by something: the compiled code in memory.
+    pub fn modules_held(&self) -> usize {
+        let modules = self.modules.lock().expect("module cache");
+        modules.values().filter(|held| held.strong_count() > 0).count()
     }
 }
 

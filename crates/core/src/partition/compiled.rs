@@ -48,6 +48,15 @@ impl Partition {
         Ok(())
     }
 
+    /// `version` of `type_name` was defined anew: the type's other versions that no object
+    /// here uses go (a create names the defined version; a redefined type's old code would
+    /// otherwise stay for ever). Not while replaying or restoring, which bring the versions
+    /// back before the objects that use them.
+    pub(super) fn forget_unused_code(&mut self, type_name: &str, version: &str) {
+        self.codes
+            .retain(|(t, v), code| t != type_name || v == version || Arc::strong_count(code) > 1);
+    }
+
     /// Rebuild a compiled object from its snapshot (the code of its version was restored or
     /// replayed before it).
     pub(super) fn restore_compiled(&self, type_name: &str, state: &Value) -> Result<Box<dyn Object>, Error> {

@@ -1607,12 +1607,16 @@ mod compiled_objects {
     }
 
     fn create(h: &mut Harness, key: &str, persistent: bool, args: Vec<Value>) -> Reply {
-        h.p.offer_class(T, "v1", &Arc::new(MODULE.to_vec())).unwrap();
+        create_at(h, "v1", key, persistent, args)
+    }
+
+    fn create_at(h: &mut Harness, version: &str, key: &str, persistent: bool, args: Vec<Value>) -> Reply {
+        h.p.offer_class(T, version, &Arc::new(MODULE.to_vec())).unwrap();
         let token = h.token(1);
         let op = Op::Create {
             type_name: T.into(),
             key: key.into(),
-            args: vec!["v1".into(), Value::Array(args)],
+            args: vec![version.into(), Value::Array(args)],
             owned: false,
             persistent,
         };
@@ -1692,5 +1696,49 @@ mod compiled_objects {
         bare.enable_storage();
         let e = bare.replay(&log[0], h.now).unwrap_err();
         assert!(e.contains("wasm:adder at version v1"), "{e}");
+    }
+
+    fn compiled_versions(p: &Partition) -> Vec<String> {
+        let mut versions: Vec<String> = p.codes.keys().map(|(_, v)| v.clone()).collect();
+        versions.sort_unstable();
+        versions
+    }
+
+    #[test]
+    fn a_redefined_types_unused_versions_are_forgotten_and_replay_brings_back_what_it_needs() {
+        let mut h = harness(true);
+        let delete = |h: &mut Harness, key: &str| {
+            let token = h.token(1);
+            let out = h.p.apply(&who(1), token, 0, 0, Op::Delete { key: key.into() }, h.now);
+            assert_eq!(reply_of(&out, token), Some(Ok(Value::Boolean(true))));
+        };
+        assert_eq!(
+            create_at(&mut h, "v1", "a", true, vec![1.into()]),
+            Ok(Value::Boolean(true))
+        );
+        h.p.offer_class(T, "v2", &Arc::new(MODULE.to_vec())).unwrap();
+        assert_eq!(compiled_versions(&h.p), ["v1", "v2"], "'a' still uses v1");
+        delete(&mut h, "a");
+        assert_eq!(
+            create_at(&mut h, "v2", "b", true, vec![2.into()]),
+            Ok(Value::Boolean(true))
+        );
+        assert_eq!(compiled_versions(&h.p), ["v2"], "nothing uses v1 any more");
+        // v1 defined again: compiled again, not logged again (its class record is in the log).
+        assert_eq!(
+            create_at(&mut h, "v1", "c", true, vec![3.into()]),
+            Ok(Value::Boolean(true))
+        );
+        assert_eq!(compiled_versions(&h.p), ["v1", "v2"], "'b' still uses v2");
+
+        // The replay meets v2's class record between v1's and the create of 'c' at v1: it
+        // keeps every version it is given, so 'c' finds its code.
+        let log = h.p.take_log().expect("logged");
+        let mut r = harness(true);
+        for rec in &log {
+            r.p.replay(rec, h.now).unwrap();
+        }
+        assert_eq!(r.reply(T, "b", "get", vec![]), Ok(2.into()));
+        assert_eq!(r.reply(T, "c", "get", vec![]), Ok(3.into()));
     }
 }

@@ -150,6 +150,7 @@ impl Partition {
     pub fn offer_class(&mut self, type_name: &str, version: &str, code: &Arc<Vec<u8>>) -> Result<(), Error> {
         if compiled::is_compiled_type(type_name) {
             self.compile(type_name, version, code)?;
+            self.forget_unused_code(type_name, version);
         }
         let class = (type_name.to_string(), version.to_string());
         if self.storage != Storage::None && !self.classes.contains_key(&class) {

@@ -39,6 +39,9 @@ use slot::{Limits, Slot};
 pub(crate) struct Class {
     pub(crate) version: String,
     pub(crate) code: Arc<Vec<u8>>,
+    /// A compiled type's module, compiled at `define`: held here so the runtime's cache (of
+    /// modules something uses) still has it when the first create comes.
+    _module: Option<Arc<dyn compiled::Code>>,
 }
 
 pub(crate) struct Hosts {
@@ -427,12 +430,12 @@ pub(crate) fn define(
         let methods = compiled.methods().iter().map(|m| Value::from(m.as_str())).collect();
         if !defined {
             tracing::debug!(type_name, version, bytes = code.len(), "module defined");
-            let code = Arc::new(code);
             classes.insert(
                 type_name.to_string(),
                 Class {
                     version: version.to_string(),
-                    code,
+                    code: Arc::new(code),
+                    _module: Some(compiled),
                 },
             );
         }
@@ -457,6 +460,7 @@ pub(crate) fn define(
         Class {
             version: version.to_string(),
             code: Arc::new(code),
+            _module: None,
         },
     );
     Ok(Value::Boolean(true))
@@ -548,7 +552,9 @@ pub(crate) fn register_recovered_classes(shared: &Shared) -> Result<usize, Error
             continue; // nothing stored needs it
         }
         tracing::debug!(type_name, version, objects = alive, "class recovered");
-        classes.insert(type_name, Class { version, code });
+        // A compiled type's module is compiled in the partitions that hold its objects.
+        let _module = None;
+        classes.insert(type_name, Class { version, code, _module });
         registered += 1;
     }
     Ok(registered)

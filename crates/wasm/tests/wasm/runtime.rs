@@ -645,3 +645,59 @@ fn limits_past_what_the_abi_can_address_are_refused() {
     })
     .is_err());
 }
+
+#[test]
+fn modules_nothing_holds_are_freed() {
+    let runtime = runtime(Limits::default());
+    let bytes = wat::parse_str(GUEST).unwrap();
+    let first = runtime.load("wasm:a", "1", &bytes).unwrap();
+    let second = runtime.load("wasm:b", "1", &bytes).unwrap();
+    assert_eq!(runtime.modules_held(), 2);
+    drop(first);
+    assert_eq!(
+        runtime.modules_held(),
+        1,
+        "a module no object or partition holds is freed"
+    );
+    drop(second);
+    assert_eq!(runtime.modules_held(), 0);
+    let again = runtime.load("wasm:a", "2", &bytes).unwrap();
+    assert_eq!(
+        again.call(b"", "echo", &args(&[1])).unwrap().result,
+        Value::Array(args(&[1]))
+    );
+    assert_eq!(runtime.modules_held(), 1);
+}
+
+#[test]
+fn a_call_past_the_pools_instances_is_busy_and_the_next_runs() {
+    let limits = Limits {
+        fuel: 2_000_000_000, // "spin" runs for a second or more
+        ..Limits::default()
+    };
+    let runtime = Runtime::with_allocator(limits, Allocator::Pooling { instances: 1 }).unwrap();
+    let code = runtime.load("wasm:test", "1", &wat::parse_str(GUEST).unwrap()).unwrap();
+    let spinning = {
+        let code = code.clone();
+        // Refused too while this thread's own calls below hold the instance: it tries again.
+        std::thread::spawn(move || loop {
+            let error = code.call(b"", "spin", &[]).unwrap_err();
+            if error.kind != ErrorKind::Busy {
+                return error;
+            }
+        })
+    };
+    // Calls made while the spinning one holds the only instance are refused, not queued.
+    let mut busy = None;
+    while busy.is_none() && !spinning.is_finished() {
+        busy = code.call(b"", "echo", &[]).err();
+    }
+    let busy = busy.expect("a call was refused while the only instance was taken");
+    assert_eq!(busy.kind, ErrorKind::Busy, "{busy:?}");
+    assert!(busy.message.contains("try again"), "{}", busy.message);
+    assert_eq!(reason(&spinning.join().unwrap()), "fuel");
+    assert_eq!(
+        code.call(b"", "echo", &args(&[7])).unwrap().result,
+        Value::Array(args(&[7]))
+    );
+}
