@@ -9,7 +9,9 @@ CARGO ?= cargo
 
 setup: $(VENV)/.installed wasm
 	@command -v $(CARGO) >/dev/null || { echo "error: cargo not found; install Rust (https://rustup.rs)" >&2; exit 1; }
-	$(CARGO) build --release --locked -p spindle-cli
+	# The whole workspace: its dependencies then have the features `cargo test --workspace`
+	# (test-rust) resolves, so the tests reuse this build instead of compiling it all again.
+	$(CARGO) build --release --locked --workspace
 	install -m 755 target/release/spindle $(VENV)/bin/spindle
 
 $(VENV)/.installed: requirements.lock python/pyproject.toml

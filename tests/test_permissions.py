@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 import spindle
-from conftest import ServerProcess, gateway_args, pythonpath_for_tests, server_binary, wait_until
+from conftest import REPO, ServerProcess, gateway_args, pythonpath_for_tests, server_binary, wait_until
 from spindle.client import Connection, frame
 from spindle.sessions import new_secret
 
@@ -162,6 +162,37 @@ def test_each_permission_is_allowed_to_its_role_and_refused_to_others(acl_server
         assert reader.ok("acl", "whoami", {}) == {"user": "reader"}
     finally:
         for s in (owner, reader, writer, coder):
+            s.close()
+
+
+def test_a_reader_calls_the_compiled_methods_that_leave_the_state(acl_server, users):
+    """Whether a compiled object's method writes is known once it ran: a reader's call runs,
+    and one that would change the object is refused and changes nothing (nor is it logged)."""
+    bank = REPO / "examples" / "wasm" / "build" / "bank.wasm"
+    if not bank.is_file():
+        pytest.fail(f"{bank} is missing: run `make wasm` (part of `make setup`)")
+    owner = Session(acl_server.address, None, TOKEN)
+    reader, writer = session(acl_server, users, "reader"), session(acl_server, users, "writer")
+    try:
+        owner.ok("define", "wasm:perm-bank", "v1", bank.read_bytes())
+        owner.ok("create", 1, 0, "wasm:perm-bank", "app/account", ["v1", [100]], False, True)
+        assert reader.ok("call", 1, 0, "wasm:perm-bank", "app/account", "balance", []) == 100
+        message = reader.denied("call", 2, 0, "wasm:perm-bank", "app/account", "deposit", [5])
+        assert message == ("user 'reader' may not deposit on 'app/account': that needs the write permission "
+                           "(wasm:perm-bank.deposit changes the object's state)")
+        assert reader.ok("call", 3, 0, "wasm:perm-bank", "app/account", "balance", []) == 100
+        # Inside a transaction a reader's call is refused outright (its writes would be the
+        # transaction's, known only at commit).
+        refused = reader.ask("call", 4, 0, "wasm:perm-bank", "app/account", "balance", [], 0, [1, 0, True])
+        assert refused[1] == 1 and refused[2][0] == "PermissionDenied", refused
+        assert writer.ok("call", 1, 0, "wasm:perm-bank", "app/account", "deposit", [5]) == 105
+        assert reader.ok("call", 5, 0, "wasm:perm-bank", "app/account", "balance", []) == 105
+        # Outside the reader's rules nothing runs at all.
+        owner.ok("create", 2, 0, "wasm:perm-bank", "other/account", ["v1", [1]], False, True)
+        assert "may not balance on 'other/account'" in reader.denied("call", 6, 0, "wasm:perm-bank", "other/account",
+                                                                     "balance", [])
+    finally:
+        for s in (owner, reader, writer):
             s.close()
 
 

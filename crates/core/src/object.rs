@@ -23,6 +23,10 @@ pub struct Ctx<'a> {
     /// Set while [`Object::expire`] runs for a call its caller withdrew: the call is due now,
     /// whatever its deadline.
     pub withdrawing: bool,
+    /// Set when the caller may only read the object: a method that would change it fails
+    /// instead (compiled objects, whose reads are known only once a method ran; a built-in's
+    /// are known ahead, see `objects::is_read`).
+    pub read_only: bool,
     deliveries: &'a mut Vec<Delivery>,
 }
 
@@ -33,6 +37,7 @@ impl<'a> Ctx<'a> {
             token,
             now,
             withdrawing: false,
+            read_only: false,
             deliveries,
         }
     }

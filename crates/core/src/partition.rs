@@ -171,6 +171,8 @@ pub struct Partition {
     lock_waits: txn_waits::LockWaits,
     /// A transaction's calls are being applied at its commit (accepted already).
     committing: bool,
+    /// The call being applied may only read, else fails with this refusal ([`apply_reading`](Self::apply_reading)).
+    reading: Option<Error>,
     /// Cluster transactions prepared here, and decisions kept (see [`prepared`]).
     two_phase: prepared::TwoPhase,
     /// Compiles the code of compiled types (see [`compiled`]).
@@ -262,6 +264,36 @@ impl Partition {
         now: Instant,
     ) -> Vec<Delivery> {
         self.apply_as(caller, token, seq, acked, op, now, None)
+    }
+
+    /// [`apply`](Self::apply) for a caller who may only read the object: a call that would
+    /// change it fails with `refusal` and changes nothing. Only a compiled object's methods
+    /// are tried (whether one writes is known once it ran); a built-in's that write, and a
+    /// user-defined object's, are refused at once. Nothing is logged or recorded: a read.
+    pub fn apply_reading(
+        &mut self,
+        caller: &Caller,
+        token: Token,
+        seq: u64,
+        op: Op,
+        now: Instant,
+        refusal: Error,
+    ) -> Vec<Delivery> {
+        if self.prepared_holder(op.key()).is_some() {
+            // A call there would wait for the transaction's decision and run later as a write.
+            let busy = Error::new(
+                ErrorKind::Busy,
+                format!("'{}' is being committed by a transaction: try again", op.key()),
+            );
+            return vec![Delivery {
+                token,
+                reply: Err(busy),
+            }];
+        }
+        self.reading = Some(refusal);
+        let out = self.apply_as(caller, token, seq, 0, op, now, None);
+        self.reading = None;
+        out
     }
 
     /// [`apply`](Self::apply), with the call's record when it is `replayed` from one (not
@@ -464,6 +496,17 @@ impl Partition {
         if let Err(e) = check_type(key, entry.body.type_name(), type_name) {
             return (Err(e), false);
         }
+        if let Some(refusal) = &self.reading {
+            let tried = match &entry.body {
+                Body::Builtin(_) => {
+                    objects::compiled::is_compiled_type(type_name) || objects::is_read(type_name, method)
+                }
+                Body::User(_) => false,
+            };
+            if !tried {
+                return (Err(refusal.clone()), false);
+            }
+        }
         let obj = match &mut entry.body {
             Body::Builtin(obj) => obj,
             Body::User(u) => {
@@ -478,14 +521,23 @@ impl Partition {
                 return (forwarded.map(|()| None), true);
             }
         };
-        let record = obj.is_mutating(method);
+        let reading = self.reading.as_ref();
+        let record = obj.is_mutating(method) && reading.is_none();
         let mut ctx = Ctx::new(caller, token, now, out);
+        ctx.read_only = reading.is_some();
         let step = obj.apply(method, &args, &mut ctx);
         // Calls that are not recorded may change the object too (a lock's `acquire`, and a
         // parked call: its waiters).
-        if record || !objects::is_read(type_name, method) || matches!(step, Ok(Step::Park { .. })) {
+        let read = reading.is_some() || objects::is_read(type_name, method);
+        if record || !read || matches!(step, Ok(Step::Park { .. })) {
             meter.changed(counted, memory::object_size(key, obj.size()));
         }
+        let step = match (step, reading) {
+            (Err(e), Some(refusal)) if e.kind == ErrorKind::PermissionDenied => {
+                Err(Error::new(e.kind, format!("{} ({})", refusal.message, e.message)))
+            }
+            (step, _) => step,
+        };
         if obj.tracks_connections() {
             self.conn_keys.entry(caller.conn).or_default().insert(key.to_string());
         }

@@ -260,7 +260,15 @@ pub(crate) fn permit(who: &Principal, request: &Request) -> Result<Grant, Error>
             type_name, key, method, ..
         } => match objects::is_read(type_name, method) {
             true => on_object(who, Read, method, key),
-            false => on_object(who, Write, method, key),
+            false => match on_object(who, Write, method, key) {
+                // Whether a compiled object's method writes is known once it ran.
+                Err(e)
+                    if objects::compiled::is_compiled_type(type_name) && on_object(who, Read, method, key).is_ok() =>
+                {
+                    return Ok(Grant::IfReads(e))
+                }
+                other => other,
+            },
         },
         Request::Delete { key, .. } => on_object(who, Create, "delete", key),
         Request::Keep { key, name, .. } => {
@@ -304,6 +312,9 @@ pub(crate) enum Grant {
     /// `create` of an existing object (attaching to it, which reading allows), or a `define`
     /// of a version already defined (which changes nothing: SDKs define before they create).
     IfExists(Error),
+    /// Only if the call leaves the object as it was, else this refusal: a reader's call of a
+    /// compiled object's method (`Partition::apply_reading`).
+    IfReads(Error),
 }
 
 /// An object's key or name: an unnamed object's key is its capability (only sessions that

@@ -18,6 +18,7 @@ use spindle_core::partition::{Op, UNNAMED_PREFIX};
 use spindle_core::{Caller, Delivery, Error, ErrorKind, Token, Value};
 use tracing::warn;
 
+use crate::access::Grant;
 use crate::acl::{Permission, Principal};
 use crate::hosts;
 use crate::Shared;
@@ -29,9 +30,10 @@ pub(crate) struct Applied {
     pub(crate) host_actions: Vec<hosts::Action>,
 }
 
-/// Run an object operation on its shard (`seq` and `acked`: see `Partition::apply`).
-/// `unless_exists` is the refusal of a `create` its caller may make only to attach to an
-/// object that exists (`Grant::IfExists`), checked under the shard's lock. A `create` of a
+/// Run an object operation on its shard (`seq` and `acked`: see `Partition::apply`) as far
+/// as `grant` allows: a `create` its caller may make only to attach to an object that exists
+/// (`Grant::IfExists`, checked under the shard's lock), a call that may only read
+/// (`Grant::IfReads`: `Partition::apply_reading`). A `create` of a
 /// user-defined or compiled type runs the class's or the module's code, which must be
 /// defined at the version it names.
 pub(crate) fn apply(
@@ -40,13 +42,13 @@ pub(crate) fn apply(
     token: Token,
     (seq, acked): (u64, u64),
     op: Op,
-    unless_exists: Option<Error>,
+    grant: Grant,
 ) -> Result<Applied, Error> {
     let Op::Create { type_name, args, .. } = &op else {
-        return apply_with_code(shared, caller, token, (seq, acked), op, unless_exists, None);
+        return apply_with_code(shared, caller, token, (seq, acked), op, grant, None);
     };
     if !user::is_user_type(type_name) && !compiled::is_compiled_type(type_name) {
-        return apply_with_code(shared, caller, token, (seq, acked), op, unless_exists, None);
+        return apply_with_code(shared, caller, token, (seq, acked), op, grant, None);
     }
     // Held across the apply, so a concurrent `define` cannot swap the version under it.
     let classes = shared.hosts.classes();
@@ -55,7 +57,7 @@ pub(crate) fn apply(
         // A malformed create: the partition says what is wrong with it.
         None => None,
     };
-    apply_with_code(shared, caller, token, (seq, acked), op, unless_exists, code.as_ref())
+    apply_with_code(shared, caller, token, (seq, acked), op, grant, code.as_ref())
 }
 
 /// Before a transaction's create of a compiled type: its module, compiled in the partition
@@ -83,7 +85,7 @@ fn apply_with_code(
     token: Token,
     (seq, acked): (u64, u64),
     op: Op,
-    unless_exists: Option<Error>,
+    grant: Grant,
     code: Option<&Arc<Vec<u8>>>,
 ) -> Result<Applied, Error> {
     let index = shared.shards.index_of(op.key());
@@ -97,9 +99,12 @@ fn apply_with_code(
         if !s.serving() {
             return Err(redirect(shared, index));
         }
-        if let Some(refusal) = unless_exists.filter(|_| !s.partition.is_live(op.key())) {
-            return Err(refusal);
-        }
+        let reading = match grant {
+            Grant::Yes => None,
+            Grant::IfExists(refusal) if !s.partition.is_live(op.key()) => return Err(refusal),
+            Grant::IfExists(_) => None,
+            Grant::IfReads(refusal) => Some(refusal),
+        };
         s.calls += 1;
         if let (
             Some(code),
@@ -119,7 +124,12 @@ fn apply_with_code(
                 }
             }
         }
-        let deliveries = s.partition.apply(caller, token, seq, acked, op, Instant::now());
+        let deliveries = match reading {
+            Some(refusal) => s
+                .partition
+                .apply_reading(caller, token, seq, op, Instant::now(), refusal),
+            None => s.partition.apply(caller, token, seq, acked, op, Instant::now()),
+        };
         let deliveries = s.journal(deliveries);
         // User-defined objects' calls go to their hosts before the shard is unlocked, so
         // each host gets them in the order they were applied.

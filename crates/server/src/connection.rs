@@ -134,9 +134,9 @@ struct Connection {
     /// roles its rules were read from.
     principal: Option<Principal>,
     generation: u64,
-    /// The refusal of the `create` or `define` being applied unless what it names exists (see
-    /// `Grant::IfExists`), checked under its lock so that it cannot change meanwhile.
-    unless_exists: Option<Error>,
+    /// What the request being applied may do: a condition (`Grant::IfExists`, `IfReads`) is
+    /// checked under its lock so that it cannot change meanwhile.
+    grant: Grant,
     /// A `hello` was refused: nothing more is read.
     refused: bool,
     /// Shards this connection called into, which must hear of its end.
@@ -279,7 +279,7 @@ async fn run(
         client: None,
         principal: None,
         generation: 0,
-        unless_exists: None,
+        grant: Grant::Yes,
         refused: false,
         outbox,
         replies: Vec::new(),
@@ -589,7 +589,7 @@ impl Connection {
     }
 
     fn dispatch(&mut self, mut request: Request) {
-        self.unless_exists = None;
+        self.grant = Grant::Yes;
         // The one gate of authentication: a session exists only once `hello` passed it (the
         // token, the session's secret); workers and hosts prove themselves with their ids.
         let introduces = matches!(
@@ -614,8 +614,7 @@ impl Connection {
         }
         if !introduces {
             match self.authorize(&request) {
-                Ok(Grant::Yes) => {}
-                Ok(Grant::IfExists(refusal)) => self.unless_exists = Some(refusal),
+                Ok(grant) => self.grant = grant,
                 Err(e) => return self.reply(request.id(), Err(e)),
             }
         }
@@ -746,7 +745,10 @@ impl Connection {
                 version,
                 code,
             } => {
-                let unless_defined = self.unless_exists.take();
+                let unless_defined = match self.take_grant() {
+                    Grant::IfExists(refusal) => Some(refusal),
+                    _ => None,
+                };
                 let reply = sessions::define(&self.shared, &type_name, &version, code, unless_defined);
                 self.reply(id, reply)
             }
@@ -1185,9 +1187,14 @@ impl Connection {
         self.change(id, MetadataChange::Acl(change));
     }
 
+    /// The grant of the request being applied, for the one step that uses it.
+    fn take_grant(&mut self) -> Grant {
+        std::mem::replace(&mut self.grant, Grant::Yes)
+    }
+
     /// Run an object operation on its shard, in this task (see `calls::apply`).
     fn apply(&mut self, id: u64, seq: u64, acked: u64, thread: u64, op: Op) {
-        let unless_exists = self.unless_exists.take();
+        let grant = self.take_grant();
         let Some(client) = self.client.clone() else {
             return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
         };
@@ -1198,7 +1205,7 @@ impl Connection {
             thread,
         };
         let token = Token { conn: self.id, req: id };
-        match calls::apply(&self.shared, &caller, token, (seq, acked), op, unless_exists) {
+        match calls::apply(&self.shared, &caller, token, (seq, acked), op, grant) {
             Ok(applied) => {
                 self.route(applied.deliveries);
                 hosts::run(&self.shared, applied.host_actions);
@@ -1209,12 +1216,13 @@ impl Connection {
 
     /// A call of a transaction: it runs on the transaction's workspace (transactions.rs).
     fn transact(&mut self, id: u64, seq: u64, thread: u64, txn: TxnRef, op: Op) {
-        let unless_exists = self.unless_exists.take();
+        let grant = self.take_grant();
         let Some(client) = self.client.clone() else {
             return self.reply(id, Err(Error::new(ErrorKind::NoSession, "no hello on this connection")));
         };
-        if let Some(refusal) = unless_exists {
-            // A reader's create attaches to an existing object: inside a transaction, refused.
+        if let Grant::IfExists(refusal) | Grant::IfReads(refusal) = grant {
+            // A reader's create attaches to an existing object, and a reader's call of a
+            // compiled object may write: inside a transaction, refused.
             return self.reply(id, Err(refusal));
         }
         // Its commit applies its calls as this connection (a lock it acquires is this

@@ -139,7 +139,7 @@ impl Object for CompiledObject {
         &self.type_name
     }
 
-    fn apply(&mut self, method: &str, args: &[Value], _ctx: &mut Ctx) -> Result<Step, Error> {
+    fn apply(&mut self, method: &str, args: &[Value], ctx: &mut Ctx) -> Result<Step, Error> {
         if self
             .code
             .methods()
@@ -150,6 +150,12 @@ impl Object for CompiledObject {
         }
         let called = self.code.call(&self.state, method, args)?;
         if let Some(state) = called.state {
+            if ctx.read_only {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!("{}.{method} changes the object's state", self.type_name),
+                ));
+            }
             self.state = state;
         }
         Ok(Step::Reply(called.result))

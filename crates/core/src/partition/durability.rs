@@ -226,7 +226,7 @@ impl Partition {
         let logged = persistent
             && match op {
                 Op::Call { key, method, .. } => match self.objects.get(key).map(|e| &e.body) {
-                    Some(Body::Builtin(obj)) => obj.is_mutating(method),
+                    Some(Body::Builtin(obj)) => obj.is_mutating(method) && self.reading.is_none(),
                     Some(Body::User(_)) => {
                         user_write = true;
                         false

@@ -1698,6 +1698,49 @@ mod compiled_objects {
         assert!(e.contains("wasm:adder at version v1"), "{e}");
     }
 
+    #[test]
+    fn a_reader_runs_methods_that_leave_the_state_and_is_refused_the_others() {
+        let mut h = harness(true);
+        assert_eq!(create(&mut h, "a", true, vec![5.into()]), Ok(Value::Boolean(true)));
+        let _ = h.p.take_log();
+        let refusal = || Error::new(ErrorKind::PermissionDenied, "user 'r' may not add on 'a'");
+        let read = |h: &mut Harness, type_name: &str, method: &str| {
+            let token = h.token(1);
+            let op = Op::Call {
+                type_name: type_name.into(),
+                key: "a".into(),
+                method: method.into(),
+                args: vec![1.into()],
+            };
+            let out = h.p.apply_reading(&who(1), token, 0, op, h.now, refusal());
+            reply_of(&out, token).expect("answered at once")
+        };
+        assert_eq!(read(&mut h, T, "get"), Ok(5.into()));
+        let e = read(&mut h, T, "add").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PermissionDenied);
+        assert_eq!(
+            e.message,
+            "user 'r' may not add on 'a' (wasm:adder.add changes the object's state)"
+        );
+        assert!(
+            h.p.take_log().is_none_or(|records| records.is_empty()),
+            "a reader's calls are not logged"
+        );
+        assert_eq!(h.reply(T, "a", "get", vec![]), Ok(5.into()), "the state is as it was");
+        // Not a compiled object: only its reads run.
+        h.create_ok("Counter", "c", vec![]);
+        let token = h.token(1);
+        let add = Op::Call {
+            type_name: "Counter".into(),
+            key: "c".into(),
+            method: "add".into(),
+            args: vec![1.into()],
+        };
+        let out = h.p.apply_reading(&who(1), token, 0, add, h.now, refusal());
+        assert_eq!(reply_of(&out, token), Some(Err(refusal())));
+        assert_eq!(h.reply("Counter", "c", "get", vec![]), Ok(0.into()));
+    }
+
     fn compiled_versions(p: &Partition) -> Vec<String> {
         let mut versions: Vec<String> = p.codes.keys().map(|(_, v)| v.clone()).collect();
         versions.sort_unstable();

@@ -19,7 +19,7 @@ use spindle_core::{Caller, Error, ErrorKind, Token, Value};
 use spindle_proto::Request;
 
 use super::{json as values, Front, Session, MAX_BODY, REQUEST_TIMEOUT};
-use crate::access::{self, Grant};
+use crate::access;
 use crate::acl::Principal;
 use crate::{calls, gateway, hosts, pickles};
 
@@ -383,10 +383,7 @@ fn sequence(who: &Who, headers: &HeaderMap) -> Result<u64, Error> {
 /// Check `request` against the user's rules, then run it as the user's session and wait
 /// for its reply (which may come later, from a parked call).
 async fn run(front: &Front, who: &Who, mut request: Request) -> Result<Value, Error> {
-    let unless_exists = match access::permit(&who.principal, &request)? {
-        Grant::Yes => None,
-        Grant::IfExists(refusal) => Some(refusal),
-    };
+    let grant = access::permit(&who.principal, &request)?;
     if let Request::Create { args, .. } | Request::Call { args, .. } = &mut request {
         pickles::stamp(args, &who.principal)?;
     }
@@ -450,7 +447,7 @@ async fn run(front: &Front, who: &Who, mut request: Request) -> Result<Value, Er
         key: op.key().to_string(),
         answered: false,
     };
-    let applied = calls::apply(shared, &caller, token, (seq, 0), op, unless_exists).inspect_err(|_| {
+    let applied = calls::apply(shared, &caller, token, (seq, 0), op, grant).inspect_err(|_| {
         waiting.answered = true;
         front.mailbox.forget(token.req);
     })?;
