@@ -11,32 +11,36 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import cloudpickle
 
 from ..errors import remote_exception, unpickled_exception
 
-# A task's outcome: (True, value), or (False, (pickled exception or None, type, message,
-# traceback)).
-Outcome = Tuple[bool, Any]
+# A task's failure: (pickled exception or None, type, message, traceback).
+Failure = Tuple[Optional[bytes], str, str, str]
+# What a batch returns: each task's value in order (None where it failed) and the failures by
+# task index, so the common batch, with no failure, is one plain list both ways.
+Outcomes = Tuple[List[Any], Dict[int, Failure]]
 
 
-def run_each(fn: Callable[..., Any], tasks: List[tuple]) -> List[Outcome]:
-    """``fn(*args)`` for each task, in order (in a worker): each result, or what it raised."""
-    outcomes: List[Outcome] = []
+def run_each(fn: Callable[..., Any], tasks: List[tuple]) -> Outcomes:
+    """``fn(*args)`` for each task, in order (in a worker): each result, and what any raised."""
+    values: List[Any] = []
+    failures: Dict[int, Failure] = {}
     for args in tasks:
         try:
-            outcomes.append((True, fn(*args)))
+            values.append(fn(*args))
         except BaseException as exc:  # as one call per task: SystemExit is the task's too
-            outcomes.append((False, _failure(exc)))
-    return outcomes
+            failures[len(values)] = _failure(exc)
+            values.append(None)
+    return values, failures
 
 
 run_each._spindle_runs_argument = 0  # type: ignore[attr-defined]  # lost_updates watches fn
 
 
-def _failure(exc: BaseException) -> Tuple[Optional[bytes], str, str, str]:
+def _failure(exc: BaseException) -> Failure:
     tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # not ours
     try:
         message = str(exc)
@@ -51,10 +55,17 @@ def _failure(exc: BaseException) -> Tuple[Optional[bytes], str, str, str]:
     return data, type(exc).__qualname__, message, text
 
 
-def result(outcome: Outcome) -> Any:
-    """A task's value, or its exception raised (with the remote traceback as its cause)."""
-    ok, value = outcome
-    if ok:
-        return value
-    data, type_name, message, tb = value
-    raise remote_exception(unpickled_exception(data), type_name, message, tb)
+def results(outcomes: Outcomes) -> Iterator[Any]:
+    """The tasks' values in order; a failed task's exception is raised where its value would
+    be (with the remote traceback as its cause)."""
+    values, failures = outcomes
+    if not failures:
+        yield from values
+        return
+    for index, value in enumerate(values):
+        failure = failures.get(index)
+        if failure is None:
+            yield value
+            continue
+        data, type_name, message, tb = failure
+        raise remote_exception(unpickled_exception(data), type_name, message, tb)

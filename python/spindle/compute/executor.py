@@ -225,8 +225,7 @@ class Executor(concurrent.futures.Executor):
                 if single:
                     yield value
                 else:
-                    for outcome in value:
-                        yield batch.result(outcome)
+                    yield from batch.results(value)
         finally:
             for call in calls:
                 call.cancel()
