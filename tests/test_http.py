@@ -446,11 +446,20 @@ def test_a_registered_function_is_invoked_with_json_arguments(web, api):
         assert spindle.register_function(remote.square) == "square"
         spindle.register_function(remote.identity, "echo")
         spindle.register_function(remote.fail, "fail")
-    assert api.ask("POST", "/v1/functions/square", {"args": [7]})[::2] == (200, {"result": 49})
+        spindle.register_function(remote.chatter)
+    no_output = {"stdout": "", "stderr": ""}
+    assert api.ask("POST", "/v1/functions/square", {"args": [7]})[::2] == (200, {"result": 49, "output": no_output})
     value = {"nested": [1, "two", None, {"$bytes": "AAE="}]}
-    assert api.ask("POST", "/v1/functions/echo", {"kwargs": {"x": value}})[2] == {"result": value}
+    assert api.ask("POST", "/v1/functions/echo", {"kwargs": {"x": value}})[2] == {"result": value,
+                                                                                "output": no_output}
     status, _, body = api.ask("POST", "/v1/functions/fail", {"args": ["on purpose"]})
     assert status == 422 and error_type(body) == "Raised" and "on purpose" in body["error"]["message"]
+    assert body["error"]["data"]["output"] == no_output
+    # What a function prints comes with its result (its subprocesses' output too).
+    status, _, body = api.ask("POST", "/v1/functions/chatter", {"args": [3]})
+    assert status == 200 and body["result"] == 3, body
+    assert body["output"]["stderr"] == "oops 3\n"
+    assert body["output"]["stdout"].splitlines() == ["hello 3", "from-a-subprocess-3", "raw-fd-write-3"]
     status, _, body = api.ask("POST", "/v1/functions/square", {"args": "7"})
     assert status == 400 and error_type(body) == "BadArguments"
 
@@ -471,7 +480,7 @@ def test_functions_run_only_with_invoke_rights_and_code_of_trusted_writers(guard
     assert status == 403 and error_type(body) == "PermissionDenied" and "writer" in body["error"]["message"]
     # Stored by the admin: it runs, for those who may invoke.
     assert admin.ask("PUT", "/v1/objects/functions%2Fsquare", {"type": "Value", "args": [code]})[0] == 201
-    assert admin.ask("POST", "/v1/functions/square", {"args": [3]})[2] == {"result": 9}
+    assert admin.ask("POST", "/v1/functions/square", {"args": [3]})[2]["result"] == 9
     status, _, body = reader.ask("POST", "/v1/functions/square", {"args": [3]})
     assert status == 403 and error_type(body) == "PermissionDenied"
     for c in (admin, writer, reader):

@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
-use spindle_core::{ConnId, Delivery, Reply};
+use spindle_core::{ConnId, Delivery, Reply, Value};
 
 use crate::audit::Audit;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -399,19 +399,27 @@ fn try_write_all(socket: &OwnedWriteHalf, bytes: &[u8]) -> io::Result<usize> {
 /// for any more (the request gave up) is dropped.
 #[derive(Default)]
 pub(crate) struct Mailbox {
-    waiting: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    waiting: Mutex<HashMap<u64, Waiting>>,
+}
+
+/// A request waiting for its reply, and what was pushed to it meanwhile (a function's output:
+/// the gateway bounds how much).
+struct Waiting {
+    reply: oneshot::Sender<(Reply, Vec<Value>)>,
+    pushed: Vec<Value>,
 }
 
 impl Mailbox {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, oneshot::Sender<Reply>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Waiting>> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Wait for the reply to request `req` (before the request is made: it may be answered
-    /// at once).
-    pub(crate) fn expect(&self, req: u64) -> oneshot::Receiver<Reply> {
-        let (tx, rx) = oneshot::channel();
-        self.lock().insert(req, tx);
+    /// Wait for the reply to request `req`, with the values pushed to it before (ask before
+    /// the request is made: it may be answered at once).
+    pub(crate) fn expect(&self, req: u64) -> oneshot::Receiver<(Reply, Vec<Value>)> {
+        let (reply, rx) = oneshot::channel();
+        let pushed = Vec::new();
+        self.lock().insert(req, Waiting { reply, pushed });
         rx
     }
 
@@ -421,8 +429,14 @@ impl Mailbox {
     }
 
     fn post(&self, req: u64, reply: Reply) {
-        if let Some(tx) = self.lock().remove(&req) {
-            let _ = tx.send(reply);
+        if let Some(waiting) = self.lock().remove(&req) {
+            let _ = waiting.reply.send((reply, waiting.pushed));
+        }
+    }
+
+    fn push(&self, req: u64, value: Value) {
+        if let Some(waiting) = self.lock().get_mut(&req) {
+            waiting.pushed.push(value);
         }
     }
 }
@@ -534,6 +548,18 @@ impl Registry {
         if let Some((_, outbox)) = to {
             outbox.push_delivered(&mut frames);
         }
+    }
+
+    /// Push `value` to request `req` of connection `conn` before its reply (a function's
+    /// output): a `[req, 2, value]` frame, or into its mailbox.
+    pub(crate) fn push(&self, conn: ConnId, req: u64, value: Value) {
+        if let Some(mailbox) = self.mailboxes.read().unwrap_or_else(PoisonError::into_inner).get(&conn) {
+            return mailbox.push(req, value);
+        }
+        let frame = Value::Array(vec![Value::from(req), Value::from(2u64), value]);
+        let mut bytes = Vec::new();
+        spindle_proto::encode_frame(&frame, &mut bytes);
+        self.send(conn, &mut bytes);
     }
 
     /// Hand `d` to its mailbox, if it is addressed to one.

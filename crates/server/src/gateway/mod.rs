@@ -444,10 +444,7 @@ pub(crate) fn execute(shared: &Arc<Shared>, actions: Vec<Action>) {
             Action::Push { conn, req, value } => {
                 // Before the replies gathered so far: a call's output goes before its end.
                 shared.registry.deliver(std::mem::take(&mut replies));
-                let frame = Value::Array(vec![Value::from(req), Value::from(2u64), value]);
-                let mut bytes = Vec::new();
-                spindle_proto::encode_frame(&frame, &mut bytes);
-                shared.registry.send(conn, &mut bytes);
+                shared.registry.push(conn, req, value);
             }
             Action::Kill(worker) => {
                 if let Some(proc) = gateway.procs.get(worker) {

@@ -245,16 +245,22 @@ async fn invoke(State(front): State<Arc<Front>>, Path(name): Path<String>, heade
         let call = Value::Array(vec![Value::Binary(code), Value::Array(args), Value::Map(kwargs)]);
         let mut payload = Vec::new();
         rmpv::encode::write_value(&mut payload, &call).map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
-        let report = run_function(&front, &who, &name, payload).await?;
+        let (report, output) = run_function(&front, &who, &name, payload).await?;
         let field = |key: &str| match &report {
             Value::Map(entries) => entries.iter().find(|(k, _)| k.as_str() == Some(key)).map(|(_, v)| v),
             _ => None,
         };
         if field("ok").and_then(Value::as_bool) == Some(true) {
             let value = field("value").map_or(Json::Null, values::to_json);
-            return Ok((StatusCode::OK, json!({ "result": value })));
+            return Ok((
+                StatusCode::OK,
+                json!({ "result": value, "output": values::to_json(&output) }),
+            ));
         }
-        let error = field("error").cloned().unwrap_or(Value::Nil);
+        let mut error = field("error").cloned().unwrap_or(Value::Nil);
+        if let Value::Map(entries) = &mut error {
+            entries.push((Value::from("output"), output));
+        }
         let text = |key: &str| match &error {
             Value::Map(entries) => entries
                 .iter()
@@ -275,12 +281,17 @@ async fn invoke(State(front): State<Arc<Front>>, Path(name): Path<String>, heade
 const FUNCTIONS: &str = "functions/";
 
 /// Invoke `payload` on the `json` runtime as `who`, through the gateway as a native `invoke`
-/// would, and wait for its report. Given up before it came, a call still queued is withdrawn.
-async fn run_function(front: &Front, who: &Who, name: &str, payload: Vec<u8>) -> Result<Value, Error> {
+/// would, and wait for its report and what it printed (`{"stdout": ..., "stderr": ...}`, as
+/// far as the gateway forwards a call's output). Given up before it came, a call still queued
+/// is withdrawn.
+async fn run_function(front: &Front, who: &Who, name: &str, payload: Vec<u8>) -> Result<(Value, Value), Error> {
     let shared = &front.shared;
     let req = front.next_request();
     let reply = front.mailbox.expect(req);
-    let options = Value::Map(vec![(Value::from("function"), Value::from(name))]);
+    let options = Value::Map(vec![
+        (Value::from("function"), Value::from(name)),
+        (Value::from("live"), Value::Boolean(true)),
+    ]);
     let owner = who.principal.user.as_str();
     if let Err(e) = gateway::invoke(shared, front.conn, req, ("json", owner), payload, options) {
         front.mailbox.forget(req);
@@ -298,7 +309,21 @@ async fn run_function(front: &Front, who: &Who, name: &str, payload: Vec<u8>) ->
     let mut queued = Queued(front, req, false);
     let reply = reply.await;
     queued.2 = true;
-    reply.map_err(|_| Error::new(ErrorKind::Internal, "the function's reply was lost"))?
+    let (report, pushed) = reply.map_err(|_| Error::new(ErrorKind::Internal, "the function's reply was lost"))?;
+    let mut output = [("stdout", Vec::new()), ("stderr", Vec::new())];
+    for chunk in &pushed {
+        let Value::Map(streams) = chunk else { continue };
+        for (stream, bytes) in streams {
+            if let (Some(into), Some(bytes)) = (
+                output.iter_mut().find(|(name, _)| stream.as_str() == Some(name)),
+                bytes.as_slice(),
+            ) {
+                into.1.extend_from_slice(bytes);
+            }
+        }
+    }
+    let output = output.map(|(name, bytes)| (Value::from(name), Value::from(String::from_utf8_lossy(&bytes))));
+    Ok((report?, Value::Map(output.to_vec())))
 }
 
 /// Run a route's work within its time (see [`time_allowed`]), and answer its result or
@@ -455,7 +480,8 @@ async fn run(front: &Front, who: &Who, mut request: Request) -> Result<Value, Er
     hosts::run(shared, applied.host_actions);
     let reply = reply.await;
     waiting.answered = true;
-    reply.map_err(|_| Error::new(ErrorKind::Internal, "the call's reply was lost"))?
+    let (reply, _) = reply.map_err(|_| Error::new(ErrorKind::Internal, "the call's reply was lost"))?;
+    reply
 }
 
 /// A call waiting for its reply: dropped before the reply came, it is withdrawn (answered
