@@ -127,13 +127,13 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
 
-# Benchmarks run beside the real peers: redis-server (with TLS: bench/tls.py; behind webdis: bench/http.py), zookeeper and GNU parallel from Debian's packages (and pypy3,
+# Benchmarks run beside the real peers: redis-server (with TLS: bench/tls.py; behind webdis: bench/http_front.py), zookeeper and GNU parallel from Debian's packages (and pypy3,
 # whose JIT bench/shared.py times on the Python method's loop); Ray,
 # Lithops, PySpark (Java 17) and kazoo from requirements-bench.lock, in their own virtual environment so that they
 # never enter the product's. `make bench QUICK=1` is a smoke check (small sizes, report in target/bench-quick/).
 BENCH_VENV := .venv-bench
 BPY := $(BENCH_VENV)/bin/python
-BENCHES := objects latency throughput shared sync functions scaling ml santa durability shell cluster tls auth limits http
+BENCHES := objects latency throughput shared sync functions scaling ml santa durability shell cluster tls auth limits http_front
 export QUICK
 
 $(BENCH_VENV)/.installed: requirements.lock requirements-bench.lock python/pyproject.toml

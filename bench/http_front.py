@@ -13,20 +13,12 @@ Both HTTP systems are driven by the same minimal client (a raw socket, a request
 the answer read by its ``Content-Length``), so the difference is the servers'. Reports the
 requests per second of all processes together and the median latency (p50), over rounds in
 which the systems take turns. Writes the ``http`` section of ``docs/benchmarks.md``. Usage:
-``python bench/http.py [--clients N] [--no-docs]`` (``QUICK=1``: short runs).
+``python bench/http_front.py [--clients N] [--no-docs]`` (``QUICK=1``: short runs).
 """
 
 from __future__ import annotations
 
-import sys
-
-# This file is named like the standard library's `http` package, and its directory comes first
-# on the path: import the standard one before anything else asks for it by name.
-_bench_dir = sys.path.pop(0)
-import http.client  # noqa: E402,F401
-sys.path.insert(0, _bench_dir)
-
-import argparse  # noqa: E402
+import argparse
 import json
 import multiprocessing
 import os
@@ -34,6 +26,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -208,7 +201,7 @@ def main() -> None:
     if args.no_docs:
         return
     lines = [
-        "## A counter over HTTP vs Webdis (`bench/http.py`)",
+        "## A counter over HTTP vs Webdis (`bench/http_front.py`)",
         "",
         f"Machine: {machine()}. {webdis_version()} in front of {redis_server_version()} (no persistence); "
         f"spindle release build. {args.clients} client processes, each with one keep-alive connection "
