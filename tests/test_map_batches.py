@@ -3,6 +3,8 @@ a progress bar for long maps."""
 
 from __future__ import annotations
 
+import functools
+
 import re
 import subprocess
 import sys
@@ -68,6 +70,13 @@ def test_a_task_failure_is_raised_at_its_place_with_its_traceback():
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback) and "fail_at" in str(cause)
     assert "run_each" not in str(cause)  # the batch's own frame is not the task's
+    # One iterable: each item is the task's one argument (a tuple stays a tuple).
+    with spindle.Executor(max_workers=2, echo=False) as ex:
+        results = ex.map(functools.partial(remote.fail_at, bad=5), range(30))
+        assert [next(results) for _ in range(5)] == list(range(5))
+        with pytest.raises(ValueError, match="task 5 failed"):
+            next(results)
+        assert list(ex.map(remote.identity, [(1, 2), (3,)] * 10)) == [(1, 2), (3,)] * 10
 
 
 def test_explicit_chunksize_and_retries_set_the_calls(capsys):

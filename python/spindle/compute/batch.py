@@ -24,13 +24,14 @@ Failure = Tuple[Optional[bytes], str, str, str]
 Outcomes = Tuple[List[Any], Dict[int, Failure]]
 
 
-def run_each(fn: Callable[..., Any], tasks: List[tuple]) -> Outcomes:
-    """``fn(*args)`` for each task, in order (in a worker): each result, and what any raised."""
+def run_each(fn: Callable[..., Any], tasks: List[Any], one: bool = False) -> Outcomes:
+    """``fn(*args)`` for each task's arguments, or ``fn(arg)`` for each with ``one``, in order
+    (in a worker): each result, and what any raised."""
     values: List[Any] = []
     failures: Dict[int, Failure] = {}
-    for args in tasks:
+    for task in tasks:
         try:
-            values.append(fn(*args))
+            values.append(fn(task) if one else fn(*task))
         except BaseException as exc:  # as one call per task: SystemExit is the task's too
             failures[len(values)] = _failure(exc)
             values.append(None)

@@ -44,7 +44,7 @@ def default_workers() -> int:
     return 8 * (os.cpu_count() or 1)
 
 
-def _chunks(items: List[tuple], size: int) -> List[List[tuple]]:
+def _chunks(items: List[Any], size: int) -> List[List[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
@@ -171,7 +171,10 @@ class Executor(concurrent.futures.Executor):
         """
         if chunksize is not None and chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
-        items = list(zip(*iterables))
+        # One iterable (the common map): its items as they are, each one task's argument, with
+        # no tuple per task to build and pickle.
+        one = len(iterables) == 1
+        items: List[Any] = list(iterables[0]) if one else list(zip(*iterables))
         if chunksize is None:
             chunksize = self._batch_size(len(items))
         end = None if timeout is None else timeout + time.monotonic()
@@ -180,9 +183,9 @@ class Executor(concurrent.futures.Executor):
         try:
             for chunk in _chunks(items, chunksize):
                 if chunksize == 1:
-                    call = self.submit(fn, *chunk[0])
+                    call = self.submit(fn, chunk[0]) if one else self.submit(fn, *chunk[0])
                 else:
-                    call = self._submit(batch.run_each, (fn, chunk), {},
+                    call = self._submit(batch.run_each, (fn, chunk, one), {},
                                         f"{self.label} {next(self._numbers)}")
                 call.add_done_callback(lambda _, n=len(chunk): bar.update(n))
                 calls.append(call)
