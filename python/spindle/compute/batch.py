@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import cloudpickle
 
@@ -56,13 +56,14 @@ def _failure(exc: BaseException) -> Failure:
     return data, type(exc).__qualname__, message, text
 
 
-def results(outcomes: Outcomes) -> Iterator[Any]:
+def results(outcomes: Outcomes) -> Iterable[Any]:
     """The tasks' values in order; a failed task's exception is raised where its value would
     be (with the remote traceback as its cause)."""
     values, failures = outcomes
-    if not failures:
-        yield from values
-        return
+    return _raising(values, failures) if failures else values
+
+
+def _raising(values: List[Any], failures: Dict[int, Failure]) -> Iterator[Any]:
     for index, value in enumerate(values):
         failure = failures.get(index)
         if failure is None:
