@@ -279,6 +279,12 @@ impl Partition {
         now: Instant,
         refusal: Error,
     ) -> Vec<Delivery> {
+        if !matches!(op, Op::Call { .. }) {
+            return vec![Delivery {
+                token,
+                reply: Err(refusal),
+            }];
+        }
         if self.prepared_holder(op.key()).is_some() {
             // A call there would wait for the transaction's decision and run later as a write.
             let busy = Error::new(
@@ -341,8 +347,9 @@ impl Partition {
             },
             false => op,
         };
-        // A replayed call was accepted where it ran, and a transaction's at its commit.
-        if replayed.is_none() && !self.committing {
+        // A replayed call was accepted where it ran, and a transaction's at its commit; a
+        // read grows nothing.
+        if replayed.is_none() && !self.committing && self.reading.is_none() {
             if let Err(e) = self.check_room(&op) {
                 out.push(Delivery { token, reply: Err(e) });
                 return out;

@@ -402,11 +402,18 @@ pub(crate) struct Mailbox {
     waiting: Mutex<HashMap<u64, Waiting>>,
 }
 
-/// A request waiting for its reply, and what was pushed to it meanwhile (a function's output:
-/// the gateway bounds how much).
+/// A request waiting for its reply, and the output pushed to it meanwhile (a function's:
+/// the gateway forwards at most `gateway::output::LIVE_LIMIT` bytes of it).
 struct Waiting {
-    reply: oneshot::Sender<(Reply, Vec<Value>)>,
-    pushed: Vec<Value>,
+    reply: oneshot::Sender<(Reply, Output)>,
+    output: Output,
+}
+
+/// What a function printed, by stream.
+#[derive(Debug, Default)]
+pub(crate) struct Output {
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: Vec<u8>,
 }
 
 impl Mailbox {
@@ -414,12 +421,12 @@ impl Mailbox {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Wait for the reply to request `req`, with the values pushed to it before (ask before
+    /// Wait for the reply to request `req`, with the output pushed to it before (ask before
     /// the request is made: it may be answered at once).
-    pub(crate) fn expect(&self, req: u64) -> oneshot::Receiver<(Reply, Vec<Value>)> {
+    pub(crate) fn expect(&self, req: u64) -> oneshot::Receiver<(Reply, Output)> {
         let (reply, rx) = oneshot::channel();
-        let pushed = Vec::new();
-        self.lock().insert(req, Waiting { reply, pushed });
+        let output = Output::default();
+        self.lock().insert(req, Waiting { reply, output });
         rx
     }
 
@@ -430,13 +437,25 @@ impl Mailbox {
 
     fn post(&self, req: u64, reply: Reply) {
         if let Some(waiting) = self.lock().remove(&req) {
-            let _ = waiting.reply.send((reply, waiting.pushed));
+            let _ = waiting.reply.send((reply, waiting.output));
         }
     }
 
-    fn push(&self, req: u64, value: Value) {
-        if let Some(waiting) = self.lock().get_mut(&req) {
-            waiting.pushed.push(value);
+    /// A push to request `req`: its output chunks (`{"stdout"|"stderr": bytes}`) are kept as
+    /// bytes; other pushes (a call queued, started) are not needed here.
+    fn push(&self, req: u64, value: &Value) {
+        let Value::Map(entries) = value else { return };
+        let mut waiting = self.lock();
+        let Some(output) = waiting.get_mut(&req).map(|w| &mut w.output) else {
+            return;
+        };
+        for (stream, bytes) in entries {
+            let into = match stream.as_str() {
+                Some("stdout") => &mut output.stdout,
+                Some("stderr") => &mut output.stderr,
+                _ => continue,
+            };
+            into.extend_from_slice(bytes.as_slice().unwrap_or_default());
         }
     }
 }
@@ -554,7 +573,7 @@ impl Registry {
     /// output): a `[req, 2, value]` frame, or into its mailbox.
     pub(crate) fn push(&self, conn: ConnId, req: u64, value: Value) {
         if let Some(mailbox) = self.mailboxes.read().unwrap_or_else(PoisonError::into_inner).get(&conn) {
-            return mailbox.push(req, value);
+            return mailbox.push(req, &value);
         }
         let frame = Value::Array(vec![Value::from(req), Value::from(2u64), value]);
         let mut bytes = Vec::new();

@@ -1739,6 +1739,12 @@ mod compiled_objects {
         let out = h.p.apply_reading(&who(1), token, 0, add, h.now, refusal());
         assert_eq!(reply_of(&out, token), Some(Err(refusal())));
         assert_eq!(h.reply("Counter", "c", "get", vec![]), Ok(0.into()));
+        // Only calls: anything else is the refusal.
+        let token = h.token(1);
+        let out =
+            h.p.apply_reading(&who(1), token, 0, Op::Delete { key: "c".into() }, h.now, refusal());
+        assert_eq!(reply_of(&out, token), Some(Err(refusal())));
+        assert_eq!(h.reply("Counter", "c", "get", vec![]), Ok(0.into()));
     }
 
     fn compiled_versions(p: &Partition) -> Vec<String> {

@@ -309,21 +309,13 @@ async fn run_function(front: &Front, who: &Who, name: &str, payload: Vec<u8>) ->
     let mut queued = Queued(front, req, false);
     let reply = reply.await;
     queued.2 = true;
-    let (report, pushed) = reply.map_err(|_| Error::new(ErrorKind::Internal, "the function's reply was lost"))?;
-    let mut output = [("stdout", Vec::new()), ("stderr", Vec::new())];
-    for chunk in &pushed {
-        let Value::Map(streams) = chunk else { continue };
-        for (stream, bytes) in streams {
-            if let (Some(into), Some(bytes)) = (
-                output.iter_mut().find(|(name, _)| stream.as_str() == Some(name)),
-                bytes.as_slice(),
-            ) {
-                into.1.extend_from_slice(bytes);
-            }
-        }
-    }
-    let output = output.map(|(name, bytes)| (Value::from(name), Value::from(String::from_utf8_lossy(&bytes))));
-    Ok((report?, Value::Map(output.to_vec())))
+    let (report, output) = reply.map_err(|_| Error::new(ErrorKind::Internal, "the function's reply was lost"))?;
+    let text = |bytes: &[u8]| Value::from(String::from_utf8_lossy(bytes));
+    let output = Value::Map(vec![
+        (Value::from("stdout"), text(&output.stdout)),
+        (Value::from("stderr"), text(&output.stderr)),
+    ]);
+    Ok((report?, output))
 }
 
 /// Run a route's work within its time (see [`time_allowed`]), and answer its result or
