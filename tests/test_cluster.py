@@ -520,6 +520,24 @@ def test_keep_moves_an_object_to_a_name_whose_shard_another_node_leads(cluster):
         assert client.call("Counter", key, "get", []) == 7
         assert client.call("Counter", taken, "get", []) == 0
 
+        # A compiled object moves with its state; its module is compiled on the node it
+        # comes to, where its type must be defined (each node keeps its own classes).
+        bank = REPO / "examples" / "wasm" / "build" / "bank.wasm"
+        if not bank.is_file():
+            pytest.fail(f"{bank} is missing: run `make wasm` (part of `make setup`)")
+        key = client.unnamed_key()
+        far = next(f"account{i}" for i in range(1000)
+                   if leaders[shard_of(f"account{i}", SHARDS)] != leaders[shard_of(key, SHARDS)])
+        client.define("wasm:kept-bank", "v1", bank.read_bytes(), key=key)
+        client.create("wasm:kept-bank", key, ["v1", [40]], True)
+        client.call("wasm:kept-bank", key, "deposit", [2])
+        with pytest.raises(spindle.errors.UnknownType, match="not defined"):
+            client.keep("wasm:kept-bank", key, far)
+        assert client.call("wasm:kept-bank", key, "balance", []) == 42
+        client.define("wasm:kept-bank", "v1", bank.read_bytes(), key=far)
+        assert client.keep("wasm:kept-bank", key, far) == far
+        assert client.call("wasm:kept-bank", far, "deposit", [8]) == 50
+
         # A Lock's state cannot leave its node's connections: a clear error, the lock stays.
         key = client.unnamed_key()
         client.create("Lock", key, [], True)

@@ -20,19 +20,10 @@ impl Detached {
     }
 
     /// The object's type and state (its snapshot, [`crate::objects::snapshot`]), to move it
-    /// to another node: `None` for a type whose state is who holds and who waits (a `Lock`,
+    /// to another node ([`Partition::decode_detached`] there): `None` for a type whose state is who holds and who waits (a `Lock`,
     /// a `Barrier`...), which cannot leave its node's connections.
     pub fn encode(&self) -> Option<(&str, Value)> {
         self.obj.snapshot().map(|state| (self.obj.type_name(), state))
-    }
-
-    /// The inverse of [`Detached::encode`], on the node the object moves to (owned by
-    /// nobody, as `keep` leaves it). A bad state is a `ValueError`.
-    pub fn decode(type_name: &str, state: &Value) -> Result<Detached, Error> {
-        Ok(Detached {
-            obj: objects::snapshot::restore(type_name, state)?,
-            owner: None,
-        })
     }
 }
 
@@ -59,6 +50,17 @@ impl Partition {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The inverse of [`Detached::encode`], on the node the object moves to (owned by
+    /// nobody, as `keep` leaves it). A bad state is a `ValueError`; a compiled type's code
+    /// must have been offered here first ([`offer_class`](Self::offer_class)).
+    pub fn decode_detached(&self, type_name: &str, state: &Value) -> Result<Detached, Error> {
+        let obj = match objects::compiled::is_compiled_type(type_name) {
+            true => self.restore_compiled(type_name, state)?,
+            false => objects::snapshot::restore(type_name, state)?,
+        };
+        Ok(Detached { obj, owner: None })
     }
 
     /// Take an object out for `keep`. Refused while calls are parked on it.

@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use spindle_core::objects::compiled::{self, CompiledObject};
 use spindle_core::{Detached, Error, ErrorKind, Value};
 
 use super::{not_serving, peers};
-use crate::Shared;
+use crate::{hosts, Shared};
 
 /// How long a move may look for the name's leader (an election, a node restarting).
 pub(crate) const MOVE_DEADLINE: Duration = Duration::from_secs(10);
@@ -208,6 +209,16 @@ pub(crate) fn adopt(
             "this server is not part of a cluster (start it with --node-id)",
         ));
     };
+    // A compiled object's module is compiled in the partition it comes into: found before
+    // the shard's lock, as `define` takes the classes' lock and then shards'.
+    let module = match compiled::is_compiled_type(type_name) {
+        true => {
+            let version = CompiledObject::snapshot_version(state)?;
+            let code = hosts::class_code(&shared.hosts.classes(), type_name, &version)?;
+            Some((version, code))
+        }
+        false => None,
+    };
     let target = shared.shards.index_of(name);
     shared.shards.with(target, |s| {
         if !s.serving() {
@@ -222,7 +233,10 @@ pub(crate) fn adopt(
                 format!("the move to '{name}' expired before it arrived (the object stays where it was)"),
             ));
         }
-        let detached = Detached::decode(type_name, state)?;
+        if let Some((version, code)) = &module {
+            s.partition.offer_class(type_name, version, code)?;
+        }
+        let detached = s.partition.decode_detached(type_name, state)?;
         s.partition.attach(name, detached).map_err(|(e, _)| e)?;
         s.calls += 1;
         cluster.adopted.insert(origin.to_string(), name.to_string());
