@@ -253,12 +253,16 @@ impl Partition {
         log.record(seq, reply, durable, self.reply_log_limit.per_client);
         self.logs_bytes = self.logs_bytes + log.bytes - before;
         while self.logs_bytes > self.reply_log_limit.total {
-            // The largest by bytes, then by name: the same on every replica.
-            let largest = self
+            // The largest other log by bytes, then by name (the same on every replica); this
+            // client's own only when no other holds anything, so the reply just recorded
+            // stays for a retry.
+            let victim = self
                 .logs
-                .iter_mut()
-                .max_by(|a, b| (a.1.bytes, a.0).cmp(&(b.1.bytes, b.0)));
-            let Some((_, log)) = largest else { break };
+                .iter()
+                .filter(|(other, log)| *other != client && log.bytes > 0)
+                .max_by(|a, b| (a.1.bytes, a.0).cmp(&(b.1.bytes, b.0)))
+                .map_or_else(|| client.clone(), |(other, _)| other.clone());
+            let Some(log) = self.logs.get_mut(&victim) else { break };
             let before = log.bytes;
             if !log.forget_oldest() {
                 break;

@@ -222,6 +222,26 @@ fn all_clients_logs_together_stay_under_their_total_the_largest_forgetting_first
 }
 
 #[test]
+fn a_reply_just_recorded_is_kept_whatever_its_clients_name() {
+    // Logs of one reply each, the total full: the next client's reply is kept and another
+    // log forgets, even when the new client's name sorts last among logs of equal size.
+    let mut p = Partition::new();
+    p.set_reply_log_limit(8 << 20, 4 << 20);
+    let big = || Ok(Value::Binary(vec![7; 1 << 20]));
+    for name in ["a", "b", "c", "d"] {
+        p.record_reply(&Arc::from(name), 1, big(), false);
+    }
+    let last: Arc<str> = Arc::from("z");
+    p.record_reply(&last, 1, big(), false);
+    assert!(p.logs["z"].get(1).is_some(), "the reply just recorded is kept");
+    assert!(
+        p.logs["d"].get(1).is_none(),
+        "the largest other log, last by name, forgot"
+    );
+    assert!(p.logs_bytes <= 4 << 20);
+}
+
+#[test]
 fn a_reply_log_answers_as_a_map_that_forgets_the_oldest_recorded_first() {
     // The model: what the log must answer, however its calls arrive.
     #[derive(Default)]
