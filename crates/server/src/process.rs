@@ -432,9 +432,11 @@ mod tests {
             .args(["-c", "sleep 60 & wait"])
             .spawn()
             .expect("sh");
-        // The deadline only bounds a failure.
+        // The deadline only bounds a failure. Until the child has exec'd `sleep`, it is a
+        // forked copy sharing the shell's pages, whose proportional sizes then change.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while children(shell.id()).is_empty() {
+        let slept = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep");
+        while !children(shell.id()).first().is_some_and(|&pid| slept(pid)) {
             if std::time::Instant::now() > deadline {
                 let _ = shell.kill();
                 let _ = shell.wait();
