@@ -171,7 +171,8 @@ pub struct Partition {
     lock_waits: txn_waits::LockWaits,
     /// A transaction's calls are being applied at its commit (accepted already).
     committing: bool,
-    /// The call being applied may only read, else fails with this refusal ([`apply_reading`](Self::apply_reading)).
+    /// The call being applied may only read, else fails with this refusal
+    /// ([`apply_reading`](Self::apply_reading)).
     reading: Option<Error>,
     /// Cluster transactions prepared here, and decisions kept (see [`prepared`]).
     two_phase: prepared::TwoPhase,

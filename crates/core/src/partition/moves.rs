@@ -20,8 +20,9 @@ impl Detached {
     }
 
     /// The object's type and state (its snapshot, [`crate::objects::snapshot`]), to move it
-    /// to another node ([`Partition::decode_detached`] there): `None` for a type whose state is who holds and who waits (a `Lock`,
-    /// a `Barrier`...), which cannot leave its node's connections.
+    /// to another node ([`Partition::decode_detached`] there): `None` for a type whose state
+    /// is who holds and who waits (a `Lock`, a `Barrier`...), which cannot leave its node's
+    /// connections.
     pub fn encode(&self) -> Option<(&str, Value)> {
         self.obj.snapshot().map(|state| (self.obj.type_name(), state))
     }

@@ -235,12 +235,12 @@ fn fail(deliveries: Vec<Delivery>, error: &Error) -> Vec<Delivery> {
         .collect()
 }
 
-/// The answer to a call on a shard this node does not serve: try `leader` (an address).
 /// A call this node may not run: it does not lead the shard (clients resend to the leader).
 pub(crate) fn not_serving() -> Error {
     Error::new(ErrorKind::NotLeader, "this node does not lead the object's shard")
 }
 
+/// The answer to a call on a shard this node does not serve: try `leader` (an address).
 pub(crate) fn not_leader(leader: Option<&str>) -> Error {
     match leader {
         Some(address) => Error::new(

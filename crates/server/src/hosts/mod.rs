@@ -553,8 +553,14 @@ pub(crate) fn register_recovered_classes(shared: &Shared) -> Result<usize, Error
         }
         tracing::debug!(type_name, version, objects = alive, "class recovered");
         // A compiled type's module is compiled in the partitions that hold its objects.
-        let _module = None;
-        classes.insert(type_name, Class { version, code, _module });
+        classes.insert(
+            type_name,
+            Class {
+                version,
+                code,
+                _module: None,
+            },
+        );
         registered += 1;
     }
     Ok(registered)
