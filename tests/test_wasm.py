@@ -38,7 +38,7 @@ def Hostile():
 @pytest.mark.parametrize("build", ["bank.wasm", "bank_as.wasm"])
 def test_an_account_in_c_and_in_assemblyscript(build, uniq):
     Account = spindle.wasm_type(module(BUILD / build), f"{uniq}bank")
-    assert sorted(Account._methods) == ["balance", "deposit", "withdraw"]
+    assert sorted(Account._methods) == ["balance", "deposit", "transfer", "withdraw"]
     a = Account(100, name=f"{uniq}alice")
     assert a.deposit(5) == 105
     assert a.withdraw(3) == 102
@@ -177,7 +177,7 @@ def test_spindle_define_prints_the_methods_and_refuses_a_bad_file(server, tmp_pa
     done = subprocess.run([server_binary(), "define", "--address", server.address, str(BUILD / "bank.wasm")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["balance", "deposit", "withdraw"]
+    assert done.stdout.split() == ["balance", "deposit", "transfer", "withdraw"]
     assert "defined wasm:bank" in done.stderr
     junk = tmp_path / "junk.wasm"
     junk.write_bytes(b"not wasm")

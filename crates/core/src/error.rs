@@ -59,11 +59,15 @@ pub enum ErrorKind {
     /// A compiled (WebAssembly) method trapped or passed a limit (fuel, memory, stack); `data`
     /// is `{"reason": "trap" | "fuel" | "memory" | "stack"}`. The object is as it was.
     Trapped,
+    /// Inside the server only, never sent: a compiled method called another object (`data`
+    /// is `[key, method, args]`) and needs that call's reply, which the server's driver of
+    /// nested calls runs before it runs the method again (`calls::nested`).
+    NestedCall,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 35] = [
+    pub const ALL: [ErrorKind; 36] = [
         ErrorKind::ProtocolError,
         ErrorKind::FrameTooLarge,
         ErrorKind::NoSession,
@@ -99,6 +103,7 @@ impl ErrorKind {
         ErrorKind::TransactionConflict,
         ErrorKind::TransactionError,
         ErrorKind::Trapped,
+        ErrorKind::NestedCall,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -138,6 +143,7 @@ impl ErrorKind {
             ErrorKind::TransactionConflict => "TransactionConflict",
             ErrorKind::TransactionError => "TransactionError",
             ErrorKind::Trapped => "Trapped",
+            ErrorKind::NestedCall => "NestedCall",
         }
     }
 

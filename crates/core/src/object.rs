@@ -27,6 +27,9 @@ pub struct Ctx<'a> {
     /// instead (compiled objects, whose reads are known only once a method ran; a built-in's
     /// are known ahead, see `objects::is_read`).
     pub read_only: bool,
+    /// The replies of the calls to other objects a compiled method made, as far as the
+    /// server's driver of nested calls ran them (see [`ErrorKind::NestedCall`](crate::ErrorKind)).
+    pub nested: &'a [crate::Reply],
     deliveries: &'a mut Vec<Delivery>,
 }
 
@@ -38,6 +41,7 @@ impl<'a> Ctx<'a> {
             now,
             withdrawing: false,
             read_only: false,
+            nested: &[],
             deliveries,
         }
     }
@@ -136,6 +140,12 @@ pub trait Object: Send + Fork {
     /// Whether the object cares about connections ending (parks callers or has owners), so
     /// the partition calls [`Object::disconnect`] on it when one of its callers goes away.
     fn tracks_connections(&self) -> bool {
+        false
+    }
+
+    /// Whether its methods may call other objects (a compiled type that imports
+    /// `spindle.call`): its calls run as transactions the server drives (`calls::nested`).
+    fn makes_calls(&self) -> bool {
         false
     }
 }

@@ -1,7 +1,7 @@
 //! A call as a partition receives it: what the request path builds, the op log records and
 //! a replay hands back (apart from `partition`, so `record` need not import it).
 
-use crate::Value;
+use crate::{Reply, Value};
 
 /// A call as the partition receives it.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,6 +21,9 @@ pub enum Op {
         key: String,
         method: String,
         args: Vec<Value>,
+        /// The replies of the calls to other objects the method makes, in order, as far as
+        /// the server's driver of nested calls ran them (`Ctx::nested`); `None` from clients.
+        nested: Option<Vec<Reply>>,
     },
     /// Remove the object; reply `true` if it existed.
     Delete { key: String },

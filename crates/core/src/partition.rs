@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crate::objects::compiled::Library;
 use crate::objects::user::{self, Forward, UserObject, UserState};
-use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Step, Token, Value};
+use crate::{objects, Caller, ConnId, Ctx, Delivery, Error, ErrorKind, Object, Reply, Step, Token, Value};
 
 mod admission;
 mod compiled;
@@ -241,6 +241,17 @@ impl Partition {
         self.objects.get(key).map(|e| e.body.type_name())
     }
 
+    /// Whether `op` is a call, made by a client, of an object whose methods may call other
+    /// objects (see [`Object::makes_calls`]).
+    fn makes_calls(&self, op: &Op) -> bool {
+        match op {
+            Op::Call { key, nested: None, .. } => {
+                matches!(self.objects.get(key).map(|e| &e.body), Some(Body::Builtin(obj)) if obj.makes_calls())
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a live object is under `key`: one that a `create` attaches to, not one that
     /// a `create` would make again (a user-defined object lost with its host).
     pub fn is_live(&self, key: &str) -> bool {
@@ -297,6 +308,17 @@ impl Partition {
                 reply: Err(busy),
             }];
         }
+        if self.makes_calls(&op) {
+            // Its nested calls run in a transaction, where a reader's call is refused.
+            let refusal = Error::new(
+                refusal.kind,
+                format!("{} ('{}' calls other objects)", refusal.message, op.key()),
+            );
+            return vec![Delivery {
+                token,
+                reply: Err(refusal),
+            }];
+        }
         self.reading = Some(refusal);
         let out = self.apply_as(caller, token, seq, 0, op, now, None);
         self.reading = None;
@@ -339,6 +361,14 @@ impl Partition {
             if !matches!(op, Op::Delete { .. }) && self.take_over(&caller.client, token, seq, op.key()) {
                 return out;
             }
+        }
+        // A method that may call other objects runs in a transaction the server drives.
+        if replayed.is_none() && !self.committing && self.makes_calls(&op) {
+            out.push(Delivery {
+                token,
+                reply: Err(drive_nested(op)),
+            });
+            return out;
         }
         // A call on a key a prepared transaction holds waits for its decision.
         let op = match replayed.is_none() && !self.committing {
@@ -388,7 +418,11 @@ impl Partition {
                 key,
                 method,
                 args,
-            } => self.call(caller, token, &type_name, &key, &method, args, now, &mut out),
+                nested,
+            } => {
+                let nested = nested.as_deref().unwrap_or_default();
+                self.call(caller, token, (&type_name, &key, &method), args, nested, now, &mut out)
+            }
         };
         match reply {
             Ok(None) => {
@@ -482,10 +516,9 @@ impl Partition {
         &mut self,
         caller: &Caller,
         token: Token,
-        type_name: &str,
-        key: &str,
-        method: &str,
+        (type_name, key, method): (&str, &str, &str),
         args: Vec<Value>,
+        nested: &[Reply],
         now: Instant,
         out: &mut Vec<Delivery>,
     ) -> (Result<Option<Value>, Error>, bool) {
@@ -533,6 +566,7 @@ impl Partition {
         let record = obj.is_mutating(method) && reading.is_none();
         let mut ctx = Ctx::new(caller, token, now, out);
         ctx.read_only = reading.is_some();
+        ctx.nested = nested;
         let step = obj.apply(method, &args, &mut ctx);
         // Calls that are not recorded may change the object too (a lock's `acquire`, and a
         // parked call: its waiters).
@@ -592,6 +626,24 @@ impl Partition {
         }
         true
     }
+}
+
+/// The reply that hands a client's call of a method that may call other objects to the
+/// server's driver of nested calls: `NestedCall` with the call, `[type, key, method, args]`.
+fn drive_nested(op: Op) -> Error {
+    let Op::Call {
+        type_name,
+        key,
+        method,
+        args,
+        ..
+    } = op
+    else {
+        unreachable!("only calls make calls")
+    };
+    let message = format!("{type_name}.{method} on '{key}' calls other objects");
+    let data = Value::Array(vec![type_name.into(), key.into(), method.into(), Value::Array(args)]);
+    Error::new(ErrorKind::NestedCall, message).with_data(data)
 }
 
 fn check_type(key: &str, actual: &str, wanted: &str) -> Result<(), Error> {

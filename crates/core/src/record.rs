@@ -6,6 +6,8 @@
 //! [1, "apply", conn, client, thread, req, seq, op]   a call, create or delete applied
 //!     op := ["create", type, key, args, owned, persistent]
 //!         | ["call", type, key, method, args]
+//!         | ["call", type, key, method, args, [reply...]]   with the replies of the calls
+//!                                   to other objects a compiled method made (nested calls)
 //!         | ["delete", key]
 //! [1, "expire", key, conn, req]     a parked call answered with its timeout result
 //!                                   (its deadline passed, or its caller withdrew it)
@@ -24,6 +26,8 @@
 //! [1, "commit", client, seq, [record...]]  a transaction's changes here, all or none: the
 //!                                   records of its calls (each a bin), and the commit's
 //!                                   reply `true` recorded for `client`/`seq` unless nil/0
+//! [1, "commit", client, seq, [record...], reply]   the same, recording `reply` instead (a
+//!                                   call whose nested calls the server ran as a transaction)
 //! [1, "prepare", client, number, coordinator, [key...], [record...]]
 //!                                   a cluster transaction prepared here (two-phase commit):
 //!                                   the keys it holds until decided, and the records of its
@@ -103,6 +107,9 @@ pub enum Record {
         client: Option<String>,
         seq: u64,
         records: Vec<Vec<u8>>,
+        /// The reply recorded: `true` for a commit, a method's for a call the server ran
+        /// as a transaction (its nested calls).
+        reply: Reply,
     },
     /// A cluster transaction's validated writes in a participant shard, held until decided.
     Prepare {
@@ -157,16 +164,7 @@ pub fn encode_user_state(r: &UserStateRef<'_>) -> Vec<u8> {
     let mut w = Writer::record("user_state", 10, 64 + r.state.len());
     w.str(r.key).str(r.type_name).str(r.version).opt_str(r.owner);
     w.uint(r.token.conn).uint(r.token.req).opt_str(r.client).uint(r.seq);
-    match r.reply {
-        Ok(v) => w.array(2).str("ok").value(v),
-        Err(e) => w
-            .array(4)
-            .str("err")
-            .str(e.kind.as_str())
-            .str(&e.message)
-            .value(&e.data),
-    };
-    w.bin(r.state);
+    w.reply(r.reply).bin(r.state);
     w.0
 }
 
@@ -203,22 +201,40 @@ pub fn encode_apply(caller: &Caller, token: Token, seq: u64, acked: u64, op: &Op
             args,
             owned,
             persistent,
-        } => w
-            .array(6)
-            .str("create")
-            .str(type_name)
-            .str(key)
-            .values(args)
-            .bool(*owned)
-            .bool(*persistent),
+        } => {
+            w.array(6)
+                .str("create")
+                .str(type_name)
+                .str(key)
+                .values(args)
+                .bool(*owned)
+                .bool(*persistent);
+        }
         Op::Call {
             type_name,
             key,
             method,
             args,
-        } => w.array(5).str("call").str(type_name).str(key).str(method).values(args),
-        Op::Delete { key } => w.array(2).str("delete").str(key),
-    };
+            nested,
+        } => {
+            let nested = nested.as_deref().unwrap_or_default();
+            w.array(if nested.is_empty() { 5 } else { 6 })
+                .str("call")
+                .str(type_name)
+                .str(key)
+                .str(method)
+                .values(args);
+            if !nested.is_empty() {
+                w.array(nested.len());
+                for reply in nested {
+                    w.reply(reply);
+                }
+            }
+        }
+        Op::Delete { key } => {
+            w.array(2).str("delete").str(key);
+        }
+    }
     if acked != 0 {
         w.uint(acked);
     }
@@ -266,6 +282,19 @@ impl Writer {
         let _ = rmpv::encode::write_value(&mut self.0, v);
         self
     }
+    /// `["ok", value]` or `["err", kind, message, data]`.
+    fn reply(&mut self, reply: &Reply) -> &mut Self {
+        match reply {
+            Ok(v) => self.array(2).str("ok").value(v),
+            Err(e) => self
+                .array(4)
+                .str("err")
+                .str(e.kind.as_str())
+                .str(&e.message)
+                .value(&e.data),
+        }
+    }
+
     fn bool(&mut self, b: bool) -> &mut Self {
         let _ = rmp::encode::write_bool(&mut self.0, b);
         self
@@ -335,12 +364,21 @@ impl Record {
                 version,
                 code,
             } => encode_class(type_name, version, code),
-            Record::Commit { client, seq, records } => {
+            Record::Commit {
+                client,
+                seq,
+                records,
+                reply,
+            } => {
                 let len: usize = records.iter().map(|r| r.len() + 5).sum();
-                let mut w = Writer::record("commit", 3, 64 + len);
+                let committed = *reply == Ok(Value::Boolean(true));
+                let mut w = Writer::record("commit", if committed { 3 } else { 4 }, 64 + len);
                 w.opt_str(client.as_deref()).uint(*seq).array(records.len());
                 for record in records {
                     w.bin(record);
+                }
+                if !committed {
+                    w.reply(reply);
                 }
                 w.0
             }
@@ -426,6 +464,13 @@ impl Record {
                         key: o.string("key")?,
                         method: o.string("method")?,
                         args: o.array("args")?,
+                        nested: match o.left {
+                            0 => None,
+                            _ => {
+                                let mut n = o.nested("nested replies")?;
+                                Some((0..n.left).map(|_| n.reply("nested reply")).collect::<Result<_, _>>()?)
+                            }
+                        },
                     },
                     "delete" => Op::Delete { key: o.string("key")? },
                     other => return Err(format!("unknown op '{other}'")),
@@ -469,18 +514,7 @@ impl Record {
                 };
                 let client = f.opt_string("client")?;
                 let seq = f.uint("seq")?;
-                let mut r = f.nested("reply")?;
-                let reply = match r.str("reply status")? {
-                    "ok" => Ok(r.next("reply value")?),
-                    "err" => {
-                        let kind = r.string("error kind")?;
-                        let kind = ErrorKind::from_name(&kind).ok_or_else(|| format!("unknown error kind '{kind}'"))?;
-                        let message = r.string("error message")?;
-                        Err(Error::new(kind, message).with_data(r.next("error data")?))
-                    }
-                    other => return Err(format!("unknown reply status '{other}'")),
-                };
-                r.end()?;
+                let reply = f.reply("reply")?;
                 Record::UserState {
                     key,
                     type_name,
@@ -503,7 +537,16 @@ impl Record {
                 let seq = f.uint("seq")?;
                 let mut r = f.nested("records")?;
                 let records = (0..r.left).map(|_| r.binary("record")).collect::<Result<_, _>>()?;
-                Record::Commit { client, seq, records }
+                let reply = match f.left {
+                    0 => Ok(Value::Boolean(true)),
+                    _ => f.reply("reply")?,
+                };
+                Record::Commit {
+                    client,
+                    seq,
+                    records,
+                    reply,
+                }
             }
             "prepare" => {
                 let client = f.string("client")?;
@@ -669,6 +712,23 @@ impl<'r, 'a> Fields<'r, 'a> {
         (0..items.left).map(|_| items.next(name)).collect()
     }
 
+    /// A reply as [`Writer::reply`] writes it.
+    fn reply(&mut self, name: &str) -> Result<Reply, String> {
+        let mut r = self.nested(name)?;
+        let reply = match r.str("reply status")? {
+            "ok" => Ok(r.next("reply value")?),
+            "err" => {
+                let kind = r.string("error kind")?;
+                let kind = ErrorKind::from_name(&kind).ok_or_else(|| format!("unknown error kind '{kind}'"))?;
+                let message = r.string("error message")?;
+                Err(Error::new(kind, message).with_data(r.next("error data")?))
+            }
+            other => return Err(format!("unknown reply status '{other}'")),
+        };
+        r.end()?;
+        Ok(reply)
+    }
+
     fn boolean(&mut self, name: &str) -> Result<bool, String> {
         self.take(name)?;
         rmp::decode::read_bool(self.rest).map_err(|_| format!("{name} is not a bool"))
@@ -726,6 +786,21 @@ mod tests {
                     key: "q".into(),
                     method: "get".into(),
                     args: vec![Value::Boolean(true), Value::Nil],
+                    nested: None,
+                },
+            },
+            // A compiled method's call with the replies of the calls it made.
+            Record::Apply {
+                caller: caller.clone(),
+                token,
+                seq: 7,
+                acked: 0,
+                op: Op::Call {
+                    type_name: "wasm:bank".into(),
+                    key: "alice".into(),
+                    method: "transfer".into(),
+                    args: vec!["bob".into(), 5.into()],
+                    nested: Some(vec![Ok(Value::from(15)), Err(Error::new(ErrorKind::NotFound, "gone"))]),
                 },
             },
             Record::Apply {
@@ -773,11 +848,20 @@ mod tests {
                 client: Some("c1".into()),
                 seq: 12,
                 records: vec![Record::Disconnect { conn: 3 }.encode(), vec![]],
+                reply: Ok(Value::Boolean(true)),
             },
             Record::Commit {
                 client: None,
                 seq: 0,
                 records: vec![],
+                reply: Ok(Value::Boolean(true)),
+            },
+            // A method's nested calls: its reply is recorded, whatever it is.
+            Record::Commit {
+                client: Some("c1".into()),
+                seq: 13,
+                records: vec![vec![1]],
+                reply: Err(Error::new(ErrorKind::ValueError, "no").with_data(Value::from(1))),
             },
             Record::Prepare {
                 client: "c1".into(),
@@ -838,6 +922,7 @@ mod tests {
                     client: Some("c".into()),
                     seq: 3,
                     records: vec![vec![1, 2]],
+                    reply: Ok(Value::Boolean(true)),
                 },
                 to_bytes(vec![
                     "commit".into(),
@@ -932,6 +1017,7 @@ mod tests {
                     key: "k".into(),
                     method: "set".into(),
                     args: args.clone(),
+                    nested: None,
                 },
                 Value::Array(vec![
                     "call".into(),
@@ -987,6 +1073,7 @@ mod tests {
             key: "k".into(),
             method: "set".into(),
             args: vec![Value::Binary(vec![1; 40])],
+            nested: None,
         };
         let apply = encode_apply(&caller, Token { conn: 1, req: 70_000 }, 1 << 33, 1 << 32, &op);
         assert_eq!(Record::decode(&[]), Err("the record is empty".into()));

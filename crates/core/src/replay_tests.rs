@@ -121,6 +121,7 @@ fn call_op(type_name: &str, key: &str, method: &str, args: Vec<Value>) -> Op {
         key: key.into(),
         method: method.into(),
         args,
+        nested: None,
     }
 }
 
@@ -221,6 +222,7 @@ fn retried_calls_get_their_recorded_reply_after_replay() {
         key: "n".into(),
         method: "add".into(),
         args: vec![5.into()],
+        nested: None,
     };
     let token = Token { conn: 1, req: 99 };
     let out = l.p.apply(&caller, token, 777, 0, op(), l.now);
@@ -491,6 +493,7 @@ fn a_get_parked_at_the_snapshot_takes_the_item_of_a_later_put() {
         key: "q".into(),
         method: "get".into(),
         args: vec![true.into(), Value::Nil],
+        nested: None,
     };
     let get_seq = 2; // The Live helper numbers calls 1, 2, 3...
     let out = p.apply(&caller, Token { conn: 40, req: 1 }, get_seq, 0, op, l.now);
@@ -571,6 +574,7 @@ fn answers_about_a_delete_still_being_written_wait_for_it() {
         key: "n".into(),
         method: "get".into(),
         args: vec![],
+        nested: None,
     };
     let out = l.p.apply(&other, Token { conn: 3, req: 1 }, 0, 0, get, l.now);
     assert_eq!(out[0].reply.as_ref().unwrap_err().kind, ErrorKind::NotFound);
@@ -594,6 +598,7 @@ fn a_resent_call_whose_write_failed_is_not_acknowledged() {
         key: "n".into(),
         method: "add".into(),
         args: vec![5.into()],
+        nested: None,
     };
     l.p.apply(&caller, Token { conn: 1, req: 9 }, 777, 0, add(), l.now);
     let _ = l.p.take_log();
@@ -681,6 +686,7 @@ mod user_objects {
                         key: key.into(),
                         method: "m".into(),
                         args: vec![Value::Array(vec![]), Value::Map(vec![])],
+                        nested: None,
                     };
                     self.l.apply(conn, op);
                 }

@@ -20,7 +20,7 @@ use crate::cluster::{moves, two_phase, MetadataChange};
 use crate::gateway::{self, WorkerId};
 use crate::hosts::{self, HostId};
 use crate::registry::{self, Outbox, Sink};
-use crate::{pickles, sessions, status, transactions, Shared};
+use crate::{nested, pickles, sessions, status, transactions, Shared};
 
 /// Read buffer of an idle connection; it grows for large frames and shrinks back after.
 const INITIAL_READ_BUFFER: usize = 4 * 1024;
@@ -672,6 +672,7 @@ impl Connection {
                     key,
                     method,
                     args,
+                    nested: None,
                 };
                 match txn {
                     Some(txn) => self.transact(id, seq, thread, txn, op),
@@ -1206,7 +1207,9 @@ impl Connection {
         };
         let token = Token { conn: self.id, req: id };
         match calls::apply(&self.shared, &caller, token, (seq, acked), op, grant) {
-            Ok(applied) => {
+            Ok(mut applied) => {
+                let who = self.principal.as_ref();
+                nested::drive_if_asked(&self.shared, &caller, who, (token, seq), None, &mut applied.deliveries);
                 self.route(applied.deliveries);
                 hosts::run(&self.shared, applied.host_actions);
             }
@@ -1238,7 +1241,11 @@ impl Connection {
             return self.reply(id, Err(e));
         }
         match transactions::call(&self.shared, &caller, token, seq, txn, op) {
-            Ok(deliveries) => self.route(deliveries),
+            Ok(mut deliveries) => {
+                let who = self.principal.as_ref();
+                nested::drive_if_asked(&self.shared, &caller, who, (token, seq), Some(txn), &mut deliveries);
+                self.route(deliveries)
+            }
             Err(e) => self.reply(id, Err(e)),
         }
     }

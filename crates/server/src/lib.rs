@@ -4,8 +4,9 @@
 //! Layout, top-down (a module uses only those below it; the root wires them together):
 //! - front ends: `connection` (per-client reader and writer: the native protocol), `http`
 //!   (the HTTP front end), `status` (counters and the `status` reply);
-//! - what both front ends run: `calls` (a caller's operation on its shard, without a
-//!   transport), `transactions` (multi-shard commits), `sessions` (session lifetimes),
+//! - what both front ends run: `nested` (compiled methods' calls to other objects, driven
+//!   as transactions) over `calls` (a caller's operation on its shard, without a
+//!   transport) and `transactions` (multi-shard commits), `sessions` (session lifetimes),
 //!   `gateway` (functions: the worker pool and invocations);
 //! - `shards` (partitions behind mutexes, timers, `keep`) with their durability, `journal`
 //!   over `wal` (the write-ahead log), and their replication, `cluster` (cluster mode: every
@@ -29,6 +30,7 @@ mod gateway;
 mod hosts;
 mod http;
 mod journal;
+mod nested;
 mod pickles;
 mod process;
 mod registry;
@@ -74,6 +76,8 @@ pub(crate) struct Shared {
     pub(crate) adopt_sessions: fn(&Arc<Shared>, Vec<Arc<str>>),
     pub(crate) stats: status::Stats,
     pub(crate) transactions: transactions::Transactions,
+    /// The drivers of compiled methods' nested calls.
+    pub(crate) nested: nested::Drivers,
     /// Refused requests, protocol faults and failed calls, logged once a minute per client.
     pub(crate) audit: Arc<audit::Audit>,
     /// Credentials, users and roles.
@@ -179,6 +183,7 @@ impl Server {
             adopt_sessions: sessions::recovered,
             stats: status::Stats::new(),
             transactions: transactions::Transactions::default(),
+            nested: nested::Drivers::default(),
             audit,
             gateway: gateway::Gateway::new(config.functions.clone()),
             hosts: hosts::Hosts::new(&config),

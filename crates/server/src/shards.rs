@@ -31,19 +31,27 @@ pub(crate) struct ShardState {
 impl ShardState {
     /// After any partition entry point: hand its op-log records, with the replies that
     /// depend on them, to the log writer. Returns the replies that may go now.
-    pub(crate) fn journal(&mut self, deliveries: Vec<Delivery>) -> Vec<Delivery> {
-        match (self.partition.take_log(), &mut self.replica) {
-            (Some(records), Some(replica)) => replica.submit(records, deliveries),
-            (Some(records), None) => self.append(records, deliveries),
-            (None, _) => deliveries,
-        }
+    pub(crate) fn journal(&mut self, mut deliveries: Vec<Delivery>) -> Vec<Delivery> {
+        // A call handed to the driver of nested calls (`nested.rs`) changed nothing: it goes
+        // now, to the front end that starts the driver.
+        let handed: Vec<Delivery> = deliveries
+            .extract_if(.., |d| matches!(&d.reply, Err(e) if e.kind == ErrorKind::NestedCall))
+            .collect();
+        let mut out = match self.partition.take_log() {
+            Some(records) => self.write(records, deliveries),
+            None => deliveries,
+        };
+        out.extend(handed);
+        out
     }
 
-    /// Write `records` to the op log, if the shard has one; returns the replies that may go now.
-    pub(crate) fn append(&mut self, records: Vec<Vec<u8>>, deliveries: Vec<Delivery>) -> Vec<Delivery> {
-        match &mut self.log {
-            Some(journal) => journal.append(&mut self.partition, records, deliveries),
-            None => deliveries,
+    /// Write `records` to the shard's Raft group in a cluster, else to its op log (if it
+    /// has one); returns the replies that may go now.
+    pub(crate) fn write(&mut self, records: Vec<Vec<u8>>, deliveries: Vec<Delivery>) -> Vec<Delivery> {
+        match (&mut self.replica, &mut self.log) {
+            (Some(replica), _) => replica.submit(records, deliveries),
+            (None, Some(journal)) => journal.append(&mut self.partition, records, deliveries),
+            (None, None) => deliveries,
         }
     }
 

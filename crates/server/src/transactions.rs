@@ -315,12 +315,39 @@ pub(crate) fn commit(
     seq: u64,
     number: u64,
 ) -> Result<Vec<Delivery>, Error> {
+    let home = shared.shards.index_of(&caller.client);
+    commit_at(shared, caller, (token, seq), number, home, Ok(Value::Boolean(true)))
+}
+
+/// Commit transaction `number`, which the driver of nested calls ran for `caller`'s call
+/// `seq` of a method of `key`: `reply`, the method's, is the commit's reply (to `token`),
+/// recorded for `seq` in `key`'s partition, where a retried call finds it.
+pub(crate) fn commit_call(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    (token, seq): (Token, u64),
+    number: u64,
+    key: &str,
+    reply: Reply,
+) -> Result<Vec<Delivery>, Error> {
+    let home = shared.shards.index_of(key);
+    commit_at(shared, caller, (token, seq), number, home, reply)
+}
+
+/// [`commit`], its reply (`reply`, if it commits) recorded for `seq` in shard `home`.
+fn commit_at(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    (token, seq): (Token, u64),
+    number: u64,
+    home: usize,
+    reply: Reply,
+) -> Result<Vec<Delivery>, Error> {
     let id = TxnId {
         client: caller.client.clone(),
         number,
     };
     let open = shared.transactions.lock().remove(&id);
-    let home = shared.shards.index_of(&caller.client);
     let mut shards = open.as_ref().map(|o| o.shards.clone()).unwrap_or_default();
     shards.insert(home);
     let indices: Vec<usize> = shards.into_iter().collect();
@@ -331,7 +358,34 @@ pub(crate) fn commit(
         let now = Instant::now();
         let at_home = states.iter().position(|(i, _)| *i == home).expect("home is among them");
         if let Some(reply) = states[at_home].1.partition.recorded(&caller.client, seq) {
-            return vec![Delivery { token, reply }];
+            // Committed before (a retried call whose first copy committed): this copy goes.
+            let mut out = vec![Delivery { token, reply }];
+            for (_, s) in states.iter_mut() {
+                let woken = s.partition.drop_txn(&id, now);
+                out.extend(s.journal(woken));
+                actions.extend(hosts::forward(shared, &mut s.partition, None));
+            }
+            return out;
+        }
+        // In a cluster each shard is a Raft group of its own: one commit entry is atomic in
+        // one shard only (a client's commit over several goes through `two_phase`).
+        if shared.cluster.is_some() && states.len() > 1 {
+            let e = Error::new(
+                ErrorKind::TransactionError,
+                format!(
+                    "transaction {number} of a method's nested calls touched {} shards: in a cluster, a method's \
+                     nested calls must stay in its object's shard (keep the objects it calls in its shard, or \
+                     call them from the client in a transaction)",
+                    states.len()
+                ),
+            );
+            let mut out = vec![Delivery { token, reply: Err(e) }];
+            for (_, s) in states.iter_mut() {
+                let woken = s.partition.drop_txn(&id, now);
+                out.extend(s.journal(woken));
+                actions.extend(hosts::forward(shared, &mut s.partition, None));
+            }
+            return out;
         }
         let checked = match (&open, expired) {
             (None, _) => Err(Error::new(
@@ -373,7 +427,6 @@ pub(crate) fn commit(
             out.push(Delivery { token, reply: Err(e) });
             return out;
         }
-        let reply: Reply = Ok(Value::Boolean(true));
         let mut out = Vec::new();
         let mut parts = Vec::new();
         for (index, s) in states.iter_mut() {
@@ -395,7 +448,7 @@ pub(crate) fn commit(
                     .iter_mut()
                     .find(|(i, _)| *i == index as usize)
                     .expect("a locked shard");
-                s.append(records, out)
+                s.write(records, out)
             }
             _ => journal::submit_group(states.iter_mut().filter_map(|(_, s)| s.logged()).collect(), parts, out),
         }

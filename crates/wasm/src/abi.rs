@@ -13,7 +13,9 @@
 //!
 //! Imports, all from module `spindle` and all optional: [`IMPORTS`]. Anything else (WASI,
 //! `env.*`, a clock, randomness) is refused, which is what keeps a method deterministic: the
-//! only things it can observe are its state and its arguments.
+//! only things it can observe are its state, its arguments and the replies of the calls it
+//! makes to other objects (`call`, then `result_read`), which the server hands back the same
+//! in every run of the method.
 
 use std::fmt::Write as _;
 
@@ -27,6 +29,8 @@ pub const IMPORTS: &[(&str, usize, usize)] = &[
     ("state_write", 2, 0),
     ("reply", 2, 0),
     ("fail", 4, 0),
+    ("call", 6, 1),
+    ("result_read", 1, 0),
 ];
 
 /// The module that every import must come from.
@@ -39,14 +43,18 @@ pub(crate) struct Exports {
     pub init: Option<ModuleExport>,
     /// Sorted by name.
     pub methods: Vec<(String, ModuleExport)>,
+    /// It imports `spindle.call`: its methods may call other objects.
+    pub makes_calls: bool,
 }
 
 /// Check `module` against the ABI; `type_name` and `memory_limit` are for the messages.
 pub(crate) fn check(type_name: &str, module: &Module, memory_limit: usize) -> Result<Exports, Error> {
     let refuse = |what: String| Error::bad_args(format!("{type_name} cannot be loaded: {what}"));
 
+    let mut makes_calls = false;
     for import in module.imports() {
         let (module_name, name) = (import.module(), import.name());
+        makes_calls |= module_name == IMPORT_MODULE && name == "call";
         let wanted = IMPORTS
             .iter()
             .find(|(n, _, _)| module_name == IMPORT_MODULE && *n == name);
@@ -142,6 +150,7 @@ pub(crate) fn check(type_name: &str, module: &Module, memory_limit: usize) -> Re
         alloc,
         init,
         methods,
+        makes_calls,
     })
 }
 

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use spindle_core::Value;
+use spindle_core::{Reply, Value};
 use wasmtime::{Caller, Extern, Linker, Memory, ResourceLimiter, Trap};
 
 use crate::abi::IMPORT_MODULE;
@@ -29,10 +29,16 @@ pub(crate) struct Host {
     /// The instance's memory, once instantiated (before, during a start function, the
     /// imports look it up by name).
     pub memory: Option<Memory>,
+    /// The replies of the calls to other objects the method makes, known so far.
+    pub nested: Vec<Reply>,
+    /// Calls to other objects made so far in this run.
+    pub calls_made: usize,
+    /// The last call's reply as the guest reads it (`result_read`).
+    pub result: Vec<u8>,
 }
 
 impl Host {
-    pub fn new(state: Vec<u8>, memory_limit: usize, state_limit: usize) -> Host {
+    pub fn new(state: Vec<u8>, nested: &[Reply], memory_limit: usize, state_limit: usize) -> Host {
         Host {
             state,
             new_state: None,
@@ -41,6 +47,9 @@ impl Host {
             limiter: MemoryLimiter { limit: memory_limit },
             state_limit,
             memory: None,
+            nested: nested.to_vec(),
+            calls_made: 0,
+            result: Vec::new(),
         }
     }
 }
@@ -56,6 +65,13 @@ pub(crate) enum Abort {
     Memory { desired: usize, limit: usize },
     /// The guest wrote a state over the limit.
     State { len: usize, limit: usize },
+    /// The guest called `method` of the object `key` with `args`, whose reply is not known
+    /// yet: the server runs that call, then this method again.
+    Nested {
+        key: String,
+        method: String,
+        args: Vec<Value>,
+    },
 }
 
 impl fmt::Display for Abort {
@@ -70,6 +86,7 @@ impl fmt::Display for Abort {
                 )
             }
             Abort::State { len, limit } => write!(f, "state of {len} bytes refused: the limit is {limit} bytes"),
+            Abort::Nested { key, method, .. } => write!(f, "it calls {key}.{method}"),
         }
     }
 }
@@ -186,7 +203,94 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
             Err(Abort::Failed.into())
         },
     )?;
+    linker.func_wrap(
+        IMPORT_MODULE,
+        "call",
+        |mut caller: Caller<'_, Host>,
+         key_ptr: i32,
+         key_len: i32,
+         method_ptr: i32,
+         method_len: i32,
+         args_ptr: i32,
+         args_len: i32|
+         -> wasmtime::Result<i32> {
+            let (key, method, args) = ((key_ptr, key_len), (method_ptr, method_len), (args_ptr, args_len));
+            let memory = memory(&mut caller)?;
+            let size = memory.data_size(&caller);
+            for (ptr, len) in [key, method, args] {
+                guest_range(size, "call", ptr, len)?;
+            }
+            charge(&mut caller, (key.1 as u32 + method.1 as u32 + args.1 as u32) as usize)?;
+            let (data, host) = memory.data_and_store_mut(&mut caller);
+            let Some(reply) = host.nested.get(host.calls_made) else {
+                let text = |(ptr, len), what: &str| {
+                    String::from_utf8(data[guest_range(data.len(), "call", ptr, len)?].to_vec())
+                        .map_err(|_| Abort::Fault(format!("{IMPORT_MODULE}.call was given a {what} that is not UTF-8")))
+                };
+                let (key, method) = (text(key, "key")?, text(method, "method name")?);
+                let args = match decode_one(
+                    &data[guest_range(data.len(), "call", args.0, args.1)?],
+                    host.state_limit,
+                ) {
+                    Ok(Value::Array(args)) => args,
+                    Ok(_) => {
+                        return Err(Abort::Fault(format!(
+                            "{IMPORT_MODULE}.call was given arguments that are not one MessagePack array"
+                        ))
+                        .into())
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                return Err(Abort::Nested { key, method, args }.into());
+            };
+            host.calls_made += 1;
+            let (bytes, raised) = match reply {
+                Ok(value) => (encode(value), false),
+                Err(e) => (encode(&nested_error(e)), true),
+            };
+            let len = bytes.len() as i32;
+            host.result = bytes;
+            Ok(if raised { -len - 1 } else { len })
+        },
+    )?;
+    linker.func_wrap(
+        IMPORT_MODULE,
+        "result_read",
+        |mut caller: Caller<'_, Host>, ptr: i32| {
+            let len = caller.data().result.len();
+            let memory = memory(&mut caller)?;
+            guest_range(memory.data_size(&caller), "result_read", ptr, len as i32)?;
+            charge(&mut caller, len)?;
+            let (data, host) = memory.data_and_store_mut(&mut caller);
+            let range = guest_range(data.len(), "result_read", ptr, host.result.len() as i32)?;
+            data[range].copy_from_slice(&host.result);
+            Ok(())
+        },
+    )?;
     Ok(())
+}
+
+/// A nested call's error as its caller reads it: `[kind, message]`, with the exception a
+/// method raised (`Raised`) under its own name.
+fn nested_error(e: &spindle_core::Error) -> Value {
+    let field = |name: &str| match &e.data {
+        Value::Map(entries) => entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .and_then(|(_, v)| v.as_str().map(str::to_string)),
+        _ => None,
+    };
+    let (kind, message) = match (e.kind, field("type"), field("message")) {
+        (spindle_core::ErrorKind::Raised, Some(kind), Some(message)) => (kind, message),
+        _ => (e.kind.as_str().to_string(), e.message.clone()),
+    };
+    Value::Array(vec![kind.into(), message.into()])
+}
+
+fn encode(value: &Value) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    rmpv::encode::write_value(&mut bytes, value).expect("writing to a Vec");
+    bytes
 }
 
 /// Take the fuel of the host's work on `bytes` bytes of the guest's (a copy, a decoding): one

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use spindle_core::objects::compiled::{Called, Code};
-use spindle_core::{Error, ErrorKind, Value};
+use spindle_core::{Error, ErrorKind, Reply, Value};
 use wasmtime::{Extern, InstancePre, ModuleExport, PoolConcurrencyLimitError, Store, Trap, TypedFunc};
 
 use crate::abi::Exports;
@@ -62,8 +62,16 @@ impl Module {
         &self.type_name
     }
 
-    /// Run the export `entry` (named `name`, for messages) on `state` with `args`.
-    fn run(&self, name: &str, entry: &ModuleExport, state: &[u8], args: &[Value]) -> Result<Host, Error> {
+    /// Run the export `entry` (named `name`, for messages) on `state` with `args`, and the
+    /// replies of the calls to other objects it makes known so far.
+    fn run(
+        &self,
+        name: &str,
+        entry: &ModuleExport,
+        state: &[u8],
+        args: &[Value],
+        nested: &[Reply],
+    ) -> Result<Host, Error> {
         let args = encode_args(args);
         if args.len() > self.limits.memory_bytes {
             return Err(Error::bad_args(format!(
@@ -73,7 +81,12 @@ impl Module {
                 self.limits.memory_bytes
             )));
         }
-        let host = Host::new(state.to_vec(), self.limits.memory_bytes, self.limits.state_bytes);
+        let host = Host::new(
+            state.to_vec(),
+            nested,
+            self.limits.memory_bytes,
+            self.limits.state_bytes,
+        );
         let mut store = Store::new(self.compiled.pre.module().engine(), host);
         store.limiter(|host| &mut host.limiter);
         store.set_fuel(self.limits.fuel).expect("the engine consumes fuel");
@@ -127,6 +140,14 @@ impl Module {
                 format!("{what}: {abort} (Limits::memory_bytes, the server's --wasm-memory)"),
             ),
             (Some(abort @ Abort::State { .. }), _) => ("memory", format!("{what}: {abort} (Limits::state_bytes)")),
+            (Some(Abort::Nested { key, method, args }), _) => {
+                let data = Value::Array(vec![
+                    key.as_str().into(),
+                    method.as_str().into(),
+                    Value::Array(args.clone()),
+                ]);
+                return Error::new(ErrorKind::NestedCall, format!("{what} calls {key}.{method}")).with_data(data);
+            }
             (Some(abort), _) => ("trap", format!("{what} broke the ABI: {abort}")),
             (None, Some(Trap::OutOfFuel)) => (
                 "fuel",
@@ -155,6 +176,10 @@ impl Code for Module {
         &self.compiled.method_names
     }
 
+    fn makes_calls(&self) -> bool {
+        self.compiled.exports.makes_calls
+    }
+
     fn construct(&self, args: &[Value]) -> Result<Vec<u8>, Error> {
         let Some(init) = &self.compiled.exports.init else {
             if args.is_empty() {
@@ -166,11 +191,17 @@ impl Code for Module {
                 args.len()
             )));
         };
-        let host = self.run("init", init, &[], args)?;
-        Ok(host.new_state.unwrap_or_default())
+        match self.run("init", init, &[], args, &[]) {
+            Ok(host) => Ok(host.new_state.unwrap_or_default()),
+            Err(e) if e.kind == ErrorKind::NestedCall => Err(Error::runtime(format!(
+                "{}'s constructor calls another object: only methods may ({})",
+                self.type_name, e.message
+            ))),
+            Err(e) => Err(e),
+        }
     }
 
-    fn call(&self, state: &[u8], method: &str, args: &[Value]) -> Result<Called, Error> {
+    fn run(&self, state: &[u8], method: &str, args: &[Value], nested: &[Reply]) -> Result<Called, Error> {
         let methods = &self.compiled.exports.methods;
         let Ok(index) = methods.binary_search_by(|(name, _)| name.as_str().cmp(method)) else {
             return Err(Error::new(
@@ -178,7 +209,7 @@ impl Code for Module {
                 format!("{} has no method '{method}'", self.type_name),
             ));
         };
-        let host = self.run(method, &methods[index].1, state, args)?;
+        let host = self.run(method, &methods[index].1, state, args, nested)?;
         Ok(Called {
             result: host.reply.unwrap_or(Value::Nil),
             state: host.new_state,

@@ -24,6 +24,20 @@
  * spindle_arg_* readers take them in order. A reader that meets another type than it expects
  * fails the call with TypeError. spindle_fail("ValueError", "insufficient funds") raises
  * that exception in the caller and leaves the state as it was. The ABI is in docs/wasm.md.
+ *
+ * A method may call a method of another object (a nested call, docs/wasm.md "Nested calls"):
+ *
+ *     spindle_writer call_args = {0};               // the positional arguments: [amount]
+ *     spindle_write_array(&call_args, 1);
+ *     spindle_write_int(&call_args, amount);
+ *     spindle_reader r = spindle_call_or_fail("bob", "deposit", &call_args);
+ *     int64_t bobs = spindle_read_int(&r);          // bob's reply; bob's error is raised as ours
+ *
+ * The nested call runs in the caller's transaction: if the method fails afterwards, bob's
+ * deposit is undone too. The server runs the method again from its start for every nested
+ * call whose result it does not know yet, handing back the earlier results in order, so a
+ * method makes the same calls in the same order given the same state and arguments, and makes
+ * them before its expensive work where it can.
  */
 #ifndef SPINDLE_H
 #define SPINDLE_H
@@ -57,6 +71,9 @@ SPINDLE_IMPORT(state_read) void spindle_host_state_read(void *ptr);
 SPINDLE_IMPORT(state_write) void spindle_host_state_write(const void *ptr, int32_t len);
 SPINDLE_IMPORT(reply) void spindle_host_reply(const void *ptr, int32_t len);
 SPINDLE_IMPORT(fail) void spindle_host_fail(const char *kind, int32_t kind_len, const char *msg, int32_t msg_len);
+SPINDLE_IMPORT(call) int32_t spindle_host_call(const char *key, int32_t key_len, const char *method,
+                                               int32_t method_len, const void *args, int32_t args_len);
+SPINDLE_IMPORT(result_read) void spindle_host_result_read(void *ptr);
 
 /* ---- the few libc functions the compiler may call -------------------------------------- */
 
@@ -404,6 +421,14 @@ SPINDLE_INLINE void spindle_write_bin(spindle_writer *w, const void *bytes, uint
     memcpy(spindle_room(w, len), bytes, len);
 }
 
+/* The next value of `r`, whatever it holds (ext values too), copied as it is. */
+SPINDLE_INLINE void spindle_write_value(spindle_writer *w, spindle_reader *r) {
+    const uint8_t *start = r->p;
+    spindle_skip(r);
+    uint32_t len = (uint32_t)(r->p - start);
+    memcpy(spindle_room(w, len), start, len);
+}
+
 /* An array's header; write `n` values after it. */
 SPINDLE_INLINE void spindle_write_array(spindle_writer *w, uint32_t n) {
     if (n <= 15) *spindle_room(w, 1) = (uint8_t)(0x90 | n);
@@ -472,6 +497,62 @@ SPINDLE_INLINE void spindle_reply_bool(bool v) {
     spindle_writer w = {0};
     spindle_write_bool(&w, v);
     spindle_reply(&w);
+}
+
+/* ---- nested calls: a method of another object (docs/wasm.md, "Nested calls") ------------ */
+
+/* Call `method` of the object named `key` (UTF-8, `key_len` and `method_len` bytes) with the
+ * positional arguments in `args`: one MessagePack array (NULL or an empty writer: none).
+ * True when it returned: `result` then reads its value. False when it raised: `result` then
+ * reads the error, the array [kind: str, message: str] (kind an exception name: "ValueError",
+ * "NotFound", "TypeMismatch", "RuntimeError"...). Calling this object itself or one already
+ * in the chain of calls, more than 64 nested calls in a method call or a chain deeper than 8
+ * are such errors (RuntimeError). The call runs in this call's transaction, with the
+ * permissions of the client that called this method. */
+SPINDLE_INLINE bool spindle_call_n(const char *key, uint32_t key_len, const char *method, uint32_t method_len,
+                                   const spindle_writer *args, spindle_reader *result) {
+    static const uint8_t no_args = 0x90; /* [] */
+    bool some = args && args->len;
+    const void *args_ptr = some ? (const void *)args->buf : (const void *)&no_args;
+    uint32_t args_len = some ? args->len : 1;
+    int32_t n = spindle_host_call(key, (int32_t)key_len, method, (int32_t)method_len, args_ptr, (int32_t)args_len);
+    uint32_t len = n >= 0 ? (uint32_t)n : (uint32_t)(-(n + 1));
+    uint8_t *bytes = (uint8_t *)spindle_malloc(len);
+    spindle_host_result_read(bytes);
+    *result = spindle_reader_of(bytes, len);
+    return n >= 0;
+}
+
+/* The same with NUL-terminated names. */
+SPINDLE_INLINE bool spindle_call(const char *key, const char *method, const spindle_writer *args,
+                                 spindle_reader *result) {
+    return spindle_call_n(key, (uint32_t)spindle_strlen(key), method, (uint32_t)spindle_strlen(method), args, result);
+}
+
+/* Raise a nested call's error, read by `error`, as this method's own: spindle_fail with the
+ * same kind and message. Never returns. */
+__attribute__((noreturn, unused)) static void spindle_reraise(spindle_reader *error) {
+    uint32_t kind_len, message_len;
+    if (spindle_read_array(error) < 2) {
+        spindle_fail("RuntimeError", "a nested call's error is not [kind, message]");
+    }
+    const char *kind = spindle_read_str(error, &kind_len);
+    const char *message = spindle_read_str(error, &message_len);
+    spindle_host_fail(kind, (int32_t)kind_len, message, (int32_t)message_len);
+    __builtin_unreachable();
+}
+
+/* spindle_call_n, re-raising the nested call's error as this method's: a reader of its value. */
+SPINDLE_INLINE spindle_reader spindle_call_or_fail_n(const char *key, uint32_t key_len, const char *method,
+                                                     uint32_t method_len, const spindle_writer *args) {
+    spindle_reader result;
+    if (!spindle_call_n(key, key_len, method, method_len, args, &result)) spindle_reraise(&result);
+    return result;
+}
+
+/* The same with NUL-terminated names. */
+SPINDLE_INLINE spindle_reader spindle_call_or_fail(const char *key, const char *method, const spindle_writer *args) {
+    return spindle_call_or_fail_n(key, (uint32_t)spindle_strlen(key), method, (uint32_t)spindle_strlen(method), args);
 }
 
 /* ---- methods ------------------------------------------------------------------------------ */

@@ -74,3 +74,58 @@ SPINDLE_METHOD(allocate) {
     memset(bytes, 1, (size_t)n);
     spindle_reply_int(bytes[n - 1]);
 }
+
+/* A NUL-terminated copy of a str argument. */
+static const char *arg_cstr(spindle_reader *args) {
+    uint32_t len;
+    const char *s = spindle_arg_str(args, &len);
+    char *copy = (char *)spindle_malloc(len + 1);
+    memcpy(copy, s, len);
+    copy[len] = 0;
+    return copy;
+}
+
+/* The arguments of a nested call: `args` (the next argument) copied as it is, any value (a
+ * list, normally), or None for none (a NULL writer). */
+static const spindle_writer *call_args(spindle_reader *args) {
+    spindle_reader *value = spindle_next_arg(args);
+    if (spindle_peek(value) == SPINDLE_NIL) {
+        spindle_read_nil(value);
+        return 0;
+    }
+    spindle_writer *w = (spindle_writer *)spindle_malloc(sizeof *w);
+    *w = (spindle_writer){0};
+    spindle_write_value(w, value);
+    return w;
+}
+
+/* relay(key, method, args) -> [ok, value]: calls key.method(*args) (a nested call); ok is
+ * true and value its result when it returned, false and [kind, message] when it raised. The
+ * reply becomes the state. */
+SPINDLE_METHOD(relay) {
+    spindle_expect_args(args, 3, 3);
+    uint32_t key_len, method_len;
+    const char *key = spindle_arg_str(args, &key_len);
+    const char *method = spindle_arg_str(args, &method_len);
+    spindle_reader result;
+    bool ok = spindle_call_n(key, key_len, method, method_len, call_args(args), &result);
+    spindle_writer w = {0};
+    spindle_write_array(&w, 2);
+    spindle_write_bool(&w, ok);
+    spindle_write_value(&w, &result);
+    spindle_set_state_writer(&w);
+    spindle_reply(&w);
+}
+
+/* relay_or_fail(key, method, args) -> value: the same, raising the nested call's error as its
+ * own; the result becomes the state. */
+SPINDLE_METHOD(relay_or_fail) {
+    spindle_expect_args(args, 3, 3);
+    const char *key = arg_cstr(args);
+    const char *method = arg_cstr(args);
+    spindle_reader result = spindle_call_or_fail(key, method, call_args(args));
+    spindle_writer w = {0};
+    spindle_write_value(&w, &result);
+    spindle_set_state_writer(&w);
+    spindle_reply(&w);
+}

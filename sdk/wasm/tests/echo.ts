@@ -2,7 +2,9 @@
 // sdk_echo_as.wasm): every MessagePack value goes through the SDK's reader and writer and
 // comes back equal.
 
-import { Args, Reader, Type, Writer, fail, reply, setStateWriter, state } from "../assemblyscript/assembly/index";
+import {
+  Args, Reader, Type, Writer, call, callOrFail, fail, reply, setStateWriter, state,
+} from "../assemblyscript/assembly/index";
 
 export { spindle_alloc } from "../assemblyscript/assembly/index";
 
@@ -72,4 +74,41 @@ export function out_of_range(argsPtr: i32, argsLen: i32): void {
 export function throws(argsPtr: i32, argsLen: i32): void {
   Args.of(argsPtr, argsLen);
   throw new Error("thrown on purpose");
+}
+
+/** The arguments of a nested call: the next argument copied as it is, any value (a list,
+ * normally), or None for none (a null writer). */
+function callArgs(args: Args): Writer | null {
+  const value = args.next();
+  if (value.peek() == Type.Nil) {
+    value.nil();
+    return null;
+  }
+  return new Writer().value(value);
+}
+
+/** relay(key, method, args) -> [ok, value]: calls key.method(*args) (a nested call); ok is
+ * true and value its result when it returned, false and [kind, message] when it raised. The
+ * reply becomes the state. */
+export function relay(argsPtr: i32, argsLen: i32): void {
+  const args = Args.of(argsPtr, argsLen);
+  args.expect(3, 3);
+  const key = args.str();
+  const method = args.str();
+  const result = call(key, method, callArgs(args));
+  const w = new Writer().array(2).bool(result.ok).value(result.reader);
+  setStateWriter(w);
+  reply(w);
+}
+
+/** relay_or_fail(key, method, args) -> value: the same, raising the nested call's error as
+ * its own; the result becomes the state. */
+export function relay_or_fail(argsPtr: i32, argsLen: i32): void {
+  const args = Args.of(argsPtr, argsLen);
+  args.expect(3, 3);
+  const key = args.str();
+  const method = args.str();
+  const w = new Writer().value(callOrFail(key, method, callArgs(args)));
+  setStateWriter(w);
+  reply(w);
 }

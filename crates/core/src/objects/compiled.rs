@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::snapshot::{self, Fields};
-use crate::{Ctx, Error, ErrorKind, Object, Step, Value};
+use crate::{Ctx, Error, ErrorKind, Object, Reply, Step, Value};
 
 /// Every compiled type's name starts with this.
 pub const WASM_PREFIX: &str = "wasm:";
@@ -48,9 +48,21 @@ pub trait Code: Send + Sync {
     /// code has no constructor and `args` is empty).
     fn construct(&self, args: &[Value]) -> Result<Vec<u8>, Error>;
 
-    /// Run `method` on an object in `state`. An error (the method failed, trapped or passed
-    /// a limit) leaves the object as it was.
-    fn call(&self, state: &[u8], method: &str, args: &[Value]) -> Result<Called, Error>;
+    /// Run `method` on an object in `state`, with the replies of the calls to other objects
+    /// it makes known so far (`nested`, in the order it makes them). An error (the method
+    /// failed, trapped or passed a limit, or made a call past `nested`: `NestedCall`) leaves
+    /// the object as it was.
+    fn run(&self, state: &[u8], method: &str, args: &[Value], nested: &[Reply]) -> Result<Called, Error>;
+
+    /// [`run`](Self::run) a method that calls no other object.
+    fn call(&self, state: &[u8], method: &str, args: &[Value]) -> Result<Called, Error> {
+        self.run(state, method, args, &[])
+    }
+
+    /// Whether its methods may call other objects.
+    fn makes_calls(&self) -> bool {
+        false
+    }
 }
 
 /// Where partitions find the code of compiled types: the server's runtime.
@@ -148,7 +160,7 @@ impl Object for CompiledObject {
         {
             return Err(super::unknown_method(&self.type_name, method));
         }
-        let called = self.code.call(&self.state, method, args)?;
+        let called = self.code.run(&self.state, method, args, ctx.nested)?;
         if let Some(state) = called.state {
             if ctx.read_only {
                 return Err(Error::new(
@@ -168,6 +180,10 @@ impl Object for CompiledObject {
 
     fn size(&self) -> usize {
         self.state.len() + self.type_name.len() + self.version.len()
+    }
+
+    fn makes_calls(&self) -> bool {
+        self.code.makes_calls()
     }
 
     fn snapshot(&self) -> Option<Value> {

@@ -64,6 +64,7 @@ impl Harness {
             key: key.into(),
             method: method.into(),
             args,
+            nested: None,
         };
         let out = self.p.apply(caller, token, seq, 0, op, self.now);
         (token, out)

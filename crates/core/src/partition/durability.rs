@@ -158,7 +158,12 @@ impl Partition {
             } => self
                 .insert_class(&type_name, &version, Arc::new(code))
                 .map_err(|e| format!("the code of {type_name} at version {version}: {}", e.message))?,
-            Record::Commit { client, seq, records } => self.replay_commit(client, seq, records, now)?,
+            Record::Commit {
+                client,
+                seq,
+                records,
+                reply,
+            } => self.replay_commit(client, seq, records, reply, now)?,
             r @ (Record::Prepare { .. } | Record::Decide { .. } | Record::Decision { .. } | Record::Forget { .. }) => {
                 self.replay_two_phase(r, now)
             }

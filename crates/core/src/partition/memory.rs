@@ -267,6 +267,7 @@ mod tests {
                 key: "l".into(),
                 method: "append".into(),
                 args: vec![text(5000)],
+                nested: None,
             },
         ];
         for (i, op) in ops.into_iter().enumerate() {

@@ -528,6 +528,7 @@ mod tests {
             key: key.into(),
             method: method.into(),
             args,
+            nested: None,
         }
     }
 

@@ -34,6 +34,7 @@ fn a_call_acknowledging_replies_makes_the_partition_forget_them_but_never_its_ow
         key: "c".into(),
         method: "increment".into(),
         args: vec![],
+        nested: None,
     };
     // A client with one call in flight at a time acknowledges all before it.
     for seq in 1..=100 {
@@ -78,6 +79,7 @@ fn a_retry_of_a_call_whose_reply_was_forgotten_for_room_is_refused_not_run_again
         key: "d".into(),
         method: "setdefault".into(),
         args: vec!["k".into(), value],
+        nested: None,
     };
     let big = Value::Binary(vec![1; 600]);
     // A session that never acknowledges: each 600-byte reply pushes the previous out.
@@ -133,6 +135,7 @@ fn a_replica_replaying_the_log_forgets_the_same_replies() {
             key: "c".into(),
             method: "increment".into(),
             args: vec![],
+            nested: None,
         };
         // Two calls in flight: each acknowledges up to the one before it.
         live.apply(&who(1), Token { conn: 1, req: seq }, seq, seq - 1, op, now);
@@ -1252,6 +1255,7 @@ mod user_objects {
                 key: key.into(),
                 method: "update".into(),
                 args: margs(vec![n.into()]),
+                nested: None,
             }
         }
 
@@ -1587,7 +1591,7 @@ mod compiled_objects {
             Ok(args.first().and_then(Value::as_i64).unwrap_or(0).to_le_bytes().to_vec())
         }
 
-        fn call(&self, state: &[u8], method: &str, args: &[Value]) -> Result<Called, Error> {
+        fn run(&self, state: &[u8], method: &str, args: &[Value], _: &[Reply]) -> Result<Called, Error> {
             match method {
                 "add" => {
                     let sum = read(state) + args.first().and_then(Value::as_i64).unwrap_or(0);
@@ -1731,6 +1735,7 @@ mod compiled_objects {
                 key: "a".into(),
                 method: method.into(),
                 args: vec![1.into()],
+                nested: None,
             };
             let out = h.p.apply_reading(&who(1), token, 0, op, h.now, refusal());
             reply_of(&out, token).expect("answered at once")
@@ -1755,6 +1760,7 @@ mod compiled_objects {
             key: "c".into(),
             method: "add".into(),
             args: vec![1.into()],
+            nested: None,
         };
         let out = h.p.apply_reading(&who(1), token, 0, add, h.now, refusal());
         assert_eq!(reply_of(&out, token), Some(Err(refusal())));

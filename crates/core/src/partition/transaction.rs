@@ -123,11 +123,14 @@ impl Partition {
             deadline: w.deadline,
             max_bytes: w.max_bytes,
         };
+        // (Not a call handed to the driver of nested calls: the driver runs it again.)
         if let Some((_, reply)) = self
             .txns
             .get(txn.id)
             .and_then(|ws| ws.last_reply.as_ref())
-            .filter(|(last, _)| w.seq != 0 && *last == w.seq)
+            .filter(|(last, reply)| {
+                w.seq != 0 && *last == w.seq && !matches!(reply, Err(e) if e.kind == ErrorKind::NestedCall)
+            })
         {
             return Some(Delivery {
                 token: w.token,
@@ -252,6 +255,7 @@ impl Partition {
                 ref type_name,
                 ref method,
                 ref args,
+                ref nested,
                 ..
             } => {
                 let Some(obj) = &mut fork.obj else {
@@ -263,6 +267,9 @@ impl Partition {
                     ));
                 };
                 check_type(&key, obj.type_name(), type_name)?;
+                if nested.is_none() && obj.makes_calls() {
+                    return Err(super::drive_nested(op));
+                }
                 // Calls that change nothing need not run again at commit (a cache's reads
                 // do change it: they move keys in its order of use).
                 let mutating = !objects::is_read(type_name, method) || obj.is_mutating(method);
@@ -272,6 +279,7 @@ impl Partition {
                 // The fork's waiters are copies: whatever they are told goes nowhere.
                 let mut scratch = Vec::new();
                 let mut ctx = Ctx::new(caller, COMMIT_TOKEN, now, &mut scratch);
+                ctx.nested = nested.as_deref().unwrap_or_default();
                 if let Step::Reply(v) = obj.apply(method, args, &mut ctx)? {
                     if mutating {
                         let size = obj.size();
@@ -486,7 +494,16 @@ impl Partition {
         if self.records.len() > before || (seq != 0 && durable) {
             let records = self.records.split_off(before);
             let client = (seq != 0).then(|| id.client.to_string());
-            self.log(Record::Commit { client, seq, records }.encode());
+            let reply = reply.clone();
+            self.log(
+                Record::Commit {
+                    client,
+                    seq,
+                    records,
+                    reply,
+                }
+                .encode(),
+            );
             self.logged_clients.insert(id.client.clone());
         }
         // The calls that waited for its objects run on what it left.
@@ -508,6 +525,7 @@ impl Partition {
         client: Option<String>,
         seq: u64,
         records: Vec<Vec<u8>>,
+        reply: Reply,
         now: Instant,
     ) -> Result<(), String> {
         for record in records {
@@ -515,7 +533,7 @@ impl Partition {
         }
         if let Some(client) = client.filter(|_| seq != 0) {
             let client: Arc<str> = Arc::from(client);
-            self.record_reply(&client, seq, Ok(Value::Boolean(true)), true);
+            self.record_reply(&client, seq, reply, true);
             self.logged_clients.insert(client);
         }
         Ok(())
@@ -574,6 +592,7 @@ mod tests {
             key: key.into(),
             method: "add".into(),
             args: vec![n.into()],
+            nested: None,
         }
     }
 
@@ -583,6 +602,7 @@ mod tests {
             key: key.into(),
             method: "get".into(),
             args: vec![],
+            nested: None,
         }
     }
 
@@ -855,12 +875,14 @@ mod tests {
             key: "l".into(),
             method: "len".into(),
             args: vec![],
+            nested: None,
         };
         let append = Op::Call {
             type_name: "List".into(),
             key: "l".into(),
             method: "append".into(),
             args: vec![Value::from("x".repeat(4000))],
+            nested: None,
         };
         let (old, young) = (id("a", 1), id("b", 2));
         assert_eq!(step(&mut p, &old, 10, true, len(), now), Ok(0.into()));

@@ -21,7 +21,7 @@ use spindle_proto::Request;
 use super::{json as values, Front, Session, MAX_BODY, REQUEST_TIMEOUT};
 use crate::access;
 use crate::acl::Principal;
-use crate::{calls, gateway, hosts, pickles};
+use crate::{calls, gateway, hosts, nested, pickles};
 
 /// The OpenAPI 3 description of these routes.
 const OPENAPI: &str = include_str!("openapi.json");
@@ -435,6 +435,7 @@ async fn run(front: &Front, who: &Who, mut request: Request) -> Result<Value, Er
                 key,
                 method,
                 args,
+                nested: None,
             };
             (seq, op)
         }
@@ -464,10 +465,12 @@ async fn run(front: &Front, who: &Who, mut request: Request) -> Result<Value, Er
         key: op.key().to_string(),
         answered: false,
     };
-    let applied = calls::apply(shared, &caller, token, (seq, 0), op, grant).inspect_err(|_| {
+    let mut applied = calls::apply(shared, &caller, token, (seq, 0), op, grant).inspect_err(|_| {
         waiting.answered = true;
         front.mailbox.forget(token.req);
     })?;
+    let principal = Some(&who.principal);
+    nested::drive_if_asked(shared, &caller, principal, (token, seq), None, &mut applied.deliveries);
     shared.registry.deliver(applied.deliveries);
     hosts::run(shared, applied.host_actions);
     let reply = reply.await;
@@ -654,7 +657,7 @@ fn status_of(kind: ErrorKind) -> StatusCode {
         K::PermissionDenied => StatusCode::FORBIDDEN,
         K::FrameTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         K::OutOfMemory => StatusCode::INSUFFICIENT_STORAGE,
-        K::Internal | K::NoSession | K::StorageError | K::ObjectLost | K::WorkerCrashed => {
+        K::Internal | K::NoSession | K::StorageError | K::ObjectLost | K::WorkerCrashed | K::NestedCall => {
             StatusCode::INTERNAL_SERVER_ERROR
         }
         K::KeyError

@@ -52,7 +52,8 @@ fn call(code: &Arc<dyn Code>, state: &[u8], method: &str, args: &[Value]) -> (Va
 // --- the bank, in C and in AssemblyScript --------------------------------------------------
 
 fn check_bank(bank: Arc<dyn Code>) {
-    assert_eq!(bank.methods(), ["balance", "deposit", "withdraw"]);
+    assert_eq!(bank.methods(), ["balance", "deposit", "transfer", "withdraw"]);
+    assert!(bank.makes_calls(), "it imports spindle.call");
     assert_eq!(bank.construct(&[]).unwrap(), msgpack(0), "init(balance=0)");
     let state = bank.construct(&[Value::from(100)]).unwrap();
     assert_eq!(state, msgpack(100));
@@ -92,6 +93,45 @@ fn check_bank(bank: Arc<dyn Code>) {
         bank.call(&state, "steal", &[]).unwrap_err().kind,
         ErrorKind::UnknownMethod
     );
+    check_transfer(&bank, &state);
+}
+
+/// `transfer(to, n)` deposits into `to` first (a nested call), then withdraws here.
+fn check_transfer(bank: &Arc<dyn Code>, state: &[u8]) {
+    let args = [Value::from("bob"), Value::from(20)];
+    // Its first run stops at the call whose reply is not known, naming it.
+    let asked = bank.run(state, "transfer", &args, &[]).unwrap_err();
+    assert_eq!(asked.kind, ErrorKind::NestedCall);
+    assert_eq!(
+        asked.data,
+        Value::Array(vec!["bob".into(), "deposit".into(), Value::Array(vec![20.into()])])
+    );
+    // Run again with that call's reply, it finishes.
+    let called = bank.run(state, "transfer", &args, &[Ok(Value::from(20))]).unwrap();
+    assert_eq!(called.result, Value::from(100));
+    assert_eq!(called.state.unwrap(), msgpack(100));
+    // A nested call that raised: the method raises the same, under the exception's name.
+    let refused = Error::new(ErrorKind::Raised, "ValueError: no").with_data(Value::Map(vec![
+        ("type".into(), "ValueError".into()),
+        ("message".into(), "no".into()),
+    ]));
+    let error = bank.run(state, "transfer", &args, &[Err(refused)]).unwrap_err();
+    assert_eq!(raised(&error), ("ValueError", "no"));
+    let missing = Error::new(ErrorKind::NotFound, "'bob' does not exist");
+    let error = bank.run(state, "transfer", &args, &[Err(missing)]).unwrap_err();
+    assert_eq!(raised(&error), ("NotFound", "'bob' does not exist"));
+    // Short of funds after the deposit: it fails (the server's transaction undoes the deposit).
+    let error = bank
+        .run(
+            state,
+            "transfer",
+            &[Value::from("bob"), Value::from(500)],
+            &[Ok(Value::from(500))],
+        )
+        .unwrap_err();
+    assert_eq!(raised(&error), ("ValueError", "insufficient funds"));
+    // A constructor cannot call: only methods run in the driver's transaction.
+    assert_eq!(bank.construct(&[Value::from(1)]).unwrap(), msgpack(1));
 }
 
 #[test]
@@ -368,6 +408,39 @@ fn check_sdk(code: Arc<dyn Code>, state_method: &str, fail_method: &str) {
         .call(raw, fail_method, &[Value::from("KeyError"), Value::from("no such key")])
         .unwrap_err();
     assert_eq!(raised(&error), ("KeyError", "no such key"));
+    check_relay(&code);
+}
+
+/// The SDK's nested calls: `relay(key, method, args)` replies `[ok, value]`.
+fn check_relay(code: &Arc<dyn Code>) {
+    let inner = Value::Array(vec![1.into(), Value::Array(vec!["x".into()])]);
+    let args = [Value::from("other"), Value::from("get"), inner.clone()];
+    let asked = code.run(b"", "relay", &args, &[]).unwrap_err();
+    assert_eq!(asked.kind, ErrorKind::NestedCall);
+    assert_eq!(asked.data, Value::Array(vec!["other".into(), "get".into(), inner]));
+    let returned = Value::Map(vec![("deep".into(), Value::Array(vec![Value::Nil, 2.5.into()]))]);
+    let called = code.run(b"", "relay", &args, &[Ok(returned.clone())]).unwrap();
+    assert_eq!(called.result, Value::Array(vec![true.into(), returned.clone()]));
+    let failed = Err(Error::new(ErrorKind::KeyError, "'x'"));
+    let called = code.run(b"", "relay", &args, &[failed.clone()]).unwrap();
+    assert_eq!(
+        called.result,
+        Value::Array(vec![false.into(), Value::Array(vec!["KeyError".into(), "'x'".into()])])
+    );
+    let called = code.run(b"", "relay_or_fail", &args, &[Ok(returned.clone())]).unwrap();
+    assert_eq!(called.result, returned);
+    let error = code.run(b"", "relay_or_fail", &args, &[failed]).unwrap_err();
+    assert_eq!(raised(&error), ("KeyError", "'x'"));
+    // Arguments that are not one array break the ABI: the call fails, nothing is asked.
+    let error = code
+        .run(
+            b"",
+            "relay",
+            &[Value::from("other"), Value::from("get"), Value::from(3)],
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Trapped, "{error:?}");
 }
 
 #[test]

@@ -20,6 +20,17 @@
 // A reader that meets another type than it expects fails the call with TypeError;
 // fail("ValueError", "insufficient funds") raises that exception in the caller and leaves
 // the state as it was. The ABI is in docs/wasm.md.
+//
+// A method may call a method of another object (a nested call, docs/wasm.md "Nested calls"):
+//
+//     const r = callOrFail("bob", "deposit", new Writer().array(1).int(amount));
+//     const bobs = r.int();     // bob's reply; bob's error is raised as this method's own
+//
+// The nested call runs in the caller's transaction: if the method fails afterwards, bob's
+// deposit is undone too. The server runs the method again from its start for every nested
+// call whose result it does not know yet, handing back the earlier results in order, so a
+// method makes the same calls in the same order given the same state and arguments, and
+// makes them before its expensive work where it can.
 
 // ---- the host's functions (docs/wasm.md, "Imports") ----------------------------------------
 
@@ -38,6 +49,14 @@ declare function host_reply(ptr: usize, len: i32): void;
 // @ts-ignore: decorator
 @external("spindle", "fail")
 declare function host_fail(kindPtr: usize, kindLen: i32, msgPtr: usize, msgLen: i32): void;
+// @ts-ignore: decorator
+@external("spindle", "call")
+declare function host_call(
+  keyPtr: usize, keyLen: i32, methodPtr: usize, methodLen: i32, argsPtr: usize, argsLen: i32,
+): i32;
+// @ts-ignore: decorator
+@external("spindle", "result_read")
+declare function host_result_read(ptr: usize): void;
 
 // ---- memory and failing ---------------------------------------------------------------------
 
@@ -301,6 +320,15 @@ export class Writer {
     return this;
   }
 
+  /** The next value of `r`, whatever it holds (ext values too), copied as it is. */
+  value(r: Reader): Writer {
+    const start = r.p;
+    r.skip();
+    const n = r.p - start;
+    memory.copy(this.room(n), start, n);
+    return this;
+  }
+
   /** An array's header; write `n` values after it. */
   array(n: u32): Writer {
     if (n <= 15) store<u8>(this.room(1), <u8>(0x90 | n));
@@ -362,4 +390,47 @@ export function replyInt(v: i64): void {
 
 export function replyFloat(v: f64): void {
   reply(new Writer().float(v));
+}
+
+// ---- nested calls: a method of another object (docs/wasm.md, "Nested calls") --------------
+
+/** What a nested call came back with. `ok`: it returned, and `reader` reads its value; else it
+ * raised, and `reader` reads the error, the list [kind: str, message: str] (kind an exception
+ * name: "ValueError", "NotFound", "TypeMismatch", "RuntimeError"...). */
+export class CallResult {
+  constructor(public ok: bool, public reader: Reader) {}
+
+  /** The value's reader when it returned; else raise its error as this method's own. */
+  orFail(): Reader {
+    if (!this.ok) reraise(this.reader);
+    return this.reader;
+  }
+}
+
+/** Call `method` of the object named `key` with the positional arguments in `args` (one
+ * MessagePack list; null or an empty writer for none). Calling this object itself or one
+ * already in the chain of calls, more than 64 nested calls in a method call or a chain
+ * deeper than 8 are errors (RuntimeError). The call runs in this call's transaction, with
+ * the permissions of the client that called this method. */
+export function call(key: string, method: string, args: Writer | null = null): CallResult {
+  const k = String.UTF8.encode(key);
+  const m = String.UTF8.encode(method);
+  const a = args !== null && args.len > 0 ? args : new Writer().array(0);
+  const n = host_call(changetype<usize>(k), k.byteLength, changetype<usize>(m), m.byteLength, a.buf, <i32>a.len);
+  const bytes = new ArrayBuffer(n >= 0 ? n : -(n + 1));
+  host_result_read(changetype<usize>(bytes));
+  return new CallResult(n >= 0, Reader.of(bytes));
+}
+
+/** `call`, re-raising the nested call's error as this method's: a reader of its value. */
+export function callOrFail(key: string, method: string, args: Writer | null = null): Reader {
+  return call(key, method, args).orFail();
+}
+
+/** Raise a nested call's error, read by `error`, as this method's own: `fail` with the same
+ * kind and message. Never returns. */
+export function reraise(error: Reader): void {
+  if (error.array() < 2) fail("RuntimeError", "a nested call's error is not [kind, message]");
+  const kind = error.str();
+  fail(kind, error.str());
 }

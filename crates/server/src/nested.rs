@@ -1,0 +1,364 @@
+//! Nested calls: a compiled method that calls methods of other objects (`spindle.call`,
+//! docs/wasm.md), as LambdaStore's objects do.
+//!
+//! The method runs in a transaction this module drives, so that it and every call it makes
+//! commit together or not at all, isolated from other calls as any transaction is. Nothing
+//! in the partition suspends: the method runs to its first call whose reply is not known,
+//! which stops it (`NestedCall`, the call's key, method and arguments); the driver runs that
+//! call in the transaction (it may nest in turn), then runs the method again from its start
+//! with the replies known so far. A compiled method sees only its state, its arguments and
+//! those replies, so each run makes the same calls until it makes a new one; only the last
+//! run's state counts. The method's call is logged with the replies, so replay and replicas
+//! run it once, never its nested calls again (their own records are in the same commit).
+//!
+//! ```text
+//! client ─call A.m─► partition: A makes calls ─NestedCall─► driver (a task)
+//!   driver: txn{ A.m [] } ─needs B.n(x)─► txn{ B.n(x) } = r1 ─► txn{ A.m [r1] } = v
+//!           commit (A's record carries [r1]; v recorded for the client's seq) ─► client: v
+//! ```
+//!
+//! A call outside any transaction gets a transaction of its own, retried on conflict like
+//! `@spindle.transactional`, whose commit records the method's reply for the client's
+//! `seq` in the object's partition: a retried call gets it, exactly once. A call inside the
+//! client's transaction runs its nested calls in that transaction. Each nested call needs
+//! the permission the client would need to make it; an object in the chain of calls cannot
+//! be called again (its runs would see their own half-made changes).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use spindle_core::objects::user;
+use spindle_core::partition::Op;
+use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
+use spindle_proto::{Request, TxnRef};
+
+use crate::access::{self, Grant};
+use crate::acl::Principal;
+use crate::registry::Mailbox;
+use crate::{calls, transactions, Shared};
+
+/// Calls to other objects one method call may make (all its nested calls' included).
+pub(crate) const MAX_CALLS: usize = 64;
+
+/// How deep a chain of calls may go (a method calling a method calling ...).
+pub(crate) const MAX_DEPTH: usize = 8;
+
+/// Attempts of a call's own transaction before its conflict is the reply.
+const ATTEMPTS: u32 = 50;
+
+/// Transaction numbers of the driver's own transactions: a range clients do not use (their
+/// SDKs count from 1).
+const OWN_NUMBERS: u64 = 1 << 62;
+
+/// Where the replies of the driver's calls come back: a mailbox of its own, as HTTP's.
+#[derive(Default)]
+pub(crate) struct Drivers {
+    mailroom: OnceLock<(ConnId, Arc<Mailbox>)>,
+    next: AtomicU64,
+}
+
+impl Drivers {
+    fn mailroom(&self, shared: &Shared) -> &(ConnId, Arc<Mailbox>) {
+        self.mailroom.get_or_init(|| {
+            let mailbox = Arc::new(Mailbox::default());
+            (shared.registry.register_mailbox(mailbox.clone()), mailbox)
+        })
+    }
+
+    fn next(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// After `calls::apply` or `transactions::call` (in the client's transaction `txn`): if
+/// `token`'s reply is the partition asking for its method's nested calls, drive them on a
+/// task of their own (the reply comes from there, through the registry).
+pub(crate) fn drive_if_asked(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    who: Option<&Principal>,
+    (token, seq): (Token, u64),
+    txn: Option<TxnRef>,
+    deliveries: &mut Vec<Delivery>,
+) {
+    let Some(at) = deliveries
+        .iter()
+        .position(|d| d.token == token && matches!(&d.reply, Err(e) if e.kind == ErrorKind::NestedCall))
+    else {
+        return;
+    };
+    let Err(asked) = deliveries.swap_remove(at).reply else {
+        unreachable!("found above")
+    };
+    let op = match asked.data {
+        Value::Array(fields) => match <[Value; 4]>::try_from(fields) {
+            Ok([Value::String(type_name), Value::String(key), Value::String(method), Value::Array(args)]) => {
+                match (type_name.into_str(), key.into_str(), method.into_str()) {
+                    (Some(type_name), Some(key), Some(method)) => Some(Op::Call {
+                        type_name,
+                        key,
+                        method,
+                        args,
+                        nested: Some(Vec::new()),
+                    }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(op) = op else {
+        let e = Error::new(ErrorKind::Internal, "a nested call's request was malformed");
+        deliveries.push(Delivery { token, reply: Err(e) });
+        return;
+    };
+    let driver = Driver {
+        shared: shared.clone(),
+        client: caller.clone(),
+        who: who.cloned(),
+    };
+    tokio::spawn(async move {
+        let reply = match txn {
+            Some(txn) => driver.in_transaction(txn, seq, op).await,
+            None => driver.on_its_own(seq, op).await,
+        };
+        driver.shared.registry.deliver([Delivery { token, reply }]);
+    });
+}
+
+struct Driver {
+    shared: Arc<Shared>,
+    /// The client whose call this is: its session, connection and thread.
+    client: Caller,
+    who: Option<Principal>,
+}
+
+/// One transaction the driver makes calls in.
+struct Txn {
+    number: u64,
+    age: u64,
+    /// No call of it has run yet.
+    first: bool,
+    /// Calls to other objects made so far.
+    calls: usize,
+}
+
+impl Driver {
+    /// The client's call, in a transaction of its own: the method's reply, recorded for
+    /// `seq` at the commit.
+    async fn on_its_own(&self, seq: u64, op: Op) -> Reply {
+        let age = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros() as u64;
+        let key = op.key().to_string();
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            if attempt > 1 {
+                tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(20)))).await;
+            }
+            let mut txn = Txn {
+                number: OWN_NUMBERS + self.shared.nested.next(),
+                age,
+                first: true,
+                calls: 0,
+            };
+            let reply = self.run(&mut txn, op.clone(), &[key.as_str()]).await;
+            let committed = match reply {
+                Ok(value) => self.commit(&txn, seq, &key, Ok(value)).await,
+                Err(e) => Err(e),
+            };
+            match committed {
+                Err(e) if e.kind == ErrorKind::TransactionConflict => {
+                    transactions::abort(&self.shared, &self.client.client, txn.number);
+                    last = Some(e);
+                }
+                reply => {
+                    transactions::abort(&self.shared, &self.client.client, txn.number);
+                    return reply;
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::new(ErrorKind::TransactionConflict, "no attempt ran")))
+    }
+
+    /// The client's call inside its transaction `txn` (request `seq`): the method's reply.
+    async fn in_transaction(&self, txn: TxnRef, seq: u64, op: Op) -> Reply {
+        let key = op.key().to_string();
+        let mut txn = Txn {
+            number: txn.number,
+            age: txn.age,
+            first: false,
+            calls: 0,
+        };
+        // Its last run carries the client's `seq`: that reply is the one a resend gets.
+        let _ = seq;
+        self.run(&mut txn, op, &[key.as_str()]).await
+    }
+
+    /// Run `op` (a call of a method that may call others; `chain`: the objects whose
+    /// methods are running, `op`'s last) in `txn` until it needs no call it has not made.
+    fn run<'a>(
+        &'a self,
+        txn: &'a mut Txn,
+        mut op: Op,
+        chain: &'a [&'a str],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send + 'a>> {
+        Box::pin(async move {
+            loop {
+                let reply = self.call(txn, op.clone()).await;
+                let Err(e) = &reply else { return reply };
+                if e.kind != ErrorKind::NestedCall {
+                    return reply;
+                }
+                let Op::Call { nested, .. } = &mut op else {
+                    unreachable!("only calls nest")
+                };
+                let nested = nested.get_or_insert_with(Vec::new);
+                let reply = match nested_op(&e.data) {
+                    None => return Err(Error::new(ErrorKind::Internal, "a nested call's request was malformed")),
+                    Some((key, method, args)) => self.nested(txn, chain, key, method, args).await,
+                };
+                nested.push(reply);
+            }
+        })
+    }
+
+    /// One nested call, `key.method(args)`, made by the method of `chain`'s last object.
+    async fn nested(&self, txn: &mut Txn, chain: &[&str], key: String, method: String, args: Vec<Value>) -> Reply {
+        let caller = chain.last().copied().unwrap_or_default();
+        txn.calls += 1;
+        if txn.calls > MAX_CALLS {
+            return Err(Error::runtime(format!(
+                "{caller} made more than {MAX_CALLS} calls to other objects in one call"
+            )));
+        }
+        if chain.contains(&key.as_str()) {
+            return Err(Error::runtime(format!(
+                "{caller} called '{key}', whose method is running in this chain of calls ({}): an object's \
+                 method cannot be called again before it returns",
+                chain.join(" -> ")
+            )));
+        }
+        if chain.len() >= MAX_DEPTH {
+            return Err(Error::runtime(format!(
+                "the chain of calls {} -> {key} is deeper than {MAX_DEPTH}",
+                chain.join(" -> ")
+            )));
+        }
+        let type_name = match calls::type_of(&self.shared, &key)? {
+            Some(t) => t,
+            None => {
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    format!("'{key}' does not exist (called by {caller})"),
+                ))
+            }
+        };
+        if user::is_user_type(&type_name) {
+            return Err(Error::new(
+                ErrorKind::TypeMismatch,
+                format!(
+                    "'{key}' is a {type_name}: a compiled method may call built-in and compiled objects, not \
+                     user-defined (Python) ones"
+                ),
+            ));
+        }
+        if let Some(who) = &self.who {
+            let request = Request::Call {
+                id: 0,
+                seq: 0,
+                thread: 0,
+                type_name: type_name.clone(),
+                key: key.clone(),
+                method: method.clone(),
+                args: Vec::new(),
+                acked: 0,
+                txn: None,
+            };
+            match access::permit(who, &request)? {
+                Grant::Yes => {}
+                // A reader's call of a compiled method may write: inside a transaction, refused.
+                Grant::IfExists(refusal) | Grant::IfReads(refusal) => return Err(refusal),
+            }
+        }
+        let op = Op::Call {
+            type_name,
+            key: key.clone(),
+            method,
+            args,
+            nested: Some(Vec::new()),
+        };
+        let mut inner = chain.to_vec();
+        inner.push(&key);
+        self.run(txn, op, &inner).await
+    }
+
+    /// One call in `txn`, answered at once or, if it waited (for an older transaction's
+    /// object), through the driver's mailbox.
+    async fn call(&self, txn: &mut Txn, op: Op) -> Reply {
+        let reference = TxnRef {
+            number: txn.number,
+            age: txn.age,
+            first: std::mem::take(&mut txn.first),
+        };
+        self.exchange(|caller, token| transactions::call(&self.shared, caller, token, 0, reference, op))
+            .await
+    }
+
+    /// Commit `txn`, recording `reply` for the client's call `seq` on `key`: the reply, or
+    /// why it did not commit.
+    async fn commit(&self, txn: &Txn, seq: u64, key: &str, reply: Reply) -> Reply {
+        let client = self.client.clone();
+        self.exchange(|_, token| transactions::commit_call(&self.shared, &client, (token, seq), txn.number, key, reply))
+            .await
+    }
+
+    /// Send what `send` sends as the driver (a caller on its mailbox, a token of its own),
+    /// and wait for its reply: among the replies `send` returns, or later (a call that
+    /// waited for an older transaction; a commit's, once its log record is written).
+    async fn exchange(&self, send: impl FnOnce(&Caller, Token) -> Result<Vec<Delivery>, Error>) -> Reply {
+        let (conn, mailbox) = self.shared.nested.mailroom(&self.shared);
+        let token = Token {
+            conn: *conn,
+            req: self.shared.nested.next(),
+        };
+        let answer = mailbox.expect(token.req);
+        let caller = Caller {
+            conn: *conn,
+            ..self.client.clone()
+        };
+        let deliveries = match send(&caller, token) {
+            Ok(deliveries) => deliveries,
+            Err(e) => {
+                mailbox.forget(token.req);
+                return Err(e);
+            }
+        };
+        let (mine, others): (Vec<_>, Vec<_>) = deliveries.into_iter().partition(|d| d.token == token);
+        self.shared.registry.deliver(others);
+        if let Some(d) = mine.into_iter().next() {
+            mailbox.forget(token.req);
+            return d.reply;
+        }
+        match answer.await {
+            Ok((reply, _)) => reply,
+            Err(_) => Err(Error::new(ErrorKind::Internal, "a nested call's reply was lost")),
+        }
+    }
+}
+
+/// `[key, method, args]` of a call a method made.
+fn nested_op(data: &Value) -> Option<(String, String, Vec<Value>)> {
+    match data {
+        Value::Array(fields) => match fields.as_slice() {
+            [Value::String(key), Value::String(method), Value::Array(args)] => {
+                Some((key.as_str()?.to_string(), method.as_str()?.to_string(), args.clone()))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
