@@ -158,6 +158,25 @@ def test_objects_are_shared_with_the_python_sdk(web, api, name):
     assert api.ask("POST", f"/v1/objects/{name}.words/getitem", {"args": ["spindle"]})[2] == {"result": [1, 2]}
 
 
+def test_a_compiled_method_that_calls_another_object_over_http(web, api, name):
+    """A compiled method's nested calls run as on the native protocol: in one transaction
+    whose reply is recorded for an idempotent retry."""
+    from conftest import REPO
+
+    with connected_to(web):
+        Account = spindle.wasm_type(REPO / "examples" / "wasm" / "build" / "bank.wasm", f"{name}bank")
+        Account(100, name=f"{name}.a")
+        Account(0, name=f"{name}.b")
+    transfer = {"args": [f"{name}.b", 30]}
+    first = api.ask("POST", f"/v1/objects/{name}.a/transfer", transfer, headers={"Idempotency-Key": "t1"})
+    again = api.ask("POST", f"/v1/objects/{name}.a/transfer", transfer, headers={"Idempotency-Key": "t1"})
+    assert first[::2] == again[::2] == (200, {"result": 70})
+    assert api.ask("POST", f"/v1/objects/{name}.b/balance")[2] == {"result": 30}
+    status, _, body = api.ask("POST", f"/v1/objects/{name}.a/transfer", {"args": [f"{name}.b", 1000]})
+    assert status == 422 and "insufficient funds" in body["error"]["message"]
+    assert api.ask("POST", f"/v1/objects/{name}.b/balance")[2] == {"result": 30}, "the deposit was undone"
+
+
 def test_every_error_status(api, name):
     api.ask("PUT", f"/v1/objects/{name}", {"type": "Counter"})
     cases = [

@@ -167,7 +167,8 @@ def test_each_permission_is_allowed_to_its_role_and_refused_to_others(acl_server
 
 def test_a_reader_calls_the_compiled_methods_that_leave_the_state(acl_server, users):
     """Whether a compiled object's method writes is known once it ran: a reader's call runs,
-    and one that would change the object is refused and changes nothing (nor is it logged)."""
+    and one that would change the object, or call another, is refused and changes nothing (nor
+    is it logged). A method's calls to other objects need the caller's permission."""
     bank = REPO / "examples" / "wasm" / "build" / "bank.wasm"
     if not bank.is_file():
         pytest.fail(f"{bank} is missing: run `make wasm` (part of `make setup`)")
@@ -191,6 +192,16 @@ def test_a_reader_calls_the_compiled_methods_that_leave_the_state(acl_server, us
         owner.ok("create", 2, 0, "wasm:perm-bank", "other/account", ["v1", [1]], False, True)
         assert "may not balance on 'other/account'" in reader.denied("call", 6, 0, "wasm:perm-bank", "other/account",
                                                                      "balance", [])
+        # A method's calls to other objects need the caller's permission for each.
+        owner.ok("create", 3, 0, "wasm:perm-bank", "app/savings", ["v1", [0]], False, True)
+        message = reader.denied("call", 7, 0, "wasm:perm-bank", "app/account", "transfer", ["app/savings", 1])
+        assert message.endswith("(wasm:perm-bank.transfer calls other objects)"), message
+        assert writer.ok("call", 2, 0, "wasm:perm-bank", "app/account", "transfer", ["app/savings", 5]) == 100
+        refused = writer.ask("call", 3, 0, "wasm:perm-bank", "app/account", "transfer", ["other/account", 5])
+        assert refused[1] == 1 and "may not deposit on 'other/account'" in refused[2][1], refused
+        assert owner.ok("call", 4, 0, "wasm:perm-bank", "app/account", "balance", []) == 100, "nothing moved"
+        assert owner.ok("call", 5, 0, "wasm:perm-bank", "other/account", "balance", []) == 1
+        assert owner.ok("call", 6, 0, "wasm:perm-bank", "app/savings", "balance", []) == 5
     finally:
         for s in (owner, reader, writer):
             s.close()

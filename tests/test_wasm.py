@@ -6,6 +6,7 @@ talks to a real server process.
 
 from __future__ import annotations
 
+import concurrent.futures
 import subprocess
 import threading
 from pathlib import Path
@@ -252,7 +253,9 @@ def test_persistent_objects_come_back_from_a_snapshot(tmp_path):
 
 
 def test_a_cluster_leaders_crash_loses_no_acknowledged_call(tmp_path):
-    from test_cluster import Cluster
+    from test_cluster import SHARDS, Cluster
+
+    from spindle.client import shard_of
 
     cluster = Cluster(tmp_path)
     try:
@@ -269,6 +272,16 @@ def test_a_cluster_leaders_crash_loses_no_acknowledged_call(tmp_path):
             victim.start()
             assert wait_until(lambda: cluster.caught_up(victim), 30), cluster.describe()
             assert [a.balance() for a in accounts] == [11] * 12
+            # A method's nested calls commit in one shard's Raft group: within its object's
+            # shard they run; across shards they are refused, and nothing moves.
+            shard = {f"c{i}": shard_of(f"c{i}", SHARDS) for i in range(12)}
+            same = next((a, b) for a in shard for b in shard if a != b and shard[a] == shard[b])
+            other = next(b for b in shard if shard[b] != shard[same[0]])
+            src = spindle.attach("wasm:cbank", same[0])
+            assert src.transfer(same[1], 4) == 7
+            with pytest.raises(spindle.TransactionError, match="must stay in its object's shard"):
+                src.transfer(other, 1)
+            assert [spindle.attach("wasm:cbank", n).balance() for n in (same[0], same[1], other)] == [7, 15, 11]
     finally:
         cluster.stop()
 
@@ -313,3 +326,146 @@ def test_a_reply_of_many_tiny_values_is_refused_before_it_is_decoded(Attack):
     assert raised.value.reason == "trap"
     with pytest.raises(spindle.Trapped, match="a reply is at most"):
         a.nils(20_000_000)  # 20 MB: past the 16 MiB a reply (as a state) may have
+
+
+# --- nested calls: a method that calls other objects ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def Echo():
+    return spindle.wasm_type(module(BUILD / "sdk_echo.wasm"))
+
+
+@pytest.mark.parametrize("build", ["bank.wasm", "bank_as.wasm"])
+def test_a_transfer_deposits_into_the_other_account_and_commits_both_or_neither(build, uniq):
+    Account = spindle.wasm_type(module(BUILD / build), f"{uniq}nbank")
+    a, b = Account(100, name=f"{uniq}a"), Account(0, name=f"{uniq}b")
+    assert a.transfer(f"{uniq}b", 30) == 70
+    assert (a.balance(), b.balance()) == (70, 30)
+    # The deposit into b ran before the withdrawal failed: it is undone with it.
+    with pytest.raises(ValueError, match="insufficient funds"):
+        a.transfer(f"{uniq}b", 1000)
+    assert (a.balance(), b.balance()) == (70, 30)
+    # The called object's error is the method's (the SDK raises it again).
+    with pytest.raises(spindle.SpindleError, match=f"'{uniq}nobody' does not exist"):
+        a.transfer(f"{uniq}nobody", 5)
+    with pytest.raises(ValueError, match="must not be negative"):
+        b.transfer(f"{uniq}a", -5)
+    # An object whose method is running cannot be called again before it returns.
+    with pytest.raises(RuntimeError, match="cannot be called again before it returns"):
+        a.transfer(f"{uniq}a", 5)
+    assert (a.balance(), b.balance()) == (70, 30)
+
+
+def test_nested_calls_inside_a_transaction_are_part_of_it(Bank, uniq):
+    a, b = Bank(50, name=f"{uniq}a"), Bank(0, name=f"{uniq}b")
+    with pytest.raises(KeyError):
+        with spindle.transaction():
+            assert a.transfer(f"{uniq}b", 20) == 30
+            assert b.balance() == 20, "the transaction sees its own nested call's change"
+            raise KeyError("abort")
+    assert (a.balance(), b.balance()) == (50, 0), "an aborted transaction leaves nothing of it"
+    with spindle.transaction():
+        a.transfer(f"{uniq}b", 20)
+        b.transfer(f"{uniq}a", 5)
+    assert (a.balance(), b.balance()) == (35, 15)
+
+
+def test_a_method_calls_built_in_objects_and_sees_their_errors(Echo, uniq):
+    counter = spindle.Counter(10, name=f"{uniq}counter")
+    e = Echo(name=f"{uniq}echo")
+    assert e.relay(f"{uniq}counter", "add", [5]) == [True, 15]
+    assert counter.get() == 15
+    ok, (kind, message) = e.relay(f"{uniq}counter", "nope", [])
+    assert (ok, kind) == (False, "UnknownMethod") and "nope" in message
+    ok, (kind, message) = e.relay(f"{uniq}missing", "get", [])
+    assert (ok, kind) == (False, "NotFound")
+    # The caller's state and the counter's change commit together: an error after the call
+    # (here, the re-raised one) undoes the call.
+    e.relay(f"{uniq}counter", "add", [1])
+    with pytest.raises(spindle.SpindleError, match="UnknownMethod|nope"):
+        e.relay_or_fail(f"{uniq}counter", "nope", [])
+    assert counter.get() == 16
+
+
+def test_a_chain_of_calls_is_bounded(Echo, uniq):
+    spindle.Counter(7, name=f"{uniq}end")
+    first = [Echo(name=f"{uniq}e{i}") for i in range(9)][0]
+
+    def through(hops: int):
+        """e0 relays to e1, e1 to e2 ... e<hops> asks the counter: hops + 2 objects."""
+        args: list = [f"{uniq}end", "get", []]
+        for i in reversed(range(2, hops + 1)):
+            args = [f"{uniq}e{i}", "relay", args]
+        return first.relay(f"{uniq}e1", "relay", args)
+
+    reply = through(6)  # 8 objects: the most a chain may hold
+    for _ in range(7):
+        ok, reply = reply
+        assert ok, reply
+    assert reply == 7
+    text = repr(through(7))
+    assert "RuntimeError" in text and "deeper than 8" in text, text
+
+
+def test_concurrent_transfers_keep_the_total(Bank, uniq):
+    names = [f"{uniq}acct{i}" for i in range(5)]
+    accounts = [Bank(100, name=n) for n in names]
+
+    def churn(seed: int) -> int:
+        import random
+
+        rng, done = random.Random(seed), 0
+        for _ in range(40):
+            src, dst = rng.sample(range(5), 2)
+            try:
+                accounts[src].transfer(names[dst], rng.randint(1, 30))
+                done += 1
+            except ValueError:  # insufficient funds: nothing moved
+                pass
+        return done
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        done = sum(pool.map(churn, range(4)))
+    assert done > 0
+    balances = [a.balance() for a in accounts]
+    assert sum(balances) == 500 and min(balances) >= 0, balances
+
+
+def test_persistent_transfers_survive_kill_9_exactly_once(tmp_path):
+    port = stable_port()
+    args = ("--data-dir", str(tmp_path), "--session-ttl", "30")
+    server = ServerProcess(*args, port=port)
+    moved = []
+    stop = threading.Event()
+    try:
+        with connected_to(server.address):
+            Account = spindle.wasm_type(module(BUILD / "bank.wasm"), "tbank", persistent=True)
+            a, b = Account(100_000, name="from"), Account(0, name="to")
+
+            def transfers() -> None:
+                while not stop.is_set():
+                    moved.append(a.transfer("to", 1))
+
+            t = threading.Thread(target=transfers)
+            t.start()
+            for _ in range(3):
+                assert wait_until(lambda: len(moved) > 20, 30)
+                before = len(moved)
+                server.kill()  # SIGKILL: no chance to flush anything
+                server = ServerProcess(*args, port=port)
+                assert wait_until(lambda: len(moved) > before + 20, 60)
+            stop.set()
+            t.join(60)
+            # Every acknowledged transfer applied exactly once (retries got their recorded
+            # replies), and the replayed calls used their recorded nested replies.
+            assert moved == list(range(99_999, 99_999 - len(moved), -1))
+            assert (a.balance(), b.balance()) == (100_000 - len(moved), len(moved))
+        server.kill()
+        server = ServerProcess(*args, port=port)
+        with connected_to(server):
+            assert spindle.attach("wasm:tbank", "to").balance() == len(moved)
+            assert spindle.attach("wasm:tbank", "from").balance() == 100_000 - len(moved)
+    finally:
+        stop.set()
+        server.stop()

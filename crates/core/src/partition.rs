@@ -308,17 +308,6 @@ impl Partition {
                 reply: Err(busy),
             }];
         }
-        if self.makes_calls(&op) {
-            // Its nested calls run in a transaction, where a reader's call is refused.
-            let refusal = Error::new(
-                refusal.kind,
-                format!("{} ('{}' calls other objects)", refusal.message, op.key()),
-            );
-            return vec![Delivery {
-                token,
-                reply: Err(refusal),
-            }];
-        }
         self.reading = Some(refusal);
         let out = self.apply_as(caller, token, seq, 0, op, now, None);
         self.reading = None;
@@ -363,7 +352,9 @@ impl Partition {
             }
         }
         // A method that may call other objects runs in a transaction the server drives.
-        if replayed.is_none() && !self.committing && self.makes_calls(&op) {
+        // (A reader's call runs as far as its first call to another object, which a reader
+        // may not make: nested calls run in a transaction.)
+        if replayed.is_none() && !self.committing && self.reading.is_none() && self.makes_calls(&op) {
             out.push(Delivery {
                 token,
                 reply: Err(drive_nested(op)),
@@ -578,6 +569,10 @@ impl Partition {
             (Err(e), Some(refusal)) if e.kind == ErrorKind::PermissionDenied => {
                 Err(Error::new(e.kind, format!("{} ({})", refusal.message, e.message)))
             }
+            (Err(e), Some(refusal)) if e.kind == ErrorKind::NestedCall => Err(Error::new(
+                refusal.kind,
+                format!("{} ({type_name}.{method} calls other objects)", refusal.message),
+            )),
             (step, _) => step,
         };
         if obj.tracks_connections() {

@@ -219,15 +219,42 @@ impl Driver {
                 let nested = nested.get_or_insert_with(Vec::new);
                 let reply = match nested_op(&e.data) {
                     None => return Err(Error::new(ErrorKind::Internal, "a nested call's request was malformed")),
-                    Some((key, method, args)) => self.nested(txn, chain, key, method, args).await,
+                    Some((key, method, args)) => self.nested(txn, chain, key, method, args).await?,
                 };
                 nested.push(reply);
             }
         })
     }
 
-    /// One nested call, `key.method(args)`, made by the method of `chain`'s last object.
-    async fn nested(&self, txn: &mut Txn, chain: &[&str], key: String, method: String, args: Vec<Value>) -> Reply {
+    /// One nested call, `key.method(args)`, made by the method of `chain`'s last object: its
+    /// reply, for the method; or an error that ends the whole call.
+    async fn nested(
+        &self,
+        txn: &mut Txn,
+        chain: &[&str],
+        key: String,
+        method: String,
+        args: Vec<Value>,
+    ) -> Result<Reply, Error> {
+        let caller = chain.last().copied().unwrap_or_default();
+        let shards = &self.shared.shards;
+        if self.shared.cluster.is_some() && shards.index_of(&key) != shards.index_of(chain[0]) {
+            // Its commit is one entry of one shard's Raft group.
+            return Err(Error::new(
+                ErrorKind::TransactionError,
+                format!(
+                    "{caller} called '{key}', in another shard than '{}': in a cluster, a method's nested calls \
+                     must stay in its object's shard (name the objects it calls so that they share its shard, or \
+                     call them from the client in a transaction)",
+                    chain[0]
+                ),
+            ));
+        }
+        Ok(self.reply_of(txn, chain, key, method, args).await)
+    }
+
+    /// [`nested`](Self::nested)'s call, its errors the method's to handle.
+    async fn reply_of(&self, txn: &mut Txn, chain: &[&str], key: String, method: String, args: Vec<Value>) -> Reply {
         let caller = chain.last().copied().unwrap_or_default();
         txn.calls += 1;
         if txn.calls > MAX_CALLS {
