@@ -186,9 +186,14 @@ def escape(megabytes: int, hold: float, pidfile: str) -> int:
         os._exit(0)
     os.close(write)
     with os.fdopen(read) as pipe:
-        pid = int(pipe.readline())  # once it holds its memory
+        line = pipe.readline()  # once it holds its memory
+    if not line:
+        # It died first (the kernel's OOM killer, in the worker's cgroup): the gateway kills
+        # this worker for it too, as for the memory it held; this reply would be a lie.
+        time.sleep(hold)
+        raise RuntimeError("the escaped process died, and this worker was not killed for it")
     time.sleep(hold)
-    return pid
+    return int(line)
 
 
 def escape_then_exit(pidfile: str) -> None:

@@ -23,7 +23,7 @@ from test_cluster import (
 )
 
 # The newest cluster format the build under test reads and writes (crates/proto CLUSTER_FORMAT).
-CLUSTER_FORMAT = 4
+CLUSTER_FORMAT = 5
 
 
 def formats(cluster: Cluster) -> dict:

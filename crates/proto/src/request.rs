@@ -10,7 +10,7 @@ pub const PROTOCOL_VERSION: u64 = 1;
 /// write for each other (Raft entries, metadata snapshots, `raft` and `snapshot` frames).
 /// Format 1 is the first release's, which wrote no version; a node tells the highest it
 /// reads in its `hello` reply (`cluster_format`), and writes only what every node reads.
-pub const CLUSTER_FORMAT: u64 = 4;
+pub const CLUSTER_FORMAT: u64 = 5;
 
 const OPS: &str =
     "hello, create, call, delete, keep, objects, status, ping, withdraw, invoke, cancel, calls, worker, define, host, acl";

@@ -114,6 +114,10 @@ pub(crate) fn drive_if_asked(
         deliveries.push(Delivery { token, reply: Err(e) });
         return;
     };
+    if let Err(e) = crate::cluster::check_nested_format(shared) {
+        deliveries.push(Delivery { token, reply: Err(e) });
+        return;
+    }
     let driver = Driver {
         shared: shared.clone(),
         client: caller.clone(),

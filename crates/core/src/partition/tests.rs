@@ -1609,10 +1609,57 @@ mod compiled_objects {
         }
     }
 
+    /// A type whose `ask(key)` adds the reply of `key.get()` to its state (a nested call);
+    /// `get` replies the state.
+    struct Relay {
+        methods: Vec<String>,
+    }
+
+    const RELAY: &[u8] = b"relay module";
+
+    impl Code for Relay {
+        fn methods(&self) -> &[String] {
+            &self.methods
+        }
+
+        fn construct(&self, _args: &[Value]) -> Result<Vec<u8>, Error> {
+            Ok(0i64.to_le_bytes().to_vec())
+        }
+
+        fn run(&self, state: &[u8], method: &str, args: &[Value], nested: &[Reply]) -> Result<Called, Error> {
+            let state = read(state);
+            match (method, nested) {
+                ("get", _) => Ok(Called {
+                    result: state.into(),
+                    state: None,
+                }),
+                (_, []) => {
+                    let data = Value::Array(vec![args[0].clone(), "get".into(), Value::Array(vec![])]);
+                    Err(Error::new(ErrorKind::NestedCall, "asks").with_data(data))
+                }
+                (_, [reply, ..]) => {
+                    let sum = state + reply.clone()?.as_i64().unwrap_or(0);
+                    Ok(Called {
+                        result: sum.into(),
+                        state: Some(sum.to_le_bytes().to_vec()),
+                    })
+                }
+            }
+        }
+
+        fn makes_calls(&self) -> bool {
+            true
+        }
+    }
+
     struct Modules;
 
     impl Library for Modules {
         fn load(&self, _type_name: &str, _version: &str, code: &[u8]) -> Result<Arc<dyn Code>, Error> {
+            if code == RELAY {
+                let methods = ["ask", "get"].map(String::from).to_vec();
+                return Ok(Arc::new(Relay { methods }));
+            }
             if code != MODULE {
                 return Err(Error::bad_args("not a module"));
             }
@@ -1646,6 +1693,96 @@ mod compiled_objects {
         };
         let out = h.p.apply(&who(1), token, 0, 0, op, h.now);
         reply_of(&out, token).expect("a create of a compiled type answers at once")
+    }
+
+    #[test]
+    fn a_method_that_calls_others_is_handed_over_then_commits_with_its_replies() {
+        const R: &str = "wasm:relay";
+        let mut h = harness(true);
+        h.p.offer_class(R, "v1", &Arc::new(RELAY.to_vec())).unwrap();
+        let token = h.token(1);
+        let create = Op::Create {
+            type_name: R.into(),
+            key: "r".into(),
+            args: vec!["v1".into(), Value::Array(vec![])],
+            owned: false,
+            persistent: true,
+        };
+        assert_eq!(
+            reply_of(&h.p.apply(&who(1), token, 0, 0, create, h.now), token),
+            Some(Ok(true.into()))
+        );
+        let mut log = h.p.take_log().expect("the module and the create are logged");
+        let ask = |nested: Option<Vec<Reply>>| Op::Call {
+            type_name: R.into(),
+            key: "r".into(),
+            method: "ask".into(),
+            args: vec!["other".into()],
+            nested,
+        };
+        // A client's call (even `get`) goes to the server's driver: nothing runs, nothing is
+        // logged or recorded, and the reply names the call.
+        let token = h.token(1);
+        let out = h.p.apply(&who(1), token, 7, 0, ask(None), h.now);
+        let handed = error_of(&out, token);
+        assert_eq!(handed.kind, ErrorKind::NestedCall);
+        assert_eq!(
+            handed.data,
+            Value::Array(vec![
+                R.into(),
+                "r".into(),
+                "ask".into(),
+                Value::Array(vec!["other".into()])
+            ])
+        );
+        assert!(h.p.take_log().is_none_or(|r| r.is_empty()), "nothing logged");
+        assert_eq!(h.p.recorded("c1", 7), None, "nothing recorded");
+        // The driver's transaction: a run that needs a reply names the call; with it, the
+        // method finishes; the commit records the method's reply for the client's call.
+        let id = TxnId {
+            client: Arc::from("c1"),
+            number: 1 << 62,
+        };
+        let txn = TxnCall {
+            id: &id,
+            age: 1,
+            first: true,
+            deadline: h.now + std::time::Duration::from_secs(5),
+            max_bytes: 1 << 20,
+        };
+        let token = h.token(1);
+        let out = h.p.apply_in(txn, &who(1), token, 0, ask(Some(vec![])), h.now);
+        let asked = error_of(&out, token);
+        assert_eq!(
+            asked.data,
+            Value::Array(vec!["other".into(), "get".into(), Value::Array(vec![])])
+        );
+        let token = h.token(1);
+        let txn = TxnCall { first: false, ..txn };
+        let out =
+            h.p.apply_in(txn, &who(1), token, 0, ask(Some(vec![Ok(5.into())])), h.now);
+        assert_eq!(reply_of(&out, token), Some(Ok(5.into())));
+        h.p.validate(&id).unwrap();
+        h.p.commit(&id, 1, 7, &Ok(5.into()), h.now);
+        assert_eq!(h.p.recorded("c1", 7), Some(Ok(5.into())));
+        log.extend(h.p.take_log().expect("the commit is logged"));
+        // Replayed, the method runs once with its recorded reply, and the reply is recorded.
+        let mut r = harness(true);
+        for rec in &log {
+            r.p.replay(rec, h.now).unwrap();
+        }
+        assert_eq!(r.p.recorded("c1", 7), Some(Ok(5.into())));
+        let token = r.token(1);
+        let get = Op::Call {
+            type_name: R.into(),
+            key: "r".into(),
+            method: "get".into(),
+            args: vec![],
+            nested: Some(vec![]),
+        };
+        let out =
+            r.p.apply_in(TxnCall { first: true, ..txn }, &who(1), token, 0, get, h.now);
+        assert_eq!(reply_of(&out, token), Some(Ok(5.into())), "the replayed state");
     }
 
     #[test]

@@ -41,6 +41,11 @@ pub(crate) const EVICT: u64 = 3;
 /// transactions only once every node reads it.
 pub(crate) const TRANSACTIONS: u64 = 4;
 
+/// The first format whose shard entries may carry compiled methods' calls with the replies
+/// of their nested calls, and `commit` records that record a method's reply (`nested.rs`):
+/// a cluster runs nested calls only once every node reads it.
+pub(crate) const NESTED_CALLS: u64 = 5;
+
 /// Starts data of format 2 and later.
 const MARK: u8 = 0xc1;
 

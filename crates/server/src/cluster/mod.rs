@@ -235,6 +235,18 @@ fn fail(deliveries: Vec<Delivery>, error: &Error) -> Vec<Delivery> {
         .collect()
 }
 
+/// The error of a compiled method's nested calls on a cluster whose nodes do not all read
+/// format [`format::NESTED_CALLS`].
+pub(crate) fn check_nested_format(shared: &Shared) -> Result<(), Error> {
+    match &shared.cluster {
+        Some(cluster) if cluster.active_format() < format::NESTED_CALLS => Err(Error::new(
+            ErrorKind::TransactionError,
+            "a method's calls to other objects need every node of the cluster upgraded to a release that runs them",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A call this node may not run: it does not lead the shard (clients resend to the leader).
 pub(crate) fn not_serving() -> Error {
     Error::new(ErrorKind::NotLeader, "this node does not lead the object's shard")

@@ -422,7 +422,7 @@ fn check_relay(code: &Arc<dyn Code>) {
     let called = code.run(b"", "relay", &args, &[Ok(returned.clone())]).unwrap();
     assert_eq!(called.result, Value::Array(vec![true.into(), returned.clone()]));
     let failed = Err(Error::new(ErrorKind::KeyError, "'x'"));
-    let called = code.run(b"", "relay", &args, &[failed.clone()]).unwrap();
+    let called = code.run(b"", "relay", &args, std::slice::from_ref(&failed)).unwrap();
     assert_eq!(
         called.result,
         Value::Array(vec![false.into(), Value::Array(vec!["KeyError".into(), "'x'".into()])])
