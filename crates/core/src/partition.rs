@@ -243,7 +243,7 @@ impl Partition {
 
     /// Whether `op` is a call, made by a client, of an object whose methods may call other
     /// objects (see [`Object::makes_calls`]).
-    fn makes_calls(&self, op: &Op) -> bool {
+    pub(super) fn makes_calls(&self, op: &Op) -> bool {
         match op {
             Op::Call { key, nested: None, .. } => {
                 matches!(self.objects.get(key).map(|e| &e.body), Some(Body::Builtin(obj)) if obj.makes_calls())
@@ -351,16 +351,22 @@ impl Partition {
                 return out;
             }
         }
-        // A method that may call other objects runs in a transaction the server drives.
-        // (A reader's call runs as far as its first call to another object, which a reader
-        // may not make: nested calls run in a transaction.)
-        if replayed.is_none() && !self.committing && self.reading.is_none() && self.makes_calls(&op) {
-            out.push(Delivery {
-                token,
-                reply: Err(drive_nested(op)),
-            });
-            return out;
-        }
+        // A method that may call other objects runs here until its first call, if it makes
+        // one: then it is handed to the server's driver of nested calls, which runs it in a
+        // transaction (`handover` keeps the call for that). One that would wait for a
+        // prepared transaction goes at once (whoever woke it could not hand it over). A
+        // reader's call runs as far as its first call, which a reader may not make.
+        let handover = match replayed.is_none() && !self.committing && self.reading.is_none() && self.makes_calls(&op) {
+            true if self.prepared_holder(op.key()).is_some() => {
+                out.push(Delivery {
+                    token,
+                    reply: Err(drive_nested(op)),
+                });
+                return out;
+            }
+            true => Some(op.clone()),
+            false => None,
+        };
         // A call on a key a prepared transaction holds waits for its decision.
         let op = match replayed.is_none() && !self.committing {
             true => match self.wait_if_prepared(caller, token, seq, acked, op) {
@@ -415,6 +421,18 @@ impl Partition {
                 self.call(caller, token, (&type_name, &key, &method), args, nested, now, &mut out)
             }
         };
+        if let (Err(e), Some(op)) = (&reply, handover) {
+            if e.kind == ErrorKind::NestedCall {
+                // It made a call: nothing of this run stays (its state was not changed).
+                self.records.truncate(logged_at);
+                out.push(Delivery {
+                    token,
+                    reply: Err(drive_nested(op)),
+                });
+                self.settle(&out);
+                return out;
+            }
+        }
         match reply {
             Ok(None) => {
                 if record && seq != 0 {

@@ -1,9 +1,10 @@
 //! Nested calls: a compiled method that calls methods of other objects (`spindle.call`,
 //! docs/wasm.md), as LambdaStore's objects do.
 //!
-//! The method runs in a transaction this module drives, so that it and every call it makes
-//! commit together or not at all, isolated from other calls as any transaction is. Nothing
-//! in the partition suspends: the method runs to its first call whose reply is not known,
+//! A method that makes no nested call runs as any call. One that makes calls runs in a
+//! transaction this module drives, so that it and every call it makes commit together or not
+//! at all, isolated from other calls as any transaction is. Nothing in the partition
+//! suspends: the method runs to its first call whose reply is not known,
 //! which stops it (`NestedCall`, the call's key, method and arguments); the driver runs that
 //! call in the transaction (it may nest in turn), then runs the method again from its start
 //! with the replies known so far. A compiled method sees only its state, its arguments and

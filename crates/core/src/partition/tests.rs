@@ -1720,8 +1720,22 @@ mod compiled_objects {
             args: vec!["other".into()],
             nested,
         };
-        // A client's call (even `get`) goes to the server's driver: nothing runs, nothing is
-        // logged or recorded, and the reply names the call.
+        // A client's call that makes no nested call runs as any call (and is logged).
+        let token = h.token(1);
+        let get = Op::Call {
+            type_name: R.into(),
+            key: "r".into(),
+            method: "get".into(),
+            args: vec![],
+            nested: None,
+        };
+        assert_eq!(
+            reply_of(&h.p.apply(&who(1), token, 6, 0, get, h.now), token),
+            Some(Ok(0.into()))
+        );
+        log.extend(h.p.take_log().expect("logged"));
+        // One that makes a call goes to the server's driver: nothing of its run is logged or
+        // recorded, and the reply names the call.
         let token = h.token(1);
         let out = h.p.apply(&who(1), token, 7, 0, ask(None), h.now);
         let handed = error_of(&out, token);

@@ -139,6 +139,9 @@ impl Partition {
         }
         let reply = match self.open_workspace(txn, now) {
             Err(e) => Err(e),
+            // A client's call of a method that may call other objects goes to the server's
+            // driver at once, never after a wait (whoever woke it could not hand it over).
+            Ok(()) if self.makes_calls(&w.op) => Err(super::drive_nested(w.op)),
             // A prepared transaction cannot be wounded, and holds its keys only until its
             // decision: wait for it (its workspace open here, so an abort meanwhile ends it).
             Ok(()) if self.prepared_holder(w.op.key()).is_some() => {
