@@ -404,8 +404,27 @@ def test_a_chain_of_calls_is_bounded(Echo, uniq):
         ok, reply = reply
         assert ok, reply
     assert reply == 7
-    text = repr(through(7))
-    assert "RuntimeError" in text and "deeper than 8" in text, text
+    with pytest.raises(RuntimeError, match="deeper than 8"):
+        through(7)
+    assert spindle.Counter(name=f"{uniq}end").get() == 7
+
+
+def test_a_call_that_raised_after_its_own_calls_fails_the_whole_call(Bank, Echo, uniq):
+    """No savepoints: a nested call that raised after changing objects through its own
+    nested calls cannot be undone alone, so the whole call fails and nothing of it happens."""
+    a, b = Bank(10, name=f"{uniq}a"), Bank(0, name=f"{uniq}b")
+    e = Echo(name=f"{uniq}echo")
+    with pytest.raises(spindle.TransactionError, match="insufficient funds"):
+        e.relay(f"{uniq}a", "transfer", [f"{uniq}b", 1000])  # a deposits into b, then raises
+    assert (a.balance(), b.balance()) == (10, 0)
+    # One that raised without calls of its own changed nothing: the method handles it.
+    assert e.relay(f"{uniq}a", "withdraw", [1000]) == [False, ["ValueError", "insufficient funds"]]
+    # Inside the client's transaction, such a method aborts the transaction.
+    with pytest.raises(spindle.TransactionError, match="was aborted"):
+        with spindle.transaction():
+            b.deposit(1)
+            a.transfer(f"{uniq}b", 1000)
+    assert (a.balance(), b.balance()) == (10, 0)
 
 
 def test_concurrent_transfers_keep_the_total(Bank, uniq):
@@ -469,3 +488,25 @@ def test_persistent_transfers_survive_kill_9_exactly_once(tmp_path):
     finally:
         stop.set()
         server.stop()
+
+
+def test_a_call_sent_again_runs_once_in_and_out_of_a_transaction(server, Bank, uniq):
+    """The same request (session, seq) sent twice: the second gets the first's reply, and
+    the nested calls ran once; in a transaction too, where the reply is the transaction's."""
+    from test_permissions import Session
+
+    a, b = Bank(100, name=f"{uniq}a"), Bank(0, name=f"{uniq}b")
+    s = Session(server.address, None, None)
+    try:
+        def transfer(seq: int, *txn) -> list:
+            return s.ask("call", seq, 0, type(a)._type, f"{uniq}a", "transfer", [f"{uniq}b", 10], 0, *txn)
+
+        first, again = transfer(5), transfer(5)
+        assert first[1:] == again[1:] == [0, 90], (first, again)
+        assert b.balance() == 10
+        first, again = transfer(6, [7, 0, True]), transfer(6, [7, 0, False])
+        assert first[1:] == again[1:] == [0, 80], (first, again)
+        assert s.ask("commit", 7, 7)[1:] == [0, True]
+        assert (a.balance(), b.balance()) == (80, 20)
+    finally:
+        s.conn.close()

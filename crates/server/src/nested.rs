@@ -20,17 +20,21 @@
 //!
 //! A call outside any transaction gets a transaction of its own, retried on conflict like
 //! `@spindle.transactional`, whose commit records the method's reply for the client's
-//! `seq` in the object's partition: a retried call gets it, exactly once. A call inside the
-//! client's transaction runs its nested calls in that transaction. Each nested call needs
+//! `seq` in the object's partition: a retried call gets it, exactly once (a copy sent while
+//! it runs waits for the same reply). A call inside the client's transaction runs its nested
+//! calls in that transaction, its reply kept there for a resent copy. Each nested call needs
 //! the permission the client would need to make it; an object in the chain of calls cannot
-//! be called again (its runs would see their own half-made changes).
+//! be called again (its runs would see their own half-made changes). There are no
+//! savepoints: a nested call that raised after its own nested calls changed objects fails the
+//! whole call (and aborts the client's transaction), since nothing undoes those alone.
 
+use ahash::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use spindle_core::objects::user;
-use spindle_core::partition::Op;
+use spindle_core::partition::{Op, TxnId};
 use spindle_core::{Caller, ConnId, Delivery, Error, ErrorKind, Reply, Token, Value};
 use spindle_proto::{Request, TxnRef};
 
@@ -57,7 +61,13 @@ const OWN_NUMBERS: u64 = 1 << 62;
 pub(crate) struct Drivers {
     mailroom: OnceLock<(ConnId, Arc<Mailbox>)>,
     next: AtomicU64,
+    /// The calls being driven, by session and seq, with the copies of each sent again
+    /// meanwhile (a reconnect, an HTTP retry), which get the same reply.
+    running: Mutex<Running>,
 }
+
+/// The calls being driven, by `(session, seq)`: the tokens of the copies sent meanwhile.
+type Running = HashMap<(Arc<str>, u64), Vec<Token>>;
 
 impl Drivers {
     fn mailroom(&self, shared: &Shared) -> &(ConnId, Arc<Mailbox>) {
@@ -69,6 +79,10 @@ impl Drivers {
 
     fn next(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn running(&self) -> MutexGuard<'_, Running> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -119,6 +133,16 @@ pub(crate) fn drive_if_asked(
         deliveries.push(Delivery { token, reply: Err(e) });
         return;
     }
+    let running = (caller.client.clone(), seq);
+    if seq != 0 {
+        let mut drivers = shared.nested.running();
+        if let Some(copies) = drivers.get_mut(&running) {
+            // Sent again while its first copy runs: one run, one reply for both.
+            copies.push(token);
+            return;
+        }
+        drivers.insert(running.clone(), Vec::new());
+    }
     let driver = Driver {
         shared: shared.clone(),
         client: caller.clone(),
@@ -129,7 +153,15 @@ pub(crate) fn drive_if_asked(
             Some(txn) => driver.in_transaction(txn, seq, op).await,
             None => driver.on_its_own(seq, op).await,
         };
-        driver.shared.registry.deliver([Delivery { token, reply }]);
+        let copies = match seq {
+            0 => Vec::new(),
+            _ => driver.shared.nested.running().remove(&running).unwrap_or_default(),
+        };
+        let replies = std::iter::once(token).chain(copies).map(|token| Delivery {
+            token,
+            reply: reply.clone(),
+        });
+        driver.shared.registry.deliver(replies.collect::<Vec<_>>());
     });
 }
 
@@ -160,7 +192,12 @@ impl Driver {
             .as_micros() as u64;
         let key = op.key().to_string();
         let mut last = None;
+        let started = Instant::now();
         for attempt in 0..ATTEMPTS {
+            // Past a transaction's time limit, its conflicts are not worth another attempt.
+            if started.elapsed() > self.shared.config.limits.transactions.duration {
+                break;
+            }
             if attempt > 1 {
                 tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(20)))).await;
             }
@@ -170,10 +207,11 @@ impl Driver {
                 first: true,
                 calls: 0,
             };
-            let reply = self.run(&mut txn, op.clone(), &[key.as_str()]).await;
-            let committed = match reply {
-                Ok(value) => self.commit(&txn, seq, &key, Ok(value)).await,
-                Err(e) => Err(e),
+            // A fatal error (a conflict among them) and the method's own are both the
+            // reply; nothing of the attempt commits.
+            let committed = match self.run(&mut txn, op.clone(), &[key.as_str()]).await {
+                Ok(Ok(value)) => self.commit(&txn, seq, &key, Ok(value)).await,
+                Ok(Err(e)) | Err(e) => Err(e),
             };
             match committed {
                 Err(e) if e.kind == ErrorKind::TransactionConflict => {
@@ -189,34 +227,62 @@ impl Driver {
         Err(last.unwrap_or_else(|| Error::new(ErrorKind::TransactionConflict, "no attempt ran")))
     }
 
-    /// The client's call inside its transaction `txn` (request `seq`): the method's reply.
+    /// The client's call `seq` inside its transaction `txn`: the method's reply, kept in the
+    /// transaction for a resent call. A method that raised after its nested calls changed
+    /// objects aborts the transaction (nothing undoes those changes alone).
     async fn in_transaction(&self, txn: TxnRef, seq: u64, op: Op) -> Reply {
         let key = op.key().to_string();
+        let call = format!("{key}.{}", op_method(&op));
         let mut txn = Txn {
             number: txn.number,
             age: txn.age,
             first: false,
             calls: 0,
         };
-        // Its last run carries the client's `seq`: that reply is the one a resend gets.
-        let _ = seq;
-        self.run(&mut txn, op, &[key.as_str()]).await
+        let reply = match self.run(&mut txn, op, &[key.as_str()]).await {
+            // Its nested calls changed objects, and nothing undoes them alone.
+            Ok(Err(e)) if txn.calls > 0 => Err(aborts(
+                &self.shared,
+                &self.client,
+                txn.number,
+                raised_after_calls(&call, &e),
+            )),
+            Ok(reply) => reply,
+            Err(e) if e.kind == ErrorKind::TransactionConflict => Err(e),
+            Err(e) => Err(aborts(&self.shared, &self.client, txn.number, e)),
+        };
+        let id = TxnId {
+            client: self.client.client.clone(),
+            number: txn.number,
+        };
+        let index = self.shared.shards.index_of(&key);
+        let _ = self
+            .shared
+            .shards
+            .with(index, |s| s.partition.answered_in(&id, seq, reply.clone()));
+        reply
     }
 
     /// Run `op` (a call of a method that may call others; `chain`: the objects whose
     /// methods are running, `op`'s last) in `txn` until it needs no call it has not made.
+    /// Its reply, or a fatal error, which ends the whole call: a limit passed, or the
+    /// transaction ended (a conflict: it may run again).
     fn run<'a>(
         &'a self,
         txn: &'a mut Txn,
         mut op: Op,
         chain: &'a [&'a str],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Reply, Error>> + Send + 'a>> {
         Box::pin(async move {
             loop {
                 let reply = self.call(txn, op.clone()).await;
-                let Err(e) = &reply else { return reply };
-                if e.kind != ErrorKind::NestedCall {
-                    return reply;
+                let Err(e) = &reply else { return Ok(reply) };
+                match e.kind {
+                    ErrorKind::NestedCall => {}
+                    // The transaction ended (an older one took an object, its time ran out, a
+                    // call would have waited): nothing more of it may run.
+                    ErrorKind::TransactionConflict | ErrorKind::TransactionError => return reply.map(Ok),
+                    _ => return Ok(reply),
                 }
                 let Op::Call { nested, .. } = &mut op else {
                     unreachable!("only calls nest")
@@ -232,7 +298,8 @@ impl Driver {
     }
 
     /// One nested call, `key.method(args)`, made by the method of `chain`'s last object: its
-    /// reply, for the method; or an error that ends the whole call.
+    /// reply, for the method; or an error that ends the whole call: a limit passed, or a call
+    /// that raised after its own nested calls changed objects (nothing undoes those alone).
     async fn nested(
         &self,
         txn: &mut Txn,
@@ -255,12 +322,6 @@ impl Driver {
                 ),
             ));
         }
-        Ok(self.reply_of(txn, chain, key, method, args).await)
-    }
-
-    /// [`nested`](Self::nested)'s call, its errors the method's to handle.
-    async fn reply_of(&self, txn: &mut Txn, chain: &[&str], key: String, method: String, args: Vec<Value>) -> Reply {
-        let caller = chain.last().copied().unwrap_or_default();
         txn.calls += 1;
         if txn.calls > MAX_CALLS {
             return Err(Error::runtime(format!(
@@ -280,23 +341,41 @@ impl Driver {
                 chain.join(" -> ")
             )));
         }
-        let type_name = match calls::type_of(&self.shared, &key)? {
-            Some(t) => t,
-            None => {
-                return Err(Error::new(
+        let before = txn.calls;
+        match self.reply_of(txn, chain, &key, &method, args).await? {
+            Err(e) if txn.calls > before => Err(raised_after_calls(&format!("{key}.{method}"), &e)),
+            reply => Ok(reply),
+        }
+    }
+
+    /// [`nested`](Self::nested)'s call, its errors the method's to handle.
+    async fn reply_of(
+        &self,
+        txn: &mut Txn,
+        chain: &[&str],
+        key: &str,
+        method: &str,
+        args: Vec<Value>,
+    ) -> Result<Reply, Error> {
+        let caller = chain.last().copied().unwrap_or_default();
+        let type_name = match calls::type_of(&self.shared, key) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                return Ok(Err(Error::new(
                     ErrorKind::NotFound,
                     format!("'{key}' does not exist (called by {caller})"),
-                ))
+                )))
             }
+            Err(e) => return Ok(Err(e)),
         };
         if user::is_user_type(&type_name) {
-            return Err(Error::new(
+            return Ok(Err(Error::new(
                 ErrorKind::TypeMismatch,
                 format!(
                     "'{key}' is a {type_name}: a compiled method may call built-in and compiled objects, not \
                      user-defined (Python) ones"
                 ),
-            ));
+            )));
         }
         if let Some(who) = &self.who {
             let request = Request::Call {
@@ -304,27 +383,27 @@ impl Driver {
                 seq: 0,
                 thread: 0,
                 type_name: type_name.clone(),
-                key: key.clone(),
-                method: method.clone(),
+                key: key.to_string(),
+                method: method.to_string(),
                 args: Vec::new(),
                 acked: 0,
                 txn: None,
             };
-            match access::permit(who, &request)? {
-                Grant::Yes => {}
+            match access::permit(who, &request) {
+                Ok(Grant::Yes) => {}
                 // A reader's call of a compiled method may write: inside a transaction, refused.
-                Grant::IfExists(refusal) | Grant::IfReads(refusal) => return Err(refusal),
+                Ok(Grant::IfExists(refusal) | Grant::IfReads(refusal)) | Err(refusal) => return Ok(Err(refusal)),
             }
         }
         let op = Op::Call {
             type_name,
-            key: key.clone(),
-            method,
+            key: key.to_string(),
+            method: method.to_string(),
             args,
             nested: Some(Vec::new()),
         };
         let mut inner = chain.to_vec();
-        inner.push(&key);
+        inner.push(key);
         self.run(txn, op, &inner).await
     }
 
@@ -380,6 +459,39 @@ impl Driver {
             Err(_) => Err(Error::new(ErrorKind::Internal, "a nested call's reply was lost")),
         }
     }
+}
+
+/// The error that ends a call whose `call` (`key.method`) raised `e` after its own nested
+/// calls changed objects: the method that made it cannot handle it, since nothing undoes
+/// those changes alone (there are no savepoints), so the whole call fails.
+fn raised_after_calls(call: &str, e: &Error) -> Error {
+    Error::new(
+        ErrorKind::TransactionError,
+        format!(
+            "{call} raised after its own calls to other objects ({}: {}): a method cannot go on past a call \
+             that changed objects and raised, so the whole call failed and nothing of it happened",
+            e.kind.as_str(),
+            e.message
+        ),
+    )
+}
+
+fn op_method(op: &Op) -> &str {
+    match op {
+        Op::Call { method, .. } => method,
+        _ => "",
+    }
+}
+
+/// Abort `client`'s transaction `number`, which must not commit after `e`: the error that
+/// says so.
+fn aborts(shared: &Arc<Shared>, client: &Caller, number: u64, e: Error) -> Error {
+    transactions::abort(shared, &client.client, number);
+    let kind = match e.kind {
+        ErrorKind::TransactionConflict => ErrorKind::TransactionConflict,
+        _ => ErrorKind::TransactionError,
+    };
+    Error::new(kind, format!("{}; transaction {number} was aborted", e.message))
 }
 
 /// `[key, method, args]` of a call a method made.

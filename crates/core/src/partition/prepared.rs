@@ -309,9 +309,24 @@ impl Partition {
                     seq,
                     acked,
                     op,
-                } => out.extend(self.apply_as(&caller, token, seq, acked, op, now, None)),
+                } => {
+                    // One that turns out to call other objects (its object came with this
+                    // transaction) cannot be handed to the server's driver from here.
+                    let key = op.key().to_string();
+                    out.extend(
+                        self.apply_as(&caller, token, seq, acked, op, now, None)
+                            .into_iter()
+                            .map(|mut d| {
+                                if matches!(&d.reply, Err(e) if e.kind == ErrorKind::NestedCall) {
+                                    let busy = format!("'{key}' was being committed by a transaction: try again");
+                                    d.reply = Err(Error::new(ErrorKind::Busy, busy));
+                                }
+                                d
+                            }),
+                    )
+                }
                 // Past its deadline, it is aborted there.
-                Blocked::InTxn(w) => out.extend(self.run_in(w, now)),
+                Blocked::InTxn(w) => out.extend(self.run_woken(w, now)),
             }
         }
         out.extend(self.wake(now));

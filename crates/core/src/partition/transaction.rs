@@ -166,6 +166,14 @@ impl Partition {
         Some(Delivery { token: w.token, reply })
     }
 
+    /// The reply of transaction `id`'s call `seq`, which the server's driver of nested calls
+    /// ran: a resent call gets it (as [`apply_in`](Self::apply_in) keeps each call's).
+    pub fn answered_in(&mut self, id: &TxnId, seq: u64, reply: Reply) {
+        if let (Some(ws), true) = (self.txns.get_mut(id), seq != 0) {
+            ws.last_reply = Some((seq, reply));
+        }
+    }
+
     /// Make transaction `txn`'s workspace here on its first call; later calls need it.
     fn open_workspace(&mut self, txn: TxnCall<'_>, now: Instant) -> Result<(), Error> {
         let id = txn.id;

@@ -67,6 +67,25 @@ impl Partition {
         }
     }
 
+    /// Run a call that waited: one that turns out to call other objects (its object was
+    /// created meanwhile) cannot be handed to the server's driver of nested calls from here,
+    /// so its transaction is aborted, to run again (when the call goes to the driver at once).
+    pub(super) fn run_woken(&mut self, w: TxnWaiter, now: Instant) -> Option<Delivery> {
+        let id = w.id.clone();
+        let mut woken = self.run_in(w, now)?;
+        if matches!(&woken.reply, Err(e) if e.kind == ErrorKind::NestedCall) {
+            self.forget_txn(&id, "");
+            woken.reply = Err(Error::new(
+                ErrorKind::TransactionConflict,
+                format!(
+                    "transaction {} was aborted: the object its call waited for calls other objects (run it again)",
+                    id.number
+                ),
+            ));
+        }
+        Some(woken)
+    }
+
     /// Put `w` aside until `key`'s holder ends.
     pub(super) fn wait_for_lock(&mut self, w: TxnWaiter) {
         let key = w.op.key().to_string();
@@ -130,7 +149,7 @@ impl Partition {
                 // Answered already if its transaction ended meanwhile (another waiter of
                 // this key, older, took one of its objects).
                 if self.lock_waits.waiting.remove(&w.id).is_some() {
-                    out.extend(self.run_in(w, now));
+                    out.extend(self.run_woken(w, now));
                 }
             }
             out.append(&mut self.lock_waits.replies);
