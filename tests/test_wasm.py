@@ -188,6 +188,18 @@ def test_spindle_define_prints_the_methods_and_refuses_a_bad_file(server, tmp_pa
     assert "not a WebAssembly module" in done.stderr and not done.stdout
 
 
+def killed_three_times(server: ServerProcess, args: tuple, port: int, replies: list) -> ServerProcess:
+    """SIGKILL ``server`` three times, each once calls (``replies``: theirs, growing) go on;
+    the server started again after the last."""
+    for _ in range(3):
+        assert wait_until(lambda: len(replies) > 20, 30)
+        before = len(replies)
+        server.kill()  # SIGKILL: no chance to flush anything
+        server = ServerProcess(*args, port=port)
+        assert wait_until(lambda: len(replies) > before + 20, 60)
+    return server
+
+
 def test_persistent_objects_survive_kill_9_with_every_acknowledged_call(tmp_path):
     port = stable_port()
     args = ("--data-dir", str(tmp_path), "--session-ttl", "30")
@@ -207,12 +219,7 @@ def test_persistent_objects_survive_kill_9_with_every_acknowledged_call(tmp_path
 
             t = threading.Thread(target=deposits)
             t.start()
-            for _ in range(3):
-                assert wait_until(lambda: len(acknowledged) > 20, 30)
-                acknowledged_before = len(acknowledged)
-                server.kill()  # SIGKILL: no chance to flush anything
-                server = ServerProcess(*args, port=port)
-                assert wait_until(lambda: len(acknowledged) > acknowledged_before + 20, 60)
+            server = killed_three_times(server, args, port, acknowledged)
             stop.set()
             t.join(60)
             # Every acknowledged deposit applied exactly once, none twice (the client
@@ -468,12 +475,7 @@ def test_persistent_transfers_survive_kill_9_exactly_once(tmp_path):
 
             t = threading.Thread(target=transfers)
             t.start()
-            for _ in range(3):
-                assert wait_until(lambda: len(moved) > 20, 30)
-                before = len(moved)
-                server.kill()  # SIGKILL: no chance to flush anything
-                server = ServerProcess(*args, port=port)
-                assert wait_until(lambda: len(moved) > before + 20, 60)
+            server = killed_three_times(server, args, port, moved)
             stop.set()
             t.join(60)
             # Every acknowledged transfer applied exactly once (retries got their recorded

@@ -133,15 +133,7 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
         caller.data().state.len() as i32
     })?;
     linker.func_wrap(IMPORT_MODULE, "state_read", |mut caller: Caller<'_, Host>, ptr: i32| {
-        let len = caller.data().state.len();
-        let memory = memory(&mut caller)?;
-        // Bad pointers are the guest's fault whatever the fuel left: checked before it is charged.
-        guest_range(memory.data_size(&caller), "state_read", ptr, len as i32)?;
-        charge(&mut caller, len)?;
-        let (data, host) = memory.data_and_store_mut(&mut caller);
-        let range = guest_range(data.len(), "state_read", ptr, host.state.len() as i32)?;
-        data[range].copy_from_slice(&host.state);
-        Ok(())
+        copy_to_guest(&mut caller, "state_read", ptr, |host| &host.state)
     })?;
     linker.func_wrap(
         IMPORT_MODULE,
@@ -256,17 +248,28 @@ pub(crate) fn define_imports(linker: &mut Linker<Host>) -> wasmtime::Result<()> 
     linker.func_wrap(
         IMPORT_MODULE,
         "result_read",
-        |mut caller: Caller<'_, Host>, ptr: i32| {
-            let len = caller.data().result.len();
-            let memory = memory(&mut caller)?;
-            guest_range(memory.data_size(&caller), "result_read", ptr, len as i32)?;
-            charge(&mut caller, len)?;
-            let (data, host) = memory.data_and_store_mut(&mut caller);
-            let range = guest_range(data.len(), "result_read", ptr, host.result.len() as i32)?;
-            data[range].copy_from_slice(&host.result);
-            Ok(())
-        },
+        |mut caller: Caller<'_, Host>, ptr: i32| copy_to_guest(&mut caller, "result_read", ptr, |host| &host.result),
     )?;
+    Ok(())
+}
+
+/// Copy the host's bytes that `which` picks (the state, a call's result) to the guest's
+/// memory at `ptr`, for `import`.
+fn copy_to_guest(
+    caller: &mut Caller<'_, Host>,
+    import: &str,
+    ptr: i32,
+    which: fn(&Host) -> &Vec<u8>,
+) -> wasmtime::Result<()> {
+    let len = which(caller.data()).len();
+    let memory = memory(caller)?;
+    // Bad pointers are the guest's fault whatever the fuel left: checked before it is charged.
+    guest_range(memory.data_size(&*caller), import, ptr, len as i32)?;
+    charge(caller, len)?;
+    let (data, host) = memory.data_and_store_mut(caller);
+    let bytes = which(host);
+    let range = guest_range(data.len(), import, ptr, bytes.len() as i32)?;
+    data[range].copy_from_slice(bytes);
     Ok(())
 }
 
