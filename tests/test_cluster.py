@@ -392,7 +392,7 @@ def test_every_shard_is_replicated_on_three_nodes_and_calls_reach_their_leader(c
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == f"3 nodes, {SHARDS} shards, 3 replicas each, cluster format 4", out.stdout
+    assert lines[0] == f"3 nodes, {SHARDS} shards, 3 replicas each, cluster format 5", out.stdout
     table = lines[lines.index(next(line for line in lines if line.startswith("shard"))) + 1:]
     rows = [line.split() for line in table]
     assert [r[0] for r in rows] == [str(i) for i in range(SHARDS)] + ["meta"], out.stdout
