@@ -106,30 +106,13 @@ pub(crate) fn drive_if_asked(
     let Err(asked) = deliveries.swap_remove(at).reply else {
         unreachable!("found above")
     };
-    let op = match asked.data {
-        Value::Array(fields) => match <[Value; 4]>::try_from(fields) {
-            Ok([Value::String(type_name), Value::String(key), Value::String(method), Value::Array(args)]) => {
-                match (type_name.into_str(), key.into_str(), method.into_str()) {
-                    (Some(type_name), Some(key), Some(method)) => Some(Op::Call {
-                        type_name,
-                        key,
-                        method,
-                        args,
-                        nested: Some(Vec::new()),
-                    }),
-                    _ => None,
-                }
-            }
-            _ => None,
-        },
-        _ => None,
-    };
-    let Some(op) = op else {
+    let Some(op) = handed_op(asked.data) else {
         let e = Error::new(ErrorKind::Internal, "a nested call's request was malformed");
         deliveries.push(Delivery { token, reply: Err(e) });
         return;
     };
-    if let Err(e) = crate::cluster::check_nested_format(shared) {
+    let what = "a method's calls to other objects";
+    if let Err(e) = crate::cluster::require_format(shared, crate::cluster::format::NESTED_CALLS, what) {
         deliveries.push(Delivery { token, reply: Err(e) });
         return;
     }
@@ -492,6 +475,23 @@ fn aborts(shared: &Arc<Shared>, client: &Caller, number: u64, e: Error) -> Error
         _ => ErrorKind::TransactionError,
     };
     Error::new(kind, format!("{}; transaction {number} was aborted", e.message))
+}
+
+/// The call a partition handed over, `[type, key, method, args]`, to run with nested replies.
+fn handed_op(data: Value) -> Option<Op> {
+    let Value::Array(fields) = data else { return None };
+    let Ok([Value::String(type_name), Value::String(key), Value::String(method), Value::Array(args)]) =
+        <[Value; 4]>::try_from(fields)
+    else {
+        return None;
+    };
+    Some(Op::Call {
+        type_name: type_name.into_str()?,
+        key: key.into_str()?,
+        method: method.into_str()?,
+        args,
+        nested: Some(Vec::new()),
+    })
 }
 
 /// `[key, method, args]` of a call a method made.

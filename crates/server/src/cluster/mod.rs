@@ -235,13 +235,13 @@ fn fail(deliveries: Vec<Delivery>, error: &Error) -> Vec<Delivery> {
         .collect()
 }
 
-/// The error of a compiled method's nested calls on a cluster whose nodes do not all read
-/// format [`format::NESTED_CALLS`].
-pub(crate) fn check_nested_format(shared: &Shared) -> Result<(), Error> {
+/// `TransactionError` saying that `what` needs every node upgraded, on a cluster whose nodes
+/// do not all read `format` yet.
+pub(crate) fn require_format(shared: &Shared, format: u64, what: &str) -> Result<(), Error> {
     match &shared.cluster {
-        Some(cluster) if cluster.active_format() < format::NESTED_CALLS => Err(Error::new(
+        Some(cluster) if cluster.active_format() < format => Err(Error::new(
             ErrorKind::TransactionError,
-            "a method's calls to other objects need every node of the cluster upgraded to a release that runs them",
+            format!("{what} need every node of the cluster upgraded to a release that runs them"),
         )),
         _ => Ok(()),
     }

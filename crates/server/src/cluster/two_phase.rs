@@ -53,13 +53,7 @@ impl Coordinating {
 /// The error of a transaction's calls on a cluster whose nodes do not all read format
 /// [`format::TRANSACTIONS`].
 pub(crate) fn check_format(shared: &Shared) -> Result<(), Error> {
-    match &shared.cluster {
-        Some(cluster) if cluster.active_format() < format::TRANSACTIONS => Err(Error::new(
-            ErrorKind::TransactionError,
-            "transactions need every node of the cluster upgraded to a release that runs them",
-        )),
-        _ => Ok(()),
-    }
+    super::require_format(shared, format::TRANSACTIONS, "transactions")
 }
 
 pub(crate) fn redirect(shared: &Shared, shard: usize) -> Error {
